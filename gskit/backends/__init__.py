@@ -1,0 +1,1 @@
+"""Backends that run a model: onnxruntime (reference, CPU) and TensorRT / TensorRT-RTX."""

@@ -1,0 +1,51 @@
+"""The ``gskit`` command: one subcommand per module in this package, each calling one library function."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from gskit.errors import GskitError
+
+#: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
+#: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an exit code.
+COMMANDS = (
+    "inspect",
+    "edit",
+    "isolate",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gskit", description="Prepare ONNX models for TensorRT (plugins, folding, checks, comparison)."
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show info logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"gskit.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except GskitError as err:
+        if args.debug:
+            raise
+        print(f"gskit {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gskit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from gskit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,364 @@
+"""Loading and saving ONNX models of any size, and converting between ModelProto and gs.Graph.
+
+Protobuf cannot serialize a message over 2 GB, so large weights live in one external data file beside
+the model (``<model>.onnx.data``). gskit never copies weights it does not need to:
+
+* ``load(path, load_weights=False)`` leaves external weights on disk; each such tensor remembers the
+  folder it came from in the ``basepath`` entry of its external-data record, so it can be read later
+  (``to_graph`` gives it lazy values that read from there) and streamed into a new file on save.
+* ``save`` writes large tensors to the data file itself and strips them from the proto only for the
+  time of serialization, so the caller's model is left as it was and never copied.
+
+Every save goes to a temporary folder beside the destination, is checked there, and is then renamed
+into place: a crash never leaves a half-written model under the final name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from google.protobuf.message import DecodeError
+from onnx import TensorProto
+from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+from gskit.errors import GskitError, ModelCheckError
+
+log = logging.getLogger(__name__)
+
+#: Highest IR version that onnxruntime 1.31 loads; onnx 1.23 writes 14 by default.
+MAX_ORT_IR_VERSION = 13
+#: Past this many bytes of tensor data a model is saved with external data (protobuf's hard limit is 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+#: Tensors smaller than this stay inside the proto when a model is saved with external data.
+EXTERNAL_TENSOR_MIN_BYTES = 1024
+_COPY_CHUNK = 64 * 1024 * 1024
+_BASEPATH = "basepath"
+
+ModelLike = onnx.ModelProto | gs.Graph
+
+
+def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelProto:
+    """Load an ONNX model from ``path``.
+
+    Args:
+        path: the ``.onnx`` file; external data is looked up relative to its folder.
+        load_weights: read external weights into memory. With ``False`` they stay on disk and are read
+            only when needed (``gs.Constant.values``, ``save``); use it for inspection and for editing
+            models larger than memory allows.
+
+    Raises:
+        GskitError: the file is missing, is not an ONNX model, or names an external data file that is
+            missing or too short.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GskitError(f"{path}: no such model file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise GskitError(f"{path}: not a readable ONNX model (truncated or another format): {err}") from err
+    if not model.HasField("graph") or model.ir_version <= 0:
+        raise GskitError(f"{path}: not an ONNX model (no graph or no IR version); check the file")
+    base_dir = str(path.resolve().parent)
+    for tensor in _external_tensors(model):
+        _check_external_data(tensor, base_dir, path)
+        if load_weights:
+            tensor.raw_data = _read_external(tensor, base_dir)
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+        else:
+            _set_entry(tensor, _BASEPATH, base_dir)
+    return model
+
+
+def save(
+    model: ModelLike,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    check: bool = True,
+) -> Path:
+    """Write ``model`` to ``path`` atomically, checking it first.
+
+    Args:
+        model: a ModelProto or a gs.Graph.
+        path: destination ``.onnx`` file. External data goes to ``<path>.data`` beside it.
+        external_data: force (True) or forbid (False) external data; ``None`` chooses it when the
+            tensors hold more than ``EXTERNAL_DATA_THRESHOLD`` bytes or some weights are still on disk.
+        check: run onnx's checker on the written file before it takes the final name.
+
+    Returns:
+        The path written.
+
+    Raises:
+        GskitError: the destination would overwrite the data file that the model's lazy weights are
+            read from, or the model cannot be serialized.
+        ModelCheckError: the model fails onnx's checker (nothing is written under the final name).
+    """
+    proto = to_model(model) if isinstance(model, gs.Graph) else model
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data_name = path.name + ".data"
+    tensors = list(_get_all_tensors(proto))
+    if external_data is None:
+        external_data = (
+            any(uses_external_data(t) for t in tensors) or _tensor_bytes(tensors) > EXTERNAL_DATA_THRESHOLD
+        )
+    _refuse_overwriting_sources(tensors, path.parent / data_name)
+
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp_model = tmp_dir / path.name
+        with _ir_version_for_onnxruntime(proto):
+            if external_data:
+                _write_with_external_data(proto, tensors, tmp_model, data_name)
+            else:
+                if any(uses_external_data(t) for t in tensors):
+                    raise GskitError(f"{path}: model has weights on disk; save it with external_data=True")
+                try:
+                    tmp_model.write_bytes(proto.SerializeToString())
+                except ValueError as err:
+                    raise GskitError(
+                        f"{path}: model too large for one protobuf file; save it with external data"
+                    ) from err
+        if check:
+            check_file(tmp_model)
+        if external_data:
+            os.replace(tmp_dir / data_name, path.parent / data_name)
+        os.replace(tmp_model, path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    log.info("saved %s%s", path, " (+ external data)" if external_data else "")
+    return path
+
+
+def check_file(path: str | os.PathLike) -> None:
+    """Run onnx's checker on a model file (works past 2 GB); raise ModelCheckError naming the problem."""
+    try:
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.checker.ValidationError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        raise ModelCheckError(f"{Path(path).name}: model fails onnx's checker: {first}") from err
+
+
+def to_graph(model: onnx.ModelProto) -> gs.Graph:
+    """Import a ModelProto as a gs.Graph; weights still on disk stay there, readable on demand."""
+    graph = gs.import_onnx(model)
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for tensor in sub.tensors().values():
+            if not isinstance(tensor, gs.Constant):
+                continue
+            # graphsurgeon re-applies data_location on export even after the values were loaded into
+            # memory, which would mark in-memory bytes as external.
+            tensor.data_location = None
+            lazy = tensor._values
+            if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
+                tensor._values = _DiskValues(lazy.tensor)
+    return graph
+
+
+def to_model(graph: gs.Graph) -> onnx.ModelProto:
+    """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load."""
+    model = gs.export_onnx(graph, do_type_check=False)
+    model.ir_version = min(model.ir_version, MAX_ORT_IR_VERSION)
+    return model
+
+
+def resolve_output(input_path: str | os.PathLike, output_path: str | os.PathLike, *, in_place: bool) -> Path:
+    """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``."""
+    out = Path(output_path)
+    if out.resolve() == Path(input_path).resolve() and not in_place:
+        raise GskitError(f"{out}: output would overwrite the input model; choose another -o or pass --in-place")
+    return out
+
+
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes of a tensor's data, wherever it is stored."""
+    if uses_external_data(tensor):
+        length = _entry(tensor, "length")
+        if length is not None:
+            return int(length)
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+class _DiskValues(gs.ir.tensor.LazyValues):
+    """Lazy values of an external tensor, read from the folder recorded at load time."""
+
+    def load(self) -> np.ndarray:
+        tensor = TensorProto()
+        tensor.CopyFrom(self.tensor)
+        base_dir = _entry(tensor, _BASEPATH) or "."
+        tensor.raw_data = _read_external(tensor, base_dir)
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+        return onnx.numpy_helper.to_array(tensor)
+
+
+def _external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    return (t for t in _get_all_tensors(model) if uses_external_data(t))
+
+
+def _entry(tensor: TensorProto, key: str) -> str | None:
+    for item in tensor.external_data:
+        if item.key == key:
+            return item.value
+    return None
+
+
+def _set_entry(tensor: TensorProto, key: str, value: str) -> None:
+    for item in tensor.external_data:
+        if item.key == key:
+            item.value = value
+            return
+    item = tensor.external_data.add()
+    item.key, item.value = key, value
+
+
+def _data_file(tensor: TensorProto, base_dir: str) -> Path:
+    return Path(base_dir) / (_entry(tensor, "location") or "")
+
+
+def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -> None:
+    location = _entry(tensor, "location")
+    if not location or os.path.isabs(location) or ".." in Path(location).parts:
+        raise GskitError(f"{model_path}: tensor '{tensor.name}' has an invalid external data location {location!r}")
+    data = _data_file(tensor, base_dir)
+    if not data.is_file():
+        raise GskitError(
+            f"{model_path}: external data file '{location}' for tensor '{tensor.name}' is missing; "
+            f"copy it next to the model"
+        )
+    offset, length = int(_entry(tensor, "offset") or 0), _entry(tensor, "length")
+    end = offset + (int(length) if length is not None else 0)
+    if end > data.stat().st_size:
+        raise GskitError(
+            f"{model_path}: external data file '{location}' is too short for tensor '{tensor.name}' "
+            f"(needs {end} bytes, has {data.stat().st_size}); the file is truncated"
+        )
+
+
+def _read_external(tensor: TensorProto, base_dir: str) -> bytes:
+    offset = int(_entry(tensor, "offset") or 0)
+    length = _entry(tensor, "length")
+    with open(_data_file(tensor, base_dir), "rb") as f:
+        f.seek(offset)
+        return f.read(int(length)) if length is not None else f.read()
+
+
+def _tensor_bytes(tensors: list[TensorProto]) -> int:
+    return sum(tensor_nbytes(t) for t in tensors)
+
+
+def _refuse_overwriting_sources(tensors: list[TensorProto], data_path: Path) -> None:
+    for tensor in tensors:
+        if uses_external_data(tensor):
+            source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+            if source == data_path.resolve():
+                raise GskitError(
+                    f"{data_path}: weights of tensor '{tensor.name}' are still read from this file; "
+                    f"save to another path (or load with load_weights=True first)"
+                )
+
+
+@contextmanager
+def _ir_version_for_onnxruntime(model: onnx.ModelProto) -> Iterator[None]:
+    original = model.ir_version
+    model.ir_version = min(original, MAX_ORT_IR_VERSION)
+    try:
+        yield
+    finally:
+        model.ir_version = original
+
+
+def _write_with_external_data(
+    model: onnx.ModelProto, tensors: list[TensorProto], model_path: Path, data_name: str
+) -> None:
+    """Stream large tensors into one data file, serialize the stripped proto, then restore the tensors."""
+    # (tensor, its external-data record before the save; None when its bytes were in memory)
+    moved: list[tuple[TensorProto, list[tuple[str, str]] | None]] = []
+    data_path = model_path.parent / data_name
+    try:
+        with open(data_path, "wb") as data:
+            for tensor in tensors:
+                on_disk = uses_external_data(tensor)
+                if not on_disk and tensor_nbytes(tensor) < EXTERNAL_TENSOR_MIN_BYTES:
+                    continue
+                offset = _align(data)
+                if on_disk:
+                    record = [(e.key, e.value) for e in tensor.external_data]
+                    length = _copy_external(tensor, data)
+                else:
+                    record = None
+                    if not tensor.HasField("raw_data"):
+                        # Typed fields (float_data, ...) are rare for big tensors; convert them once.
+                        tensor.raw_data = onnx.numpy_helper.to_array(tensor).tobytes()
+                        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                            tensor.ClearField(field)
+                    length = len(tensor.raw_data)
+                    data.write(tensor.raw_data)
+                    tensor.ClearField("raw_data")
+                moved.append((tensor, record))
+                tensor.data_location = TensorProto.EXTERNAL
+                del tensor.external_data[:]
+                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
+                    _set_entry(tensor, key, value)
+        try:
+            model_path.write_bytes(model.SerializeToString())
+        except ValueError as err:
+            raise GskitError(f"{model_path.name}: graph itself exceeds protobuf's 2 GB limit") from err
+    finally:
+        _restore(moved, data_path)
+
+
+def _restore(moved: list[tuple[TensorProto, list[tuple[str, str]] | None]], data_path: Path) -> None:
+    """Give each tensor back to the caller as it was: its old disk record, or its bytes in memory."""
+    for tensor, record in moved:
+        if record is not None:
+            del tensor.external_data[:]
+            for key, value in record:
+                _set_entry(tensor, key, value)
+            continue
+        offset, length = int(_entry(tensor, "offset") or 0), int(_entry(tensor, "length") or 0)
+        with open(data_path, "rb") as f:
+            f.seek(offset)
+            tensor.raw_data = f.read(length)
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _align(data) -> int:
+    # 4 KiB alignment lets runtimes mmap each tensor.
+    offset = data.tell()
+    pad = (-offset) % 4096
+    if pad:
+        data.write(b"\0" * pad)
+    return offset + pad
+
+
+def _copy_external(tensor: TensorProto, data) -> int:
+    source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".")
+    offset = int(_entry(tensor, "offset") or 0)
+    length = _entry(tensor, "length")
+    remaining = int(length) if length is not None else source.stat().st_size - offset
+    total = remaining
+    with open(source, "rb") as src:
+        src.seek(offset)
+        while remaining > 0:
+            chunk = src.read(min(_COPY_CHUNK, remaining))
+            if not chunk:
+                raise GskitError(f"{source}: external data ends early for tensor '{tensor.name}'")
+            data.write(chunk)
+            remaining -= len(chunk)
+    return total

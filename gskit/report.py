@@ -1,0 +1,52 @@
+"""Tables for people and JSON for machines: every command's report goes through here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Turn dataclasses, paths, enums, numpy scalars and tuples into plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Enum):
+        return obj.value
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return obj.item()
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
+
+
+def print_json(obj: Any, file=None) -> None:
+    print(dumps(obj), file=file or sys.stdout)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for column in columns:
+        t.add_column(column)
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    return t
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)

@@ -1,0 +1,61 @@
+"""Shared test set-up: markers that skip without their hardware or packages, and small model builders."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = sorted(LIGHT_DIR.glob("light_*.onnx"))
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _full_tensorrt() -> bool:
+    if not _have("tensorrt"):
+        return False
+    try:
+        import tensorrt  # noqa: F401  # the PyPI stub raises on import
+
+        return True
+    except Exception:
+        return False
+
+
+def _gpu() -> bool:
+    if _have("torch"):
+        import torch
+
+        return torch.cuda.is_available()
+    return os.path.exists("/dev/nvidia0")
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons = {
+        "trt": None if _full_tensorrt() else "needs full TensorRT (runs in the Docker GPU CI: docker/run-gpu-tests.sh)",
+        "gpu": None if _gpu() else "needs a CUDA GPU (runs in the Docker GPU CI)",
+        "torch": None if _have("torch") else "needs PyTorch: pip install -e '.[torch]'",
+    }
+    for item in items:
+        for marker, reason in reasons.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def parse_model(text: str) -> onnx.ModelProto:
+    """Build a model from ONNX text syntax and check it."""
+    model = onnx.parser.parse_model(text)
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
