@@ -1,0 +1,105 @@
+"""Input data for running a model: random within each input's dtype and a sensible range, or from a file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from gskit.errors import GskitError
+
+#: Size used for a symbolic or unknown dim that the caller did not fix with ``shapes``.
+DEFAULT_DYNAMIC_DIM = 2
+
+
+def random_feeds(
+    model: onnx.ModelProto | gs.Graph,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    seed: int = 0,
+    dim_values: Mapping[str, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Random inputs for every graph input that is not an initializer.
+
+    Floats are uniform in [-1, 1), signed ints in [0, 8) (safe as indices and sizes), bools are fair coins.
+
+    Args:
+        model: the model (or graph) whose inputs to fill.
+        shapes: full shapes per input name, overriding the model's dims.
+        seed: seed of the generator, so two runs get the same data.
+        dim_values: values for symbolic dims by name (e.g. ``{"batch": 4}``); others get DEFAULT_DYNAMIC_DIM.
+
+    Raises:
+        GskitError: ``shapes`` names an unknown input, or an input has no dtype.
+    """
+    graph = model if isinstance(model, gs.Graph) else gs.import_onnx(model)
+    shapes = dict(shapes or {})
+    dim_values = dict(dim_values or {})
+    known = {t.name for t in graph.inputs}
+    unknown = set(shapes) - known
+    if unknown:
+        raise GskitError(f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}")
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for tensor in graph.inputs:
+        if isinstance(tensor, gs.Constant):
+            continue
+        if tensor.dtype is None:
+            raise GskitError(f"input '{tensor.name}' has no dtype; set it with `gskit edit --input-dtype`")
+        shape = shapes.get(tensor.name) or _concrete_shape(tensor, dim_values)
+        feeds[tensor.name] = random_array(rng, np.dtype(_np_dtype(tensor.dtype)), shape)
+    return feeds
+
+
+def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 8, size=shape).astype(dtype)
+    return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+
+
+def load_feeds(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Inputs saved with ``np.savez`` (one array per input name)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as err:
+        raise GskitError(f"{path}: cannot read inputs (expected an .npz written by numpy.savez): {err}") from err
+
+
+def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``name:2x3x224`` or ``name:2,3,224`` into ``(name, (2, 3, 224))``."""
+    name, sep, dims = text.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+    except ValueError as err:
+        raise GskitError(f"--shape {text!r}: expected NAME:DIMS like input:1x3x224x224") from err
+    return name, shape
+
+
+def _concrete_shape(tensor: gs.Variable, dim_values: Mapping[str, int]) -> tuple[int, ...]:
+    if tensor.shape is None:
+        raise GskitError(f"input '{tensor.name}' has unknown rank; give its shape with --shape {tensor.name}:DIMS")
+    dims = []
+    for dim in tensor.shape:
+        if isinstance(dim, int) and dim >= 0:
+            dims.append(dim)
+        elif isinstance(dim, str) and dim in dim_values:
+            dims.append(int(dim_values[dim]))
+        else:
+            dims.append(DEFAULT_DYNAMIC_DIM)
+    return tuple(dims)
+
+
+def _np_dtype(dtype) -> np.dtype:
+    if isinstance(dtype, int):
+        return onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    return np.dtype(dtype)
