@@ -41,6 +41,10 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 #: Tensors smaller than this stay inside the proto when a model is saved with external data.
 EXTERNAL_TENSOR_MIN_BYTES = 1024
 _COPY_CHUNK = 64 * 1024 * 1024
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+#: How to give a tensor back after a save: its old external-data entries (it was on disk), a full copy
+#: (its payload was in typed fields), or None (its payload was raw bytes, re-read from the new file).
+_Record = list[tuple[str, str]] | TensorProto | None
 _BASEPATH = "basepath"
 
 ModelLike = onnx.ModelProto | gs.Graph
@@ -132,9 +136,14 @@ def save(
                     ) from err
         if check:
             check_file(tmp_model)
-        if external_data:
-            os.replace(tmp_dir / data_name, path.parent / data_name)
+        tmp_data = tmp_dir / data_name
+        wrote_data = tmp_data.is_file() and tmp_data.stat().st_size > 0
+        if wrote_data:
+            os.replace(tmp_data, path.parent / data_name)
         os.replace(tmp_model, path)
+        if not wrote_data:
+            # A data file left from an earlier save to this path belongs to no model any more.
+            (path.parent / data_name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("saved %s%s", path, " (+ external data)" if external_data else "")
@@ -286,8 +295,7 @@ def _write_with_external_data(
     model: onnx.ModelProto, tensors: list[TensorProto], model_path: Path, data_name: str
 ) -> None:
     """Stream large tensors into one data file, serialize the stripped proto, then restore the tensors."""
-    # (tensor, its external-data record before the save; None when its bytes were in memory)
-    moved: list[tuple[TensorProto, list[tuple[str, str]] | None]] = []
+    moved: list[tuple[TensorProto, _Record]] = []
     data_path = model_path.parent / data_name
     try:
         with open(data_path, "wb") as data:
@@ -302,10 +310,12 @@ def _write_with_external_data(
                 else:
                     record = None
                     if not tensor.HasField("raw_data"):
-                        # Typed fields (float_data, ...) are rare for big tensors; convert them once.
+                        # Typed fields (float_data, ...) are rare for big tensors: keep a copy to give back.
+                        record = TensorProto()
+                        record.CopyFrom(tensor)
                         tensor.raw_data = onnx.numpy_helper.to_array(tensor).tobytes()
-                        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-                            tensor.ClearField(field)
+                        for name in _TYPED_FIELDS:
+                            tensor.ClearField(name)
                     length = len(tensor.raw_data)
                     data.write(tensor.raw_data)
                     tensor.ClearField("raw_data")
@@ -322,9 +332,12 @@ def _write_with_external_data(
         _restore(moved, data_path)
 
 
-def _restore(moved: list[tuple[TensorProto, list[tuple[str, str]] | None]], data_path: Path) -> None:
+def _restore(moved: list[tuple[TensorProto, _Record]], data_path: Path) -> None:
     """Give each tensor back to the caller as it was: its old disk record, or its bytes in memory."""
     for tensor, record in moved:
+        if isinstance(record, TensorProto):
+            tensor.CopyFrom(record)
+            continue
         if record is not None:
             del tensor.external_data[:]
             for key, value in record:
@@ -334,7 +347,7 @@ def _restore(moved: list[tuple[TensorProto, list[tuple[str, str]] | None]], data
         with open(data_path, "rb") as f:
             f.seek(offset)
             tensor.raw_data = f.read(length)
-        tensor.data_location = TensorProto.DEFAULT
+        tensor.ClearField("data_location")
         del tensor.external_data[:]
 
 

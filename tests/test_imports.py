@@ -1,0 +1,94 @@
+"""Every gskit module imports without the optional heavy dependencies (they are imported lazily)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gskit
+
+#: Optional dependencies that no gskit module may import at module level.
+BLOCKED = ("tensorrt", "tensorrt_rtx", "torch")
+
+# Runs first in a fresh interpreter: a meta path finder placed first refuses the blocked packages (and
+# their submodules) as if they were not installed.
+BLOCKER = """
+import importlib, json, pkgutil, sys
+
+BLOCKED = set(sys.argv[1].split(","))
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by test_imports)", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocker())
+for name in list(sys.modules):
+    if name.split(".")[0] in BLOCKED:
+        del sys.modules[name]
+"""
+
+# Then every module of the package is imported (``__main__`` modules would run the CLI, so not those).
+IMPORT_ALL = """
+import gskit
+
+imported, failed = [], {}
+def walk_error(name):
+    failed[name] = "could not walk this package"
+
+for info in pkgutil.walk_packages(gskit.__path__, "gskit.", onerror=walk_error):
+    if info.name.rsplit(".", 1)[-1] == "__main__":
+        continue
+    try:
+        importlib.import_module(info.name)
+        imported.append(info.name)
+    except Exception as err:
+        failed[info.name] = f"{type(err).__name__}: {err}"
+leaked = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
+print(json.dumps({"imported": imported, "failed": failed, "leaked": leaked}))
+"""
+
+
+def _modules_on_disk() -> set[str]:
+    root = Path(gskit.__file__).parent
+    names = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names - {"gskit"}
+
+
+def test_every_module_imports_without_optional_dependencies() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCKER + IMPORT_ALL, ",".join(BLOCKED)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["failed"] == {}
+    assert report["leaked"] == []
+    unreached = _modules_on_disk() - set(report["imported"])
+    assert not unreached, (
+        f"modules not reached by pkgutil (a folder without __init__.py?): {sorted(unreached)}"
+    )
+    assert "gskit.inspect" in report["imported"] and "gskit.cli.inspect" in report["imported"]
+
+
+def test_blocker_really_blocks() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCKER + "import torch\n", ",".join(BLOCKED)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "ModuleNotFoundError" in result.stderr and "blocked by test_imports" in result.stderr

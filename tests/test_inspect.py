@@ -1,0 +1,298 @@
+"""gskit.inspect and ``gskit inspect``: summaries checked against counts made directly from the protobuf."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from gskit import cli
+from gskit.inspect import (
+    CustomNode,
+    FunctionSummary,
+    InitializerSummary,
+    TensorSummary,
+    summarize,
+    summarize_file,
+)
+from gskit.model import load, save
+from tests.conftest import LIGHT_MODELS, parse_model
+
+# Main graph: Add, Relu, If (nested If inside its then-branch), two custom-domain nodes, one call to a
+# local function. W is an initializer and also a graph input; X has a symbolic and an unknown dim.
+RICH_MODEL = """
+<ir_version: 8, opset_import: ["" : 18, "my.plugins" : 1, "local" : 1]>
+main (float[N, ?, 4] X, bool C, float[4] W) => (float[N, ?, 4] Y, float[4] Z, float P, float[N, ?, 4] F)
+<float[4] W = {1.0, 2.0, 3.0, 4.0}, int64[1] K = {4}>
+{
+    A = Add(X, W)
+    Y = Relu(A)
+    Z = If(C) <
+        then_branch = then_g () => (float[4] t_out) {
+            t1 = Mul(W, W)
+            t_out = If(C) <
+                then_branch = inner_then () => (float[4] it) { it = Neg(t1) },
+                else_branch = inner_else () => (float[4] ie) { ie = Abs(t1) }
+            >
+        },
+        else_branch = else_g () => (float[4] e_out) { e_out = Sub(W, W) }
+    >
+    Q = my.plugins.Other(Y)
+    P = my.plugins.MyPlugin <plugin_namespace: string = "gskit", plugin_version: string = "2"> (Q)
+    F = local.AddTwice(A)
+}
+<domain: "local", opset_import: ["" : 18]>
+AddTwice (x) => (y) {
+    t = Add(x, x)
+    y = Add(t, x)
+}
+"""
+
+
+def _rich_model() -> onnx.ModelProto:
+    model = parse_model(RICH_MODEL)
+    for node in model.graph.node:
+        node.name = f"{node.op_type.lower()}_node"
+    return model
+
+
+def _direct_histogram(graph: onnx.GraphProto) -> Counter[str]:
+    """Count main graph and subgraph nodes by walking the protobuf recursively (independent of gskit)."""
+    counts: Counter[str] = Counter()
+    for node in graph.node:
+        counts[f"{node.domain or 'ai.onnx'}::{node.op_type}"] += 1
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                counts += _direct_histogram(sub)
+    return counts
+
+
+@pytest.mark.parametrize("path", LIGHT_MODELS, ids=[p.stem for p in LIGHT_MODELS])
+def test_light_models_histogram_matches_protobuf(path: Path) -> None:
+    model = onnx.load(str(path))
+    summary = summarize_file(path)
+
+    assert len(LIGHT_MODELS) == 9
+    assert summary.ops == dict(_direct_histogram(model.graph))
+    assert list(summary.ops.values()) == sorted(summary.ops.values(), reverse=True)
+    assert summary.node_count == len(model.graph.node)
+    assert summary.subgraph_node_count == 0 and summary.function_node_count == 0
+    assert summary.opsets == {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
+    assert summary.initializers.count == len(model.graph.initializer)
+    assert summary.initializers.nbytes == sum(
+        numpy_helper.to_array(t).nbytes for t in model.graph.initializer
+    )
+    init_names = {t.name for t in model.graph.initializer}
+    assert [t.name for t in summary.inputs] == [v.name for v in model.graph.input if v.name not in init_names]
+    assert [t.name for t in summary.outputs] == [v.name for v in model.graph.output]
+    assert summary.custom_nodes == () and summary.functions == ()
+    assert summary.shape_inference_error is None
+
+
+def test_rich_model_every_field() -> None:
+    model = _rich_model()
+    before = model.SerializeToString()
+    summary = summarize(model, path="rich.onnx")
+    assert model.SerializeToString() == before, "summarize must not modify the model"
+
+    assert summary.path == "rich.onnx"
+    assert summary.ir_version == 8
+    assert summary.opsets == {"ai.onnx": 18, "my.plugins": 1, "local": 1}
+    assert summary.node_count == 6
+    assert summary.subgraph_node_count == 5  # Mul, If, Neg, Abs, Sub
+    assert summary.function_node_count == 2
+    assert summary.ops == {
+        "ai.onnx::If": 2,
+        "ai.onnx::Abs": 1,
+        "ai.onnx::Add": 1,
+        "ai.onnx::Mul": 1,
+        "ai.onnx::Neg": 1,
+        "ai.onnx::Relu": 1,
+        "ai.onnx::Sub": 1,
+        "local::AddTwice": 1,
+        "my.plugins::MyPlugin": 1,
+        "my.plugins::Other": 1,
+    }
+    assert summary.ops == dict(_direct_histogram(model.graph))
+    assert summary.ops_by_scope["function"] == {"ai.onnx::Add": 2}
+    assert summary.ops_by_scope["subgraph"] == {
+        "ai.onnx::Abs": 1,
+        "ai.onnx::If": 1,
+        "ai.onnx::Mul": 1,
+        "ai.onnx::Neg": 1,
+        "ai.onnx::Sub": 1,
+    }
+
+    assert summary.inputs == (TensorSummary("X", "float", ("N", None, 4)), TensorSummary("C", "bool", ()))
+    assert summary.inputs[0].shape_text() == "[N, ?, 4]" and summary.inputs[0].is_dynamic
+    assert not summary.inputs[1].is_dynamic
+    assert summary.outputs[2] == TensorSummary("P", "float", ())
+    assert summary.outputs[1] == TensorSummary("Z", "float", (4,))
+
+    assert summary.initializers == InitializerSummary(
+        count=2, nbytes=16 + 8, external_count=0, listed_as_inputs=("W",)
+    )
+
+    assert summary.custom_nodes == (
+        CustomNode("other_node", "my.plugins", "Other", "main"),
+        CustomNode(
+            "myplugin_node", "my.plugins", "MyPlugin", "main", plugin_namespace="gskit", plugin_version="2"
+        ),
+        CustomNode("addtwice_node", "local", "AddTwice", "main", calls_function=True),
+    )
+    assert summary.functions == (FunctionSummary("local", "AddTwice", "", node_count=2, call_count=1),)
+    assert summary.functions[0].key == "local::AddTwice"
+
+    # Shape inference (custom ops have no schema) leaves Q without a rank.
+    assert summary.missing_shapes == ("Q",)
+    assert summary.shape_inference_error is None
+    assert summary.tensorrt is None
+
+
+def test_without_inference_uses_value_info_only() -> None:
+    summary = summarize(_rich_model(), infer_shapes=False)
+    assert summary.missing_shapes == ("A", "Q")  # Y, Z, P, F are typed graph outputs
+
+
+def test_unknown_rank_and_missing_type() -> None:
+    model = _rich_model()
+    model.graph.output[2].type.tensor_type.ClearField("shape")  # P: dtype known, rank unknown
+    model.graph.output[3].ClearField("type")  # F: nothing known (not a valid model; inspect still reports)
+    summary = summarize(model, infer_shapes=False)
+    assert summary.outputs[2] == TensorSummary("P", "float", None)
+    assert summary.outputs[2].shape_text() == "?" and summary.outputs[2].is_dynamic
+    assert summary.outputs[3] == TensorSummary("F", "?", None)
+    assert summary.missing_shapes == ("A", "Q", "P", "F")
+
+
+def test_custom_nodes_in_subgraphs_and_functions() -> None:
+    model = parse_model("""
+        <ir_version: 8, opset_import: ["" : 18, "my.plugins" : 1, "local" : 1]>
+        g (float[2] X, bool C) => (float[2] Y, float[2] F) {
+            Y = If(C) <
+                then_branch = t () => (float[2] a) {
+                    a = my.plugins.Inside <plugin_version: string = "3"> (X)
+                },
+                else_branch = e () => (float[2] b) { b = Neg(X) }
+            >
+            F = local.Fn(X)
+        }
+        <domain: "local", opset_import: ["" : 18, "my.plugins" : 1]>
+        Fn (x) => (y) { y = my.plugins.InFunction(x) }
+    """)
+    summary = summarize(model, infer_shapes=False)
+    assert [(n.op_type, n.scope, n.plugin_version) for n in summary.custom_nodes] == [
+        ("Inside", "subgraph", "3"),
+        ("Fn", "main", None),
+        ("InFunction", "function local::Fn", None),
+    ]
+    assert summary.ops["my.plugins::Inside"] == 1
+    assert "my.plugins::InFunction" not in summary.ops
+    assert summary.ops_by_scope["function"] == {"my.plugins::InFunction": 1}
+
+
+def test_external_weights_are_never_read(tmp_path: Path, rng: np.random.Generator) -> None:
+    weight = rng.standard_normal((64, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["M"]), helper.make_node("Relu", ["M"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "n"])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    lazy = load(path, load_weights=False)
+    (tmp_path / "m.onnx.data").unlink()  # any read of the weights would now fail
+
+    summary = summarize(lazy, path=str(path))
+    assert summary.initializers == InitializerSummary(1, weight.nbytes, 1, ())
+    assert summary.inputs == (TensorSummary("X", "float", ("batch", 64)),)
+    assert summary.outputs == (TensorSummary("Y", "float", ("batch", "n")),)
+    # The weight became a typed input for inference, so M gets its shape: nothing is missing.
+    assert summary.missing_shapes == ()
+    assert summary.shape_inference_error is None
+
+
+def test_to_json_keys_and_values() -> None:
+    data = summarize(_rich_model()).to_json()
+    for key in (
+        "opsets",
+        "node_count",
+        "ops",
+        "inputs",
+        "outputs",
+        "initializers",
+        "custom_nodes",
+        "functions",
+    ):
+        assert key in data
+    json.dumps(data)  # plain JSON values only
+    assert data["inputs"][0] == {"name": "X", "dtype": "float", "shape": ["N", None, 4]}
+    assert data["outputs"][2]["shape"] == []
+    assert data["functions"][0]["key"] == "local::AddTwice"
+    assert data["custom_nodes"][1]["plugin_namespace"] == "gskit"
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rich.onnx"
+    save(_rich_model(), path)
+    assert cli.main(["inspect", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["node_count"] == 6
+    assert data["ops"]["my.plugins::MyPlugin"] == 1
+    assert data["initializers"]["listed_as_inputs"] == ["W"]
+    assert data["missing_shapes"] == ["Q"]
+
+
+def test_cli_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_path / "rich.onnx"
+    save(_rich_model(), path)
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    for text in (
+        "ai.onnx::Relu",
+        "ai.onnx::If",
+        "my.plugins::MyPlugin",
+        "local::AddTwice",
+        "[N, ?, 4]",
+        "gskit",
+    ):
+        assert text in out
+    # The histogram table lists ops by count, most frequent first.
+    assert out.index("ai.onnx::If") < out.index("ai.onnx::Relu")
+
+
+def test_cli_light_model_tables(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    path = LIGHT_MODELS[0]
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    for op in _direct_histogram(onnx.load(str(path)).graph):
+        assert op in out
+
+
+def test_loop_body_counted_as_subgraph() -> None:
+    model = parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (int64 M, bool cond, float[2] X) => (float[2] Y) {
+            Y = Loop(M, cond, X) <body = body (int64 i, bool c, float[2] x) => (bool c_out, float[2] x_out) {
+                c_out = Identity(c)
+                x_out = Add(x, x)
+            }>
+        }
+    """)
+    summary = summarize(model)
+    assert summary.node_count == 1 and summary.subgraph_node_count == 2
+    assert summary.ops == {"ai.onnx::Add": 1, "ai.onnx::Identity": 1, "ai.onnx::Loop": 1}
+    assert summary.ops_by_scope["main"] == {"ai.onnx::Loop": 1}
+    assert summary.missing_shapes == ()

@@ -1,0 +1,303 @@
+"""gskit.model: round trips, IR version for onnxruntime, atomic saves, lazy weights, and bad files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
+
+from gskit import cli
+from gskit.errors import GskitError, ModelCheckError
+from gskit.model import (
+    EXTERNAL_TENSOR_MIN_BYTES,
+    MAX_ORT_IR_VERSION,
+    load,
+    resolve_output,
+    save,
+    to_graph,
+)
+
+
+def _mlp(rng: np.random.Generator, ir_version: int = onnx.IR_VERSION) -> onnx.ModelProto:
+    """Y = Relu(X @ W + B): W (8 KiB) goes to external data, B (128 B) stays inline."""
+    weight = rng.standard_normal((64, 32)).astype(np.float32)
+    bias = rng.standard_normal(32).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["M"]),
+            helper.make_node("Add", ["M", "B"], ["S"]),
+            helper.make_node("Relu", ["S"], ["Y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 32])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=ir_version)
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def _graph_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Weights read through gs.Graph (lazy values for tensors still on disk)."""
+    graph = to_graph(model)
+    return {name: t.values for name, t in graph.tensors().items() if hasattr(t, "values")}
+
+
+def _assert_bit_identical(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        assert actual[name].dtype == value.dtype and actual[name].shape == value.shape, name
+        assert actual[name].tobytes() == value.tobytes(), name
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _bad_model() -> onnx.ModelProto:
+    """Fails onnx's checker: Relu reads a tensor that nothing produces."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["nowhere"], ["Y"])],
+        "bad",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.zeros(512, np.float32), "big")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+# Round trips ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_round_trip_bit_identical(tmp_path: Path, rng: np.random.Generator, external_data: bool) -> None:
+    model = _mlp(rng)
+    path = save(model, tmp_path / "m.onnx", external_data=external_data)
+    assert path == (tmp_path / "m.onnx").resolve()
+    assert (tmp_path / "m.onnx.data").is_file() == external_data
+    assert _listing(tmp_path) == (["m.onnx", "m.onnx.data"] if external_data else ["m.onnx"])
+
+    _assert_bit_identical(_weights(load(path)), _weights(model))
+    lazy = load(path, load_weights=False)
+    on_disk = [t.name for t in lazy.graph.initializer if uses_external_data(t)]
+    assert on_disk == (["W"] if external_data else [])  # B is below EXTERNAL_TENSOR_MIN_BYTES
+    assert 32 * 4 < EXTERNAL_TENSOR_MIN_BYTES <= 64 * 32 * 4
+    _assert_bit_identical(_graph_weights(lazy), _weights(model))
+
+
+def test_written_ir_version_runs_on_onnxruntime(tmp_path: Path, rng: np.random.Generator) -> None:
+    model = _mlp(rng, ir_version=onnx.IR_VERSION)
+    assert model.ir_version > MAX_ORT_IR_VERSION  # onnx 1.23 writes 14 by default
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    assert model.ir_version == onnx.IR_VERSION, "the caller's model keeps its IR version"
+    assert onnx.load(str(path), load_external_data=False).ir_version <= MAX_ORT_IR_VERSION
+
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"X": x})
+    weights = _weights(model)
+    expected = np.maximum(x @ weights["W"] + weights["B"], 0)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_save_graph(tmp_path: Path, rng: np.random.Generator) -> None:
+    model = _mlp(rng)
+    path = save(to_graph(model), tmp_path / "g.onnx")
+    _assert_bit_identical(_weights(load(path)), _weights(model))
+
+
+# Atomic saves -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_failed_check_leaves_nothing(tmp_path: Path, external_data: bool) -> None:
+    with pytest.raises(ModelCheckError, match="m.onnx"):
+        save(_bad_model(), tmp_path / "m.onnx", external_data=external_data)
+    assert _listing(tmp_path) == [], "no model, no data file, no temporary folder"
+
+
+def test_failed_check_keeps_existing_destination(tmp_path: Path, rng: np.random.Generator) -> None:
+    path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    before = {name: (tmp_path / name).read_bytes() for name in _listing(tmp_path)}
+    with pytest.raises(ModelCheckError):
+        save(_bad_model(), path, external_data=True)
+    assert {name: (tmp_path / name).read_bytes() for name in _listing(tmp_path)} == before
+
+
+def test_unchecked_save_writes_bad_model(tmp_path: Path) -> None:
+    path = save(_bad_model(), tmp_path / "m.onnx", check=False)
+    assert _listing(tmp_path) == ["m.onnx"]
+    assert load(path).graph.node[0].input[0] == "nowhere"
+
+
+def test_resolve_output_refuses_input(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    spelled_otherwise = tmp_path / "sub" / ".." / "m.onnx"
+    with pytest.raises(GskitError, match="overwrite the input"):
+        resolve_output(model, spelled_otherwise, in_place=False)
+    assert resolve_output(model, model, in_place=True) == model
+    assert resolve_output(model, tmp_path / "out.onnx", in_place=False) == tmp_path / "out.onnx"
+
+
+# Lazy weights -----------------------------------------------------------------------------------------
+
+
+def test_lazy_model_saved_elsewhere_streams_weights(tmp_path: Path, rng: np.random.Generator) -> None:
+    model = _mlp(rng)
+    source = save(model, tmp_path / "a" / "m.onnx", external_data=True)
+    source_data = (tmp_path / "a" / "m.onnx.data").read_bytes()
+    lazy = load(source, load_weights=False)
+
+    target = save(lazy, tmp_path / "b" / "m.onnx")  # external data chosen: weights are on disk
+    assert (tmp_path / "b" / "m.onnx.data").is_file()
+    weight = next(t for t in lazy.graph.initializer if t.name == "W")
+    assert uses_external_data(weight) and not weight.HasField("raw_data"), "weights stay on disk"
+    assert (tmp_path / "a" / "m.onnx.data").read_bytes() == source_data
+
+    _assert_bit_identical(_weights(load(target)), _weights(model))
+    # The written file points at its own data file only (no basepath of the source leaks into it).
+    written = onnx.load(str(target), load_external_data=False)
+    keys = {e.key for t in written.graph.initializer for e in t.external_data}
+    assert keys <= {"location", "offset", "length"}
+
+
+def test_lazy_graph_saved_elsewhere(tmp_path: Path, rng: np.random.Generator) -> None:
+    model = _mlp(rng)
+    source = save(model, tmp_path / "a" / "m.onnx", external_data=True)
+    graph = to_graph(load(source, load_weights=False))
+    target = save(graph, tmp_path / "b" / "m.onnx", external_data=True)
+    _assert_bit_identical(_weights(load(target)), _weights(model))
+
+
+def test_lazy_model_over_its_own_data_file(tmp_path: Path, rng: np.random.Generator) -> None:
+    source = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    before = {name: (tmp_path / name).read_bytes() for name in _listing(tmp_path)}
+    lazy = load(source, load_weights=False)
+    with pytest.raises(GskitError, match="m.onnx.data"):
+        save(lazy, source)
+    assert {name: (tmp_path / name).read_bytes() for name in _listing(tmp_path)} == before
+
+
+def test_lazy_model_without_external_data_refused(tmp_path: Path, rng: np.random.Generator) -> None:
+    source = save(_mlp(rng), tmp_path / "a" / "m.onnx", external_data=True)
+    lazy = load(source, load_weights=False)
+    with pytest.raises(GskitError, match="external_data=True"):
+        save(lazy, tmp_path / "b" / "m.onnx", external_data=False)
+    assert _listing(tmp_path / "b") == []
+
+
+def test_caller_model_unchanged_by_external_save(tmp_path: Path, rng: np.random.Generator) -> None:
+    model = _mlp(rng)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    save(model, tmp_path / "m.onnx", external_data=True)
+    for old, new in zip(before.graph.initializer, model.graph.initializer, strict=True):
+        assert new.HasField("raw_data") and new.raw_data == old.raw_data, new.name
+        assert not uses_external_data(new) and new.data_location == TensorProto.DEFAULT, new.name
+        assert list(new.dims) == list(old.dims) and new.data_type == old.data_type, new.name
+
+
+def test_caller_model_proto_identical_after_external_save(tmp_path: Path, rng: np.random.Generator) -> None:
+    model = _mlp(rng)
+    before = model.SerializeToString()
+    save(model, tmp_path / "m.onnx", external_data=True)
+    assert model.SerializeToString() == before
+
+
+def test_caller_typed_data_unchanged_by_external_save(tmp_path: Path) -> None:
+    values = np.arange(512, dtype=np.float32)
+    tensor = helper.make_tensor("T", TensorProto.FLOAT, values.shape, values.tolist())  # float_data
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["T"], ["Y"])],
+        "typed",
+        [],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [512])],
+        [tensor],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    before = model.SerializeToString()
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    np.testing.assert_array_equal(numpy_helper.to_array(load(path).graph.initializer[0]), values)
+    assert model.SerializeToString() == before
+
+
+# Bad files --------------------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.onnx"
+    with pytest.raises(GskitError, match="absent.onnx"):
+        load(path)
+
+
+def test_truncated_file(tmp_path: Path, rng: np.random.Generator) -> None:
+    full = save(_mlp(rng), tmp_path / "full.onnx")
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(full.read_bytes()[:100])
+    with pytest.raises(GskitError, match="cut.onnx"):
+        load(path)
+
+
+def test_text_file(tmp_path: Path) -> None:
+    path = tmp_path / "notes.onnx"
+    path.write_text("These are notes about a model, not a model.\n" * 20)
+    with pytest.raises(GskitError, match="notes.onnx"):
+        load(path)
+
+
+@pytest.mark.parametrize("load_weights", [True, False])
+def test_missing_external_data(tmp_path: Path, rng: np.random.Generator, load_weights: bool) -> None:
+    path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    (tmp_path / "m.onnx.data").unlink()
+    with pytest.raises(GskitError, match=r"m\.onnx.*m\.onnx\.data.*missing"):
+        load(path, load_weights=load_weights)
+
+
+@pytest.mark.parametrize("load_weights", [True, False])
+def test_short_external_data(tmp_path: Path, rng: np.random.Generator, load_weights: bool) -> None:
+    path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(data.read_bytes()[:-10])
+    with pytest.raises(GskitError, match=r"m\.onnx.*m\.onnx\.data.*too short"):
+        load(path, load_weights=load_weights)
+
+
+def test_external_location_outside_folder(tmp_path: Path, rng: np.random.Generator) -> None:
+    path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../elsewhere.data"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(GskitError, match="invalid external data location"):
+        load(path)
+
+
+# CLI error handling -----------------------------------------------------------------------------------
+
+
+def test_cli_missing_file_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "absent.onnx"
+    assert cli.main(["inspect", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err
+    assert lines[0].startswith("gskit inspect: error: ") and str(path) in lines[0]
+
+
+def test_cli_debug_reraises(tmp_path: Path) -> None:
+    with pytest.raises(GskitError, match="absent.onnx"):
+        cli.main(["--debug", "inspect", os.fspath(tmp_path / "absent.onnx")])
