@@ -7,8 +7,16 @@ check raises ``StepError`` naming the step, and ``gskit prepare`` stops there.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+import onnx_graphsurgeon as gs
+
+from gskit.errors import GskitError
+from gskit.plugin import PluginRegistry
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -138,3 +146,232 @@ DEFAULT_STEPS: tuple[str, ...] = (
     "validate",
     "build",
 )
+
+
+# ------------------------------------------------------------------------------------------- step bodies
+# Each body takes the run's state and its options and returns a one-line summary plus the step's own report.
+# Imports are local: a recipe that never folds never imports the folding machinery.
+
+
+class StepError(GskitError):
+    """A step's precondition or postcondition failed; the message names the step."""
+
+
+@dataclass
+class RunState:
+    """What steps share during one ``gskit prepare`` run."""
+
+    graph: gs.Graph
+    original_path: Path
+    registry: PluginRegistry
+    plugin_dirs: tuple[Path, ...] | None
+    snapshot: Callable[[], Path]
+    engine_path: Path
+    replaced: list[Any] = field(default_factory=list)
+    comparison: Any = None
+    trt_report: Any = None
+    engine: Any = None
+
+
+def run_sanitize(state: RunState, options: SanitizeOptions) -> tuple[str, Any]:
+    from gskit.sanitize import sanitize
+
+    outputs = [t.name for t in state.graph.outputs]
+    report = sanitize(state.graph, skip=options.skip, extra=options.extra)
+    _ensure([t.name for t in state.graph.outputs] == outputs, "sanitize", "graph outputs changed")
+    return _counted(report), report
+
+
+def run_edit(state: RunState, options: EditOptions) -> tuple[str, Any]:
+    from gskit import edit
+
+    graph = state.graph
+    if options.drop_initializer_inputs:
+        edit.drop_initializer_inputs(graph)
+    if options.constants_to_initializers:
+        edit.constants_to_initializers(graph)
+    if options.rename:
+        edit.rename_tensors(graph, options.rename)
+    for name, dtype in options.input_dtypes.items():
+        edit.set_input_dtype(graph, name, dtype)
+    for name, shape in options.input_shapes.items():
+        edit.set_input_shape(graph, name, shape)
+    for node in options.remove_nodes:
+        edit.remove_node(graph, node)
+    for node, values in options.set_attrs.items():
+        edit.set_attributes(graph, node, values)
+    if options.expose:
+        edit.expose_tensors(graph, options.expose)
+    count = sum(bool(v) for v in dataclasses.asdict(options).values())
+    return f"{count} kinds of edit applied", None
+
+
+def run_isolate(state: RunState, options: IsolateOptions) -> tuple[str, Any]:
+    from gskit.isolate import isolate
+
+    if not options.inputs or not options.outputs:
+        raise StepError("isolate: the step needs both 'inputs' and 'outputs' tensor names")
+    state.graph = isolate(state.graph, options.inputs, options.outputs)
+    return f"kept the subgraph {list(options.inputs)} -> {list(options.outputs)}", None
+
+
+def run_replace(state: RunState, options: ReplaceOptions) -> tuple[str, Any]:
+    from gskit.patterns import replace
+
+    specs = list(state.registry)
+    if not specs:
+        raise StepError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
+    report = replace(state.graph, specs, only=options.only, keep_function=options.keep_function)
+    state.replaced.extend(report.regions)
+    # Promise: no instance left that could have been replaced (a second pass finds nothing to do).
+    again = replace(state.graph.copy(), specs, only=options.only, keep_function=options.keep_function)
+    _ensure(again.replaced == 0, "replace", f"{again.replaced} pattern instance(s) left after replacement")
+    skipped = sum(len(p.skipped) for p in report.plugins)
+    per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
+    return f"{report.replaced} replaced, {skipped} skipped" + (f" ({per_plugin})" if per_plugin else ""), report
+
+
+def run_infer_shapes(state: RunState, options: InferShapesOptions) -> tuple[str, Any]:
+    from gskit.shapes import infer_graph_shapes
+
+    infer_graph_shapes(state.graph, state.registry, strict=options.strict)
+    missing = [
+        f"{node.name or node.op}:{out.name}"
+        for sub in (state.graph, *state.graph.subgraphs(recursive=True))
+        for node in sub.nodes
+        if state.registry.for_node(node) is not None
+        for out in node.outputs
+        if out.dtype is None or out.shape is None
+    ]
+    if options.strict:
+        _ensure(not missing, "infer_shapes", f"plugin outputs without a shape: {missing[:5]}")
+    return "every plugin output has a shape" if not missing else f"{len(missing)} plugin outputs unshaped", None
+
+
+def run_fold(state: RunState, options: FoldOptions) -> tuple[str, Any]:
+    from gskit.fold import fold
+
+    outputs = [t.name for t in state.graph.outputs]
+    state.graph, report = fold(
+        state.graph,
+        max_passes=options.max_passes,
+        fold_shapes=options.fold_shapes,
+        size_threshold=options.size_threshold,
+        allow_partial=options.allow_partial,
+        plugins=state.registry,
+    )
+    _ensure([t.name for t in state.graph.outputs] == outputs, "fold", "graph outputs changed")
+    _ensure(report.nodes_after <= report.nodes_before, "fold", "folding added nodes")
+    return f"{report.nodes_before} -> {report.nodes_after} nodes in {report.passes} passes", report
+
+
+def run_convert(state: RunState, options: ConvertOptions) -> tuple[str, Any]:
+    from gskit import convert
+    from gskit import model as gsmodel
+
+    done = []
+    if options.opset is not None:
+        proto = convert.convert_opset(gsmodel.to_model(state.graph), options.opset)
+        state.graph = gsmodel.to_graph(proto)
+        done.append(f"opset {options.opset}")
+    if options.int32:
+        convert.int64_to_int32(state.graph)
+        done.append("int64 -> int32")
+    if options.fp16:
+        state.graph = convert.to_fp16(
+            state.graph,
+            keep_io_types=options.keep_io_fp32,
+            clamp_min=options.clamp_min,
+            clamp_max=options.clamp_max,
+            block_ops=options.block_ops,
+            plugins=state.registry,
+        )
+        done.append("fp16")
+    return ", ".join(done) or "nothing to convert", None
+
+
+def run_check_trt(state: RunState, options: CheckTrtOptions) -> tuple[str, Any]:
+    from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+
+    report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
+    state.trt_report = report
+    bad = len(report.nodes_with(UNSUPPORTED)) + len(report.nodes_with(PLUGIN_PROBLEM))
+    if options.fail_on_unsupported:
+        _ensure(report.ok, "check_trt", f"{bad} node(s) TensorRT will not take (see the report)")
+    plugins = len(report.nodes_with(NEEDS_PLUGIN))
+    return f"{report.source}: {bad} node(s) rejected, {plugins} plugin node(s) with known plugins", report
+
+
+def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
+    from gskit.compare import compare
+    from gskit.feeds import load_feeds
+
+    feeds = load_feeds(options.inputs) if options.inputs else None
+    report = compare(
+        state.original_path,
+        state.snapshot(),
+        feeds=feeds,
+        shapes=options.shapes or None,
+        seed=options.seed,
+        atol=options.atol,
+        rtol=options.rtol,
+        plugins=state.registry,
+    )
+    state.comparison = report
+    worst = max((o.max_abs_err for o in report.outputs), default=0.0)
+    verdict = "passed" if report.passed else f"FAILED on {[o.name for o in report.failed]}"
+    return f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}", report
+
+
+def run_build(state: RunState, options: BuildOptions) -> tuple[str, Any]:
+    from gskit.backends.trt import full_tensorrt_available, resolve_backend
+    from gskit.backends.trt_build import build_engine
+
+    flavour = resolve_backend("auto")
+    has_plugins = any(state.registry.for_node(n) for n in state.graph.nodes)
+    reason = None
+    if flavour == "static":
+        reason = "no TensorRT installed"
+    elif not full_tensorrt_available() and options.compute_capability is None:
+        reason = "TensorRT-RTX only: give build.compute_capability for an AOT build"
+    elif not full_tensorrt_available() and has_plugins:
+        reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
+    if reason:
+        if options.required:
+            raise StepError(f"build: {reason}")
+        return f"skipped: {reason}", None
+    shapes = {name: tuple(tuple(s) for s in dims) for name, dims in options.shapes.items()} or None
+    info = build_engine(
+        state.snapshot(),
+        state.engine_path,
+        plugins=list(state.plugin_dirs or ()),
+        shapes=shapes,
+        timing_cache=options.timing_cache,
+        compute_capability=options.compute_capability,
+    )
+    state.engine = info
+    return f"built {info.engine.name} in {info.build_seconds:.1f}s", info
+
+
+STEP_RUNNERS: dict[str, Callable[[RunState, Any], tuple[str, Any]]] = {
+    "sanitize": run_sanitize,
+    "edit": run_edit,
+    "isolate": run_isolate,
+    "replace": run_replace,
+    "infer_shapes": run_infer_shapes,
+    "fold": run_fold,
+    "convert": run_convert,
+    "check_trt": run_check_trt,
+    "validate": run_validate,
+    "build": run_build,
+}
+
+
+def _ensure(condition: bool, step: str, message: str) -> None:
+    if not condition:
+        raise StepError(f"step '{step}' broke its promise: {message}")
+
+
+def _counted(report: Any) -> str:
+    summary = getattr(report, "summary", None)
+    return summary() if callable(summary) else "done"

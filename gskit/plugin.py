@@ -9,16 +9,26 @@ Identity of a plugin is ``(namespace, name, version)``; the node's domain is the
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Callable, Mapping, Sequence
+import importlib.util
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points as _entry_points
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
+
+log = logging.getLogger(__name__)
 
 
 class _Required:
@@ -165,7 +175,11 @@ class PluginSpec:
             value = values.get(attr.name, attr.default)
             if value is REQUIRED:
                 raise PluginError(f"{self.qualified_name}: attribute '{attr.name}' is required")
-            attrs[attr.name] = coerce_attribute(self, attr, value)
+            value = coerce_attribute(self, attr, value)
+            if attr.type is AttrType.TENSOR:
+                # graphsurgeon exports a bare ndarray as FLOATS/INTS (shape lost), a Constant as TENSOR.
+                value = gs.Constant(f"{self.name}.{attr.name}", value)
+            attrs[attr.name] = value
         attrs["plugin_namespace"] = self.namespace
         attrs["plugin_version"] = self.version
         return attrs
@@ -187,11 +201,16 @@ class PluginSpec:
             outputs=list(outputs),
         )
 
-    def run_reference(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    def run_reference(
+        self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
+    ) -> list[np.ndarray]:
         """Run the numpy reference; attributes routed to TensorRT only are not passed."""
         if self.reference is None:
             raise PluginError(f"{self.qualified_name}: no numpy reference; write `reference` in its spec")
-        plugin_attrs = {a.name: attrs.get(a.name, a.default) for a in self.attributes}
+        plugin_attrs = {a.name: attribute_value(attrs.get(a.name, a.default)) for a in self.attributes}
+        missing = [name for name, value in plugin_attrs.items() if value is REQUIRED]
+        if missing:
+            raise PluginError(f"{self.qualified_name}: node lacks required attribute(s) {missing}")
         result = self.reference(*inputs, **plugin_attrs)
         return list(result) if isinstance(result, (tuple, list)) else [result]
 
@@ -220,7 +239,13 @@ def coerce_attribute(spec: PluginSpec, attr: Attribute, value: Any) -> Any:
         if attr.type is AttrType.STRINGS:
             return [str(v) for v in value]
         if attr.type is AttrType.TENSOR:
+            value = attribute_value(value)
+            wanted = None if attr.tensor_dtype is None else np.dtype(attr.tensor_dtype)
+            if wanted is not None and not isinstance(value, np.ndarray):
+                value = np.asarray(value, dtype=wanted)
             array = np.asarray(value)
+            if wanted is not None and array.dtype != wanted:
+                raise PluginError(f"{where}: tensor of {array.dtype}, the plugin expects {wanted}")
             if array.dtype not in TENSOR_DTYPES_PASSED_TO_PLUGINS:
                 raise PluginError(
                     f"{where}: tensor of {array.dtype} cannot reach a TensorRT plugin "
@@ -230,3 +255,305 @@ def coerce_attribute(spec: PluginSpec, attr: Attribute, value: Any) -> Any:
     except (TypeError, ValueError) as err:
         raise PluginError(f"{where}: {value!r} is not a valid {attr.type.value}") from err
     raise PluginError(f"{where}: unsupported attribute type {attr.type!r}")
+
+
+def attribute_value(value: Any) -> Any:
+    """A node attribute as plain Python/numpy: TENSOR values (gs.Constant or TensorProto) become arrays."""
+    if isinstance(value, gs.Constant):
+        return np.asarray(value.values)
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, onnx.AttributeProto):
+        return attribute_value(onnx.helper.get_attribute_value(value))
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8") for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------
+# Discovery: plugins/<name>/spec.py files and the ``gskit.plugins`` entry point group.
+
+#: Environment variable listing plugin folders (``os.pathsep``-separated).
+PLUGINS_ENV = "GSKIT_PLUGINS"
+#: Entry point group whose entries load to a PluginSpec or a list of them.
+ENTRY_POINT_GROUP = "gskit.plugins"
+#: Parent package under which each plugin folder is imported (``gskit_plugins.<folder>``).
+PLUGIN_PACKAGE = "gskit_plugins"
+#: Attributes gskit or TensorRT put on plugin nodes besides the spec's own, with their kinds.
+ROUTING_ATTRIBUTES: Mapping[str, AttrType] = {
+    "plugin_namespace": AttrType.STRING,
+    "plugin_version": AttrType.STRING,
+    "tensorrt_plugin_shape_input_indices": AttrType.INTS,
+    "aot": AttrType.INT,
+}
+
+
+class PluginRegistry:
+    """The loaded plugin specs, looked up by ``(namespace, name, version)`` or by node.
+
+    Build one with :func:`load_plugins` (or from specs directly in tests); nothing is registered globally.
+    """
+
+    def __init__(self, specs: Iterable[PluginSpec] = ()) -> None:
+        self._specs: dict[tuple[str, str, str], PluginSpec] = {}
+        for spec in specs:
+            self.add(spec)
+
+    def add(self, spec: PluginSpec) -> None:
+        """Add a validated spec.
+
+        Raises:
+            PluginError: a spec with the same key is already loaded (both files are named).
+        """
+        spec = validate_spec(spec)
+        other = self._specs.get(spec.key)
+        if other is not None:
+            raise PluginError(
+                f"{spec.qualified_name} is defined twice: in {other.source or '?'} and in "
+                f"{spec.source or '?'}; "
+                f"remove one or change its version"
+            )
+        self._specs[spec.key] = spec
+
+    def __iter__(self) -> Iterator[PluginSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __bool__(self) -> bool:
+        return bool(self._specs)
+
+    def __repr__(self) -> str:
+        return f"PluginRegistry({self.names()})"
+
+    def get(self, namespace: str, name: str, version: str | None = None) -> PluginSpec | None:
+        """The spec with this key; with ``version=None`` the only version, or the highest if several."""
+        if version is not None:
+            return self._specs.get((namespace, name, version))
+        found = [s for (ns, n, _), s in self._specs.items() if ns == namespace and n == name]
+        if not found:
+            return None
+        return max(found, key=lambda s: _version_key(s.version))
+
+    def for_node(self, node: gs.Node | onnx.NodeProto) -> PluginSpec | None:
+        """The spec a node instantiates: its domain and op type, and its ``plugin_version`` (default "1")."""
+        if isinstance(node, onnx.NodeProto):
+            domain, op = node.domain, node.op_type
+            version = next((attribute_value(a) for a in node.attribute if a.name == "plugin_version"), "1")
+        else:
+            domain, op = node.domain or "", node.op
+            version = attribute_value(node.attrs.get("plugin_version", "1"))
+        return self._specs.get((domain, op, str(version)))
+
+    def names(self) -> list[str]:
+        """Qualified names (``ns::name vN``) of all specs, sorted."""
+        return sorted(s.qualified_name for s in self._specs.values())
+
+    def domains(self) -> set[str]:
+        """ONNX domains used by the plugins."""
+        return {s.namespace for s in self._specs.values()}
+
+
+def default_plugin_dirs() -> list[Path]:
+    """Folders searched when none are given: ``$GSKIT_PLUGINS``, else the repository's ``plugins/``."""
+    env = os.environ.get(PLUGINS_ENV)
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    repo_plugins = Path(__file__).resolve().parent.parent / "plugins"
+    return [repo_plugins] if repo_plugins.is_dir() else []
+
+
+def load_plugins(
+    dirs: Sequence[str | os.PathLike] | None = None, *, entry_points: bool = True
+) -> PluginRegistry:
+    """Load plugin specs from folders and installed packages.
+
+    Each ``<dir>/<name>/spec.py`` is imported as the package ``gskit_plugins.<name>`` (so it can import its
+    siblings relatively) and must define ``SPEC`` (a PluginSpec) or ``SPECS`` (a list). A folder that has
+    ``spec.py`` itself is loaded as one plugin. Loading again re-imports the files.
+
+    Args:
+        dirs: plugin folders; ``None`` means :func:`default_plugin_dirs`.
+        entry_points: also load the ``gskit.plugins`` entry points of installed packages.
+
+    Raises:
+        PluginError: a folder is missing, a plugin file cannot be imported or defines no valid spec, or
+            two plugins have the same ``(namespace, name, version)``.
+    """
+    registry = PluginRegistry()
+    folders = default_plugin_dirs() if dirs is None else [Path(d) for d in dirs]
+    used_modules: set[str] = set()
+    for folder in folders:
+        for spec_file in _spec_files(folder, explicit=dirs is not None):
+            for spec in load_spec_file(spec_file, _module_name(spec_file.parent.name, used_modules)):
+                registry.add(spec)
+    if entry_points:
+        for ep in _entry_points(group=ENTRY_POINT_GROUP):
+            for spec in _load_entry_point(ep):
+                registry.add(spec)
+    log.debug("loaded plugins: %s", registry.names())
+    return registry
+
+
+def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
+    """Import one ``spec.py`` as a package and return its validated specs.
+
+    Raises:
+        PluginError: the file cannot be imported, or defines no SPEC/SPECS, or a spec is invalid.
+    """
+    path = Path(path).resolve()
+    module_name = module_name or f"{PLUGIN_PACKAGE}.{path.parent.name}"
+    _ensure_parent_package()
+    for name in [m for m in sys.modules if m == module_name or m.startswith(module_name + ".")]:
+        del sys.modules[name]  # a reload must see the files as they are now
+    import_spec = importlib.util.spec_from_file_location(
+        module_name, path, submodule_search_locations=[str(path.parent)]
+    )
+    if import_spec is None or import_spec.loader is None:
+        raise PluginError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(import_spec)
+    sys.modules[module_name] = module
+    # No bytecode: a plugin edited twice within a second would otherwise be reloaded from a stale .pyc.
+    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        import_spec.loader.exec_module(module)
+    except Exception as err:  # user code: any failure becomes one line naming the file
+        del sys.modules[module_name]
+        raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
+    finally:
+        sys.dont_write_bytecode = write_bytecode
+    found = getattr(module, "SPECS", None)
+    if found is None:
+        found = getattr(module, "SPEC", None)
+        found = None if found is None else [found]
+    if found is None:
+        raise PluginError(f"{path}: defines neither SPEC (a PluginSpec) nor SPECS (a list of them)")
+    if not isinstance(found, (list, tuple)):
+        raise PluginError(f"{path}: SPECS must be a list of PluginSpec, not {type(found).__name__}")
+    return [validate_spec(spec, source=path) for spec in found]
+
+
+def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
+    """Check a spec and return it with ``source`` set.
+
+    Checks: identity fields are non-empty strings, inputs/outputs are names, attributes have distinct names
+    that do not shadow routing attributes, and defaults are values the TensorRT parser can pass. Warns when
+    the name is also an ONNX op name (the TensorRT parser ignores domains: such a node reaches the plugin
+    only with TensorRT >= 10.15 and a ``plugin_namespace`` attribute).
+
+    Raises:
+        PluginError: naming the file (or the spec) and the problem.
+    """
+    where = str(source or getattr(spec, "source", None) or getattr(spec, "name", "plugin spec"))
+    if not isinstance(spec, PluginSpec):
+        raise PluginError(f"{where}: SPEC must be a gskit.plugin.PluginSpec, not {type(spec).__name__}")
+    if source is not None and spec.source is None:
+        spec = dataclasses.replace(spec, source=source)
+    where = str(spec.source or spec.qualified_name)
+    for label, value in (("name", spec.name), ("namespace", spec.namespace)):
+        if not isinstance(value, str) or not value or any(c in value for c in " :\t\n"):
+            raise PluginError(
+                f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
+            )
+    if not isinstance(spec.version, str) or not spec.version:
+        raise PluginError(f'{where}: version must be a non-empty string like "1", got {spec.version!r}')
+    for label, names in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        if not isinstance(names, tuple) or not all(isinstance(n, str) and n.rstrip("?") for n in names):
+            raise PluginError(f"{where}: {label} must be a tuple of names, got {names!r}")
+    if not spec.outputs or any(n.endswith("?") for n in spec.outputs):
+        raise PluginError(f"{where}: outputs must name at least one output, none optional")
+    if not callable(spec.infer):
+        raise PluginError(f"{where}: infer must be callable (inputs, attrs) -> output TensorInfos")
+    if spec.reference is not None and not callable(spec.reference):
+        raise PluginError(f"{where}: reference must be callable or None")
+    seen: set[str] = set()
+    for attr in spec.attributes:
+        if not isinstance(attr, Attribute) or not isinstance(attr.type, AttrType):
+            raise PluginError(
+                f"{where}: attributes must be gskit.plugin.Attribute with an AttrType, got {attr!r}"
+            )
+        if attr.name in seen or attr.name in ROUTING_ATTRIBUTES:
+            raise PluginError(f"{where}: attribute name '{attr.name}' is repeated or reserved")
+        seen.add(attr.name)
+        if attr.default is not REQUIRED:
+            try:
+                coerce_attribute(spec, attr, attr.default)
+            except PluginError as err:
+                raise PluginError(f"{where}: default of {err}") from err
+    if onnx.defs.has(spec.name):
+        log.warning(
+            "%s: plugin name '%s' is also an ONNX op; the TensorRT parser ignores domains, so only TensorRT "
+            ">= 10.15 with the plugin_namespace attribute reaches the plugin (see TENSORRT_NOTES.md)",
+            where,
+            spec.name,
+        )
+    return spec
+
+
+def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:
+    """Implementation files beside ``spec.py``: reference, TensorRT Python plugin, C++ dir, kernel."""
+    folder = spec.source.parent if spec.source else None
+
+    def found(name: str) -> Path | None:
+        return folder / name if folder is not None and (folder / name).exists() else None
+
+    return {
+        "reference": spec.source if spec.reference is not None else None,
+        "trt_plugin": found("trt_plugin.py"),
+        "cpp": found("cpp"),
+        "kernel": found("kernel.py"),
+    }
+
+
+def _spec_files(folder: Path, *, explicit: bool) -> list[Path]:
+    if not folder.is_dir():
+        if explicit:
+            raise PluginError(f"{folder}: no such plugin folder")
+        log.warning("plugin folder %s does not exist; skipped", folder)
+        return []
+    if (folder / "spec.py").is_file():
+        return [folder / "spec.py"]
+    return sorted(
+        sub / "spec.py"
+        for sub in folder.iterdir()
+        if sub.is_dir() and not sub.name.startswith((".", "_")) and (sub / "spec.py").is_file()
+    )
+
+
+def _module_name(folder_name: str, used: set[str]) -> str:
+    base = f"{PLUGIN_PACKAGE}.{folder_name}"
+    name, n = base, 1
+    while name in used:
+        n += 1
+        name = f"{base}_{n}"
+    used.add(name)
+    return name
+
+
+def _ensure_parent_package() -> None:
+    if PLUGIN_PACKAGE not in sys.modules:
+        package = types.ModuleType(PLUGIN_PACKAGE, "Plugin folders loaded by gskit.plugin.load_plugins.")
+        package.__path__ = []
+        sys.modules[PLUGIN_PACKAGE] = package
+
+
+def _load_entry_point(ep: Any) -> list[PluginSpec]:
+    where = f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP})"
+    try:
+        loaded = ep.load()
+    except Exception as err:  # third-party code
+        raise PluginError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
+    specs = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
+    for spec in specs:
+        if not isinstance(spec, PluginSpec):
+            raise PluginError(
+                f"{where}: must load to a PluginSpec or a list of them, got {type(spec).__name__}"
+            )
+    return [validate_spec(s) for s in specs]
+
+
+def _version_key(version: str) -> tuple[Any, ...]:
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in version.split("."))

@@ -1,11 +1,35 @@
-"""Run models on onnxruntime (CPU): the reference that every prepared model is checked against."""
+"""Run models on onnxruntime (CPU): the reference that every prepared model is checked against.
+
+Plugin nodes run in one of two ways:
+
+* A node with a model-local function of the same ``(domain, name)`` runs as that function: onnxruntime
+  inlines custom-domain local functions, so nothing is needed beyond plain onnxruntime.
+* Otherwise the node runs through its spec's numpy reference as an onnxruntime-extensions PyOp. PyOps
+  live in the fixed domain ``ai.onnx.contrib`` and take only int/float/string attributes, so the session
+  gets a rewritten model: each plugin node moves into that domain under an op type unique per
+  (spec, input/output dtypes, present inputs), and its attributes travel as one JSON string attribute.
+  The caller's model is restored right after the session is created (no copy of the weights).
+
+Chosen over splitting the graph at plugin nodes and running segments: one session, onnxruntime still
+plans memory and runs the standard ops as usual, and a plugin inside a subgraph works too. Checked with
+onnxruntime 1.31 and onnxruntime-extensions 0.15.2.
+"""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -13,13 +37,34 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from gskit import model as gsmodel
-from gskit.errors import GskitError
+from gskit.errors import GskitError, PluginError
+from gskit.plugin import PluginRegistry, PluginSpec, attribute_value
+
+log = logging.getLogger(__name__)
+
+#: Domains onnxruntime's CPU provider implements itself; any other domain needs a plugin or a function.
+BUILTIN_DOMAINS = frozenset(
+    {
+        "",
+        "ai.onnx",
+        "ai.onnx.ml",
+        "ai.onnx.preview.training",
+        "com.microsoft",
+        "com.microsoft.nchwc",
+        "com.ms.internal.nhwc",
+    }
+)
+#: The domain of onnxruntime-extensions' Python custom ops (fixed by that package).
+PYOP_DOMAIN = "ai.onnx.contrib"
+#: The one attribute of a rewritten plugin node: the original attributes as JSON.
+PYOP_ATTRS = "gskit_attrs"
 
 
 def session(
     model: onnx.ModelProto | gs.Graph | str | os.PathLike,
     *,
     optimize: bool = False,
+    plugins: PluginRegistry | None = None,
 ) -> ort.InferenceSession:
     """Create a CPU InferenceSession for a model, a graph or a file.
 
@@ -28,20 +73,38 @@ def session(
             file first, since onnxruntime resolves external data relative to a file.
         optimize: enable onnxruntime's graph optimizations. Off by default so a comparison checks the
             model as written, not onnxruntime's rewrite of it.
+        plugins: specs of the plugin nodes in the model; their numpy references run inside the session.
 
     Raises:
-        GskitError: onnxruntime rejects the model (the message names the first problem it reports).
+        GskitError: onnxruntime rejects the model (the message names the first problem it reports), or
+            a node of a custom domain has neither a plugin spec nor a model-local function.
     """
+    custom = _custom_nodes(model) if not isinstance(model, gs.Graph) else None
+    if custom is None or custom:
+        proto = _as_proto(model)
+        plugin_nodes = _plugin_nodes(proto, plugins)
+        if plugin_nodes:
+            with _pyop_model(proto, plugin_nodes, plugins) as rewritten:
+                return _session(rewritten, optimize=optimize, extensions=True)
+        model = proto
+    return _session(model, optimize=optimize, extensions=_uses_domain(model, PYOP_DOMAIN))
+
+
+def _session(
+    model: onnx.ModelProto | str | os.PathLike, *, optimize: bool, extensions: bool
+) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
     options.log_severity_level = 3
+    if extensions:
+        options.register_custom_ops_library(_extensions_library())
     providers = ["CPUExecutionProvider"]
     try:
         if isinstance(model, (str, os.PathLike)):
             return ort.InferenceSession(str(model), options, providers=providers)
-        proto = gsmodel.to_model(model) if isinstance(model, gs.Graph) else model
+        proto = model
         if _has_disk_weights(proto) or proto.ByteSize() > gsmodel.EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory(prefix="gskit-ort-") as tmp:
                 path = gsmodel.save(proto, Path(tmp) / "model.onnx", external_data=True, check=False)
@@ -49,8 +112,12 @@ def session(
         with gsmodel._ir_version_for_onnxruntime(proto):
             payload = proto.SerializeToString()
         return ort.InferenceSession(payload, options, providers=providers)
-    except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
-            ort.capi.onnxruntime_pybind11_state.NotImplemented, ort.capi.onnxruntime_pybind11_state.InvalidArgument) as err:
+    except (
+        ort.capi.onnxruntime_pybind11_state.Fail,
+        ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+        ort.capi.onnxruntime_pybind11_state.NotImplemented,
+        ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+    ) as err:
         first = str(err).strip().splitlines()[0]
         raise GskitError(f"onnxruntime cannot load the model: {first}") from err
 
@@ -59,19 +126,246 @@ def run(
     model: onnx.ModelProto | gs.Graph | str | os.PathLike | ort.InferenceSession,
     feeds: Mapping[str, np.ndarray],
     outputs: list[str] | None = None,
+    plugins: PluginRegistry | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run a model once and return its outputs by name."""
-    sess = model if isinstance(model, ort.InferenceSession) else session(model)
+    """Run a model once and return its outputs by name.
+
+    Raises:
+        GskitError: the session cannot be created (see :func:`session`) or onnxruntime fails to run.
+    """
+    sess = model if isinstance(model, ort.InferenceSession) else session(model, plugins=plugins)
     names = outputs or [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, dict(feeds))
     except Exception as err:  # onnxruntime raises its own pybind types; keep one line of it
         first = str(err).strip().splitlines()[0]
         raise GskitError(f"onnxruntime failed to run the model: {first}") from err
-    return dict(zip(names, values))
+    return dict(zip(names, values, strict=True))
 
 
 def _has_disk_weights(model: onnx.ModelProto) -> bool:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     return any(uses_external_data(t) for t in _get_all_tensors(model))
+
+
+# -- plugin nodes through onnxruntime-extensions PyOps ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _PyOpTarget:
+    """What a PyOp op type runs: the spec, which of its inputs are present, and the output dtypes."""
+
+    spec: PluginSpec
+    present: tuple[bool, ...]
+    output_dtypes: tuple[np.dtype, ...]
+
+
+#: op type -> target; read by the PyOp bodies at run time, updated whenever a session is created.
+_TARGETS: dict[str, _PyOpTarget] = {}
+#: op types already registered with onnxruntime-extensions (registration is process-wide and permanent).
+_REGISTERED_PYOPS: set[str] = set()
+
+
+def _as_proto(model: onnx.ModelProto | gs.Graph | str | os.PathLike) -> onnx.ModelProto:
+    if isinstance(model, gs.Graph):
+        return gsmodel.to_model(model)
+    if isinstance(model, (str, os.PathLike)):
+        return gsmodel.load(model, load_weights=False)
+    return model
+
+
+def _custom_nodes(model: onnx.ModelProto | str | os.PathLike) -> bool:
+    """Whether the model may have nodes of custom domains (files are checked by their opset imports)."""
+    if isinstance(model, (str, os.PathLike)):
+        imports = gsmodel.load(model, load_weights=False).opset_import if Path(model).is_file() else []
+    else:
+        imports = model.opset_import
+    return any(o.domain not in BUILTIN_DOMAINS and o.domain != PYOP_DOMAIN for o in imports)
+
+
+def _uses_domain(model: onnx.ModelProto | str | os.PathLike, domain: str) -> bool:
+    if isinstance(model, (str, os.PathLike)):
+        return False
+    return any(o.domain == domain for o in model.opset_import)
+
+
+def _plugin_nodes(
+    model: onnx.ModelProto, plugins: PluginRegistry | None
+) -> list[tuple[onnx.NodeProto, PluginSpec]]:
+    """Nodes to run through references; raises for custom-domain nodes nothing can run."""
+    functions = {(f.domain, f.name) for f in model.functions}
+    found = []
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            if node.domain in BUILTIN_DOMAINS or node.domain == PYOP_DOMAIN:
+                continue
+            if (node.domain, node.op_type) in functions:
+                continue
+            spec = plugins.for_node(node) if plugins is not None else None
+            if spec is None:
+                raise GskitError(
+                    f"node '{node.name}' ({node.domain}::{node.op_type}) has no plugin spec and no "
+                    f"model-local function, onnxruntime cannot run it; pass its plugin folder with --plugins"
+                )
+            found.append((node, spec))
+    return found
+
+
+@contextlib.contextmanager
+def _pyop_model(
+    model: onnx.ModelProto, nodes: list[tuple[onnx.NodeProto, PluginSpec]], plugins: PluginRegistry | None
+) -> Iterator[onnx.ModelProto]:
+    """The model with its plugin nodes turned into PyOps; every change is undone on exit."""
+    from gskit.shapes import infer_shapes
+
+    typed = infer_shapes(model, plugins or PluginRegistry(), strict=False)
+    dtypes = _elem_types(typed)
+    saved: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
+    added_import = False
+    try:
+        for node, spec in nodes:
+            original = onnx.NodeProto()
+            original.CopyFrom(node)
+            saved.append((node, original))
+            _rewrite(node, spec, dtypes)
+        if not _uses_domain(model, PYOP_DOMAIN):
+            model.opset_import.append(onnx.helper.make_opsetid(PYOP_DOMAIN, 1))
+            added_import = True
+        yield model
+    finally:
+        for node, original in saved:
+            node.CopyFrom(original)
+        if added_import:
+            del model.opset_import[-1]
+
+
+def _rewrite(node: onnx.NodeProto, spec: PluginSpec, dtypes: Mapping[str, int]) -> None:
+    present = tuple(i < len(node.input) and bool(node.input[i]) for i in range(len(spec.inputs)))
+    inputs = [name for name in node.input if name]
+    in_types = [_dtype_of(node, name, dtypes, "input") for name in inputs]
+    out_types = [_dtype_of(node, name, dtypes, "output") for name in node.output]
+    if len(node.output) > len(spec.outputs):
+        raise GskitError(
+            f"node '{node.name}' has {len(node.output)} outputs; "
+            f"{spec.qualified_name} has {len(spec.outputs)}"
+        )
+    signature = repr((spec.key, id(spec), present, in_types, out_types))
+    digest = hashlib.sha1(signature.encode()).hexdigest()[:12]
+    op_type = f"Gskit_{spec.name}_{digest}"
+    target = _PyOpTarget(
+        spec, present, tuple(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)) for t in out_types)
+    )
+    _register_pyop(op_type, in_types, out_types, target)
+    attrs = {a.name: _jsonable(attribute_value(a)) for a in node.attribute}
+    del node.attribute[:]
+    node.attribute.append(onnx.helper.make_attribute(PYOP_ATTRS, json.dumps(attrs, sort_keys=True)))
+    del node.input[:]
+    node.input.extend(inputs)
+    node.domain = PYOP_DOMAIN
+    node.op_type = op_type
+
+
+def _dtype_of(node: onnx.NodeProto, name: str, dtypes: Mapping[str, int], role: str) -> int:
+    dtype = dtypes.get(name, 0)
+    if not dtype:
+        raise GskitError(
+            f"node '{node.name}' ({node.domain}::{node.op_type}): dtype of {role} '{name}' is unknown; "
+            f"check the plugin's output rule with `gskit infer-shapes`"
+        )
+    return dtype
+
+
+def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], target: _PyOpTarget) -> None:
+    _TARGETS[op_type] = target
+    if op_type in _REGISTERED_PYOPS:
+        return
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    def body(*arrays: np.ndarray, **attrs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        current = _TARGETS[op_type]
+        values = iter(arrays)
+        inputs = [next(values) if present else None for present in current.present]
+        outputs = current.spec.run_reference(inputs, _decode_attrs(attrs.get(PYOP_ATTRS, "{}")))
+        if len(outputs) < len(current.output_dtypes):
+            raise PluginError(
+                f"{current.spec.qualified_name}: reference returned {len(outputs)} output(s), "
+                f"the node has {len(current.output_dtypes)}"
+            )
+        dtypes = current.output_dtypes
+        cast = [np.ascontiguousarray(out, dtype=dtype) for out, dtype in zip(outputs, dtypes, strict=False)]
+        return tuple(cast) if len(cast) > 1 else cast[0]
+
+    onnx_op(
+        op_type=op_type,
+        inputs=[_pyop_type(PyCustomOpDef, t) for t in in_types],
+        outputs=[_pyop_type(PyCustomOpDef, t) for t in out_types],
+        attrs={PYOP_ATTRS: PyCustomOpDef.dt_string},
+    )(body)
+    _REGISTERED_PYOPS.add(op_type)
+    log.debug("registered PyOp %s for %s", op_type, target.spec.qualified_name)
+
+
+def _pyop_type(defs: Any, dtype: int) -> int:
+    name = onnx.TensorProto.DataType.Name(dtype).lower()
+    name = {"float": "float", "double": "double"}.get(name, name)
+    found = getattr(defs, f"dt_{name}", None)
+    if found is None:
+        raise PluginError(f"onnxruntime-extensions PyOps cannot take tensors of {name}")
+    return found
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        buffer = io.BytesIO()
+        np.save(buffer, value, allow_pickle=False)
+        return {"__npy__": base64.b64encode(buffer.getvalue()).decode("ascii")}
+    return value
+
+
+@lru_cache(maxsize=256)
+def _decode_attrs(text: str) -> dict[str, Any]:
+    def decode(value: Any) -> Any:
+        if isinstance(value, dict) and "__npy__" in value:
+            return np.load(io.BytesIO(base64.b64decode(value["__npy__"])), allow_pickle=False)
+        return value
+
+    return {name: decode(value) for name, value in json.loads(text).items()}
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    types: dict[str, int] = {}
+    for graph in _graphs(model.graph):
+        for init in graph.initializer:
+            types[init.name] = init.data_type
+        for vi in (*graph.input, *graph.value_info, *graph.output):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                types[vi.name] = vi.type.tensor_type.elem_type
+        for node in graph.node:  # Constant nodes have no value_info of their own when outputs are inferred
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        types.setdefault(node.output[0], attr.t.data_type)
+    return types
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
+
+
+def _extensions_library() -> str:
+    try:
+        from onnxruntime_extensions import get_library_path
+    except ImportError as err:
+        raise GskitError(
+            "plugin nodes run on onnxruntime through onnxruntime-extensions: "
+            "pip install onnxruntime-extensions"
+        ) from err
+    return get_library_path()

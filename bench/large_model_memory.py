@@ -1,0 +1,197 @@
+"""Peak memory and wall time of gskit on a model over 2 GB, against bare onnx as the I/O floor.
+
+Builds a MatMul chain whose float32 weights total ``--size-gb`` (default 2.5 GB) in a temporary folder,
+then runs each stage in a fresh interpreter and reads that process's peak RSS (``VmHWM``):
+
+* ``gskit lazy isolate+save``: ``load(load_weights=False)`` + ``isolate`` (a part holding every weight)
+  + ``save``; weights are streamed from file to file.
+* ``gskit load+save``: ``load()`` with weights + ``save``.
+* ``onnx load+save (floor)``: ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``.
+
+Usage::
+
+    python bench/large_model_memory.py [--size-gb 2.5] [--json results.json] [--dir /big/tmp] [--keep]
+
+Numbers depend on the disk and the page cache (the model was just written, so reads are mostly cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROWS = 4096
+#: Bytes per weight at most; the chain alternates [ROWS, cols] and [cols, ROWS] weights.
+MAX_WEIGHT_BYTES = 768 * 2**20
+
+STAGES = {
+    "gskit lazy isolate+save": "lazy_isolate_save",
+    "gskit load+save": "load_save",
+    "onnx load+save (floor)": "onnx_floor",
+}
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+# -- stages (each runs in its own interpreter) ---------------------------------------------------------------
+
+
+def build(path: Path, size_bytes: int) -> dict:
+    """Write the model with gskit.save; returns its weight count and bytes."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from gskit.model import save
+
+    count = max(1, -(-size_bytes // MAX_WEIGHT_BYTES))
+    cols = max(1, size_bytes // (count * ROWS * 4))
+    names, nodes, current, width = [], [helper.make_node("Relu", ["x"], ["t0"])], "t0", ROWS
+    shapes = []
+    for i in range(count):
+        shape = (ROWS, cols) if i % 2 == 0 else (cols, ROWS)
+        name, out = f"W{i}", f"t{i + 1}"
+        nodes.append(helper.make_node("MatMul", [current, name], [out]))
+        names.append(name)
+        shapes.append(shape)
+        current, width = out, shape[1]
+    nodes.append(helper.make_node("Relu", [current], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "bench",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    total = 0
+    for i, (name, shape) in enumerate(zip(names, shapes)):
+        values = np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape)
+        values += np.float32(i)
+        tensor = model.graph.initializer.add(name=name, data_type=TensorProto.FLOAT, dims=shape)
+        tensor.raw_data = values.tobytes()
+        total += values.nbytes
+        del values
+    save(model, path, external_data=True)  # also below 2 GB, so small runs take the same paths
+    return {"weights": count, "weight_bytes": total, "output": current}
+
+
+def lazy_isolate_save(path: Path, out: Path) -> None:
+    from gskit.isolate import isolate
+    from gskit.model import load, save, to_graph
+
+    graph = to_graph(load(path, load_weights=False))
+    save(isolate(graph, ["t0"], ["y"]), out)
+
+
+def load_save(path: Path, out: Path) -> None:
+    from gskit.model import load, save
+
+    save(load(path), out)
+
+
+def onnx_floor(path: Path, out: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=out.name + ".data")
+
+
+def _stage_main(name: str, args: list[str]) -> None:
+    started_rss = _rss()
+    if name == "build":
+        import gskit.model  # noqa: F401  # imports outside the timing
+
+        t0 = time.perf_counter()
+        info = build(Path(args[0]), int(args[1]))
+    else:
+        import gskit.isolate  # noqa: F401
+        import onnx  # noqa: F401
+
+        started_rss = _rss()
+        t0 = time.perf_counter()
+        globals()[name](Path(args[0]), Path(args[1]))
+        info = {}
+    info.update(seconds=time.perf_counter() - t0, peak_rss=_peak_rss(), rss_after_imports=started_rss)
+    print(json.dumps(info))
+
+
+# -- driver ---------------------------------------------------------------------------------------------------
+
+
+def _run_stage(name: str, *args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--stage", name, *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"stage {name} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-gb", type=float, default=2.5, help="total weight size in GB (1e9 bytes)")
+    parser.add_argument("--dir", type=Path, default=None, help="folder for the temporary files")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--keep", action="store_true", help="keep the generated files")
+    parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.stage:
+        _stage_main(args.stage[0], args.stage[1:])
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="gskit-bench-", dir=args.dir))
+    try:
+        model = work / "model" / "big.onnx"
+        model.parent.mkdir()
+        built = _run_stage("build", str(model), str(int(args.size_gb * 1e9)))
+        results = {"size_gb": args.size_gb, "weights": built["weights"], "weight_bytes": built["weight_bytes"],
+                   "build_seconds": built["seconds"], "stages": {}}
+        for label, func in STAGES.items():
+            out = work / func / "out.onnx"
+            out.parent.mkdir()
+            result = _run_stage(func, str(model), str(out))
+            result["output_bytes"] = sum(f.stat().st_size for f in out.parent.iterdir())
+            results["stages"][label] = result
+            shutil.rmtree(out.parent)  # keep the disk footprint at two copies of the weights
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    from gskit.report import console, table
+
+    gb = 1e9
+    rows = [
+        (
+            label,
+            f"{r['seconds']:.1f}",
+            f"{r['peak_rss'] / gb:.2f}",
+            f"{(r['peak_rss'] - r['rss_after_imports']) / gb:.2f}",
+            f"{r['output_bytes'] / gb:.2f}",
+        )
+        for label, r in results["stages"].items()
+    ]
+    title = (
+        f"{results['weight_bytes'] / gb:.2f} GB of weights in {results['weights']} tensors "
+        f"(built and saved in {results['build_seconds']:.1f} s)"
+    )
+    console().print(table(title, ("stage", "wall s", "peak RSS GB", "RSS growth GB", "written GB"), rows))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

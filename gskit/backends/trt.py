@@ -1,0 +1,240 @@
+"""TensorRT and TensorRT-RTX: which one is installed, running the worker subprocess, plugin files, and
+running an engine.
+
+Full TensorRT (``import tensorrt``) parses, builds and runs, with custom plugins. TensorRT-RTX
+(``import tensorrt_rtx``) installs on a machine without a GPU and parses and AOT-builds for a named compute
+capability, but has no custom plugins. Parsing and building always happen in a child interpreter
+(``gskit.backends.trt_worker``) so that a crash of TensorRT never takes the caller down.
+
+Capability check: :mod:`gskit.backends.trt_check`. Engine build: :mod:`gskit.backends.trt_build`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gskit.errors import GskitError
+
+log = logging.getLogger(__name__)
+
+#: Accepted values of ``backend`` arguments.
+BACKENDS = ("auto", "tensorrt", "tensorrt_rtx", "static")
+#: Seconds a worker may run before it is stopped.
+WORKER_TIMEOUT_S = 600
+#: Lines of the worker's stderr quoted in the error when it fails.
+STDERR_TAIL_LINES = 6
+#: Name of a plugin folder's TensorRT Python plugin module (``plugins/<name>/trt_plugin.py``).
+TRT_PLUGIN_MODULE = "trt_plugin.py"
+#: Where a plugin folder keeps C++ plugin libraries (docker/Dockerfile's CMake step writes ``cpp/build``).
+PLUGIN_LIBRARY_GLOBS = ("*.so", "build/*.so", "cpp/build/*.so")
+
+
+def full_tensorrt_available() -> bool:
+    """True when full TensorRT imports (the PyPI ``tensorrt`` stub that cannot download raises)."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return False
+    try:
+        importlib.import_module("tensorrt")
+    except Exception:  # the stub raises its own errors on import
+        return False
+    return True
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """The backend a call will use: ``tensorrt``, ``tensorrt_rtx`` or ``static``.
+
+    Raises:
+        GskitError: an unknown backend name, or the named one is not installed.
+    """
+    if backend not in BACKENDS:
+        raise GskitError(f"unknown TensorRT backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        if full_tensorrt_available():
+            return "tensorrt"
+        return "tensorrt_rtx" if importlib.util.find_spec("tensorrt_rtx") else "static"
+    if backend == "tensorrt" and not full_tensorrt_available():
+        raise GskitError("full TensorRT is not installed: pip install 'gskit[trt]' (or use docker/)")
+    if backend == "tensorrt_rtx" and importlib.util.find_spec("tensorrt_rtx") is None:
+        raise GskitError("TensorRT-RTX is not installed: pip install 'gskit[rtx]'")
+    return backend
+
+
+def source_label(flavour: str, version: str) -> str:
+    """How reports name what answered: ``tensorrt 10.16``, ``tensorrt_rtx 1.7``."""
+    return f"{flavour} {'.'.join(version.split('.')[:2])}"
+
+
+@dataclass(frozen=True)
+class PluginFiles:
+    """TensorRT implementations of plugins found on disk.
+
+    Attributes:
+        libraries: C++ plugin libraries (``.so``), loaded with ``ctypes.CDLL`` before parsing.
+        modules: Python plugin modules (``trt_plugin.py``), imported before parsing (full TensorRT only).
+    """
+
+    libraries: tuple[Path, ...] = ()
+    modules: tuple[Path, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.libraries or self.modules)
+
+
+def find_plugin_files(paths: Sequence[str | os.PathLike]) -> PluginFiles:
+    """Collect plugin libraries and Python plugin modules from files and plugin folders.
+
+    A path may be a ``.so`` file, a ``trt_plugin.py`` file, one plugin folder (``<dir>/trt_plugin.py`` and
+    libraries matching ``PLUGIN_LIBRARY_GLOBS``) or a folder of plugin folders (the same one level down).
+
+    Raises:
+        GskitError: a path does not exist or is a file of another kind.
+    """
+    libraries: list[Path] = []
+    modules: list[Path] = []
+    for raw in paths:
+        path = Path(raw).resolve()
+        if path.is_file():
+            if path.suffix == ".so" or ".so." in path.name:
+                libraries.append(path)
+            elif path.name.endswith(".py"):
+                modules.append(path)
+            else:
+                raise GskitError(f"{path}: not a plugin library (.so) or Python plugin module (.py)")
+            continue
+        if not path.is_dir():
+            raise GskitError(f"{path}: no such plugin file or folder")
+        for folder in (path, *sorted(p for p in path.iterdir() if p.is_dir())):
+            if (folder / TRT_PLUGIN_MODULE).is_file():
+                modules.append(folder / TRT_PLUGIN_MODULE)
+            for pattern in PLUGIN_LIBRARY_GLOBS:
+                libraries.extend(sorted(folder.glob(pattern)))
+    return PluginFiles(tuple(dict.fromkeys(libraries)), tuple(dict.fromkeys(modules)))
+
+
+def run_worker(
+    task: str, flavour: str, request: Mapping[str, Any], *, timeout_s: int = WORKER_TIMEOUT_S
+) -> dict:
+    """Run one task of ``gskit.backends.trt_worker`` in a child interpreter and return its JSON answer.
+
+    Raises:
+        GskitError: the child crashed, failed or timed out (the message quotes the end of its log).
+    """
+    env = dict(os.environ)
+    env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
+    with tempfile.TemporaryDirectory(prefix="gskit-trt-") as tmp:
+        request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
+        request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))
+        command = [sys.executable, "-m", "gskit.backends.trt_worker", str(request_path), str(response_path)]
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as err:
+            raise GskitError(
+                f"{flavour} {task} did not finish in {timeout_s} s; check the model size"
+            ) from err
+        log.debug("%s %s worker log:\n%s", flavour, task, done.stderr)
+        if done.returncode != 0 or not response_path.is_file():
+            how = (
+                f"crashed (signal {-done.returncode})"
+                if done.returncode < 0
+                else f"failed (exit {done.returncode})"
+            )
+            raise GskitError(f"{flavour} {task} {how}: {_tail(done.stderr)}")
+        return json.loads(response_path.read_text())
+
+
+def _tail(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-STDERR_TAIL_LINES:]) or "no output"
+
+
+def run_engine(
+    engine_or_model: str | os.PathLike,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    plugins: Sequence[str | os.PathLike] = (),
+) -> dict[str, np.ndarray]:
+    """Run an engine (``.engine``/``.plan``) or build-and-run an ONNX model with Polygraphy's TrtRunner.
+
+    Needs full TensorRT and a GPU; runs in this process (the comparison engineer's runner).
+
+    Args:
+        engine_or_model: a serialized engine, or an ``.onnx`` model built on the fly (static shapes, or
+            dynamic dims that ``feeds`` fix: one profile with min = opt = max = the fed shapes).
+        feeds: input arrays by name.
+        plugins: plugin libraries / folders loaded before deserializing or parsing.
+
+    Raises:
+        GskitError: full TensorRT is not installed, or TensorRT fails to load or run the engine.
+    """
+    if not full_tensorrt_available():
+        raise GskitError(
+            "running an engine needs full TensorRT and a GPU: pip install 'gskit[trt]' (or docker/)"
+        )
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineFromBytes,
+        EngineFromNetwork,
+        NetworkFromOnnxPath,
+        Profile,
+        TrtRunner,
+    )
+
+    files = find_plugin_files(plugins)
+    _load_in_process(files)
+    path = Path(engine_or_model)
+    if not path.is_file():
+        raise GskitError(f"{path}: no such engine or model file")
+    if path.suffix == ".onnx":
+        profile = Profile()
+        for name, value in feeds.items():
+            shape = tuple(np.asarray(value).shape)
+            profile.add(name, shape, shape, shape)
+        loader = EngineFromNetwork(
+            NetworkFromOnnxPath(str(path), strongly_typed=True), config=CreateConfig(profiles=[profile])
+        )
+    else:
+        loader = EngineFromBytes(BytesFromPath(str(path)))
+    try:
+        with TrtRunner(loader) as runner:
+            outputs = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
+    except Exception as err:  # TensorRT and Polygraphy raise many types; keep the first line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GskitError(f"{path}: TensorRT failed to run it: {first}") from err
+    return {name: np.array(value) for name, value in outputs.items()}
+
+
+def _load_in_process(files: PluginFiles) -> None:
+    import ctypes
+
+    for library in files.libraries:
+        ctypes.CDLL(str(library))
+    for index, module_path in enumerate(files.modules):
+        name = f"gskit_trt_plugin_{index}_{module_path.parent.name}"
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, module_path)
+        if spec is None or spec.loader is None:
+            raise GskitError(f"{module_path}: cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # user code: name the file
+            del sys.modules[name]
+            raise GskitError(
+                f"{module_path}: cannot import TensorRT plugin: {type(err).__name__}: {err}"
+            ) from err

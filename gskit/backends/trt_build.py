@@ -1,0 +1,275 @@
+"""``build_engine``: a TensorRT (or TensorRT-RTX) engine from an ONNX model, with a JSON sidecar.
+
+The build runs in a child process through Polygraphy's loaders (``NetworkFromOnnxPath`` with the
+strongly-typed flag, ``CreateConfig`` / ``CreateConfigRTX``, ``EngineBytesFromNetwork``). Networks are
+strongly typed: precision comes from the model (fp16 weights, Q/DQ nodes), as TensorRT 11 requires.
+
+With TensorRT-RTX the engine is compiled ahead of time for the given compute capability, on a CPU if
+need be; without one it targets the current GPU. Full TensorRT builds for the GPU it runs on.
+
+The engine and its sidecar ``ENGINE.json`` are written to temporary files beside the destination and
+renamed into place, so a failed build never leaves a partial engine under the final name.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from gskit import model as gsmodel
+from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker
+from gskit.backends.trt_check import is_plugin_node, plugin_key
+from gskit.errors import GskitError
+
+log = logging.getLogger(__name__)
+
+#: (min, opt, max) given to each dynamic dim of an input when ``shapes`` does not name the input.
+DYNAMIC_DIM_DEFAULT = (1, 4, 16)
+#: Version of the sidecar layout.
+SIDECAR_FORMAT = 1
+
+Shape = tuple[int, ...]
+#: Input name -> (min, opt, max) shapes of one optimization profile.
+ProfileShapes = Mapping[str, tuple[Shape, Shape, Shape]]
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What was built; also the content of the sidecar ``ENGINE.json``.
+
+    Attributes:
+        engine: the engine file.
+        sidecar: the JSON file beside it.
+        tensorrt: ``{"flavour": "tensorrt_rtx", "version": "1.7.1.116"}``.
+        compute_capability: ``"8.9"`` for an AOT build, ``"current GPU"`` otherwise.
+        strongly_typed: whether the network was created strongly typed.
+        profiles: one optimization profile: ``{input: {"min": [...], "opt": [...], "max": [...]}}``.
+        plugins: plugin nodes' ``namespace::name vN`` (sorted, unique).
+        plugin_files: plugin libraries and Python modules loaded for the build.
+        build_seconds: time TensorRT spent building.
+        built_at: UTC time of the build, ISO 8601.
+        model: the model file.
+        model_sha256: sha256 of the model file (not of its external data).
+    """
+
+    engine: Path
+    sidecar: Path
+    tensorrt: dict[str, str]
+    compute_capability: str
+    strongly_typed: bool
+    profiles: list[dict[str, dict[str, list[int]]]]
+    plugins: list[str]
+    plugin_files: list[str]
+    build_seconds: float
+    built_at: str
+    model: Path
+    model_sha256: str
+
+
+def build_engine(
+    model_path: str | os.PathLike,
+    engine_path: str | os.PathLike,
+    *,
+    plugins: Sequence[str | os.PathLike] = (),
+    shapes: ProfileShapes | None = None,
+    timing_cache: str | os.PathLike | None = None,
+    compute_capability: str | None = None,
+    backend: str = "auto",
+) -> EngineInfo:
+    """Build an engine for a model and write it with its sidecar.
+
+    Args:
+        model_path: the ``.onnx`` file.
+        engine_path: where the engine goes; the sidecar is ``<engine_path>.json``.
+        plugins: plugin libraries (``.so``), Python plugin modules or plugin folders (full TensorRT).
+        shapes: (min, opt, max) per input; inputs not named get their fixed dims, and
+            ``DYNAMIC_DIM_DEFAULT`` for each dynamic dim.
+        timing_cache: a timing cache file read if it exists and written after the build.
+        compute_capability: ``"8.9"``-style target for an ahead-of-time TensorRT-RTX build.
+        backend: ``auto``, ``tensorrt`` or ``tensorrt_rtx``.
+
+    Raises:
+        GskitError: no TensorRT is installed, the options do not fit the model or the backend
+            (a plugin node with TensorRT-RTX, a compute capability with full TensorRT), or the build fails.
+    """
+    model_path, engine_path = Path(model_path), Path(engine_path)
+    flavour = resolve_backend(backend)
+    if flavour == "static":
+        raise GskitError(
+            "building an engine needs TensorRT or TensorRT-RTX: pip install 'gskit[trt]' or 'gskit[rtx]'"
+        )
+    if engine_path.resolve() == model_path.resolve():
+        raise GskitError(f"{engine_path}: the engine would overwrite the model; choose another -o")
+    model = gsmodel.load(model_path, load_weights=False)
+    plugin_names = _plugin_names(model)
+    if plugin_names and flavour == "tensorrt_rtx":
+        raise GskitError(
+            f"{model_path}: TensorRT-RTX has no custom plugins; the model needs {', '.join(plugin_names)}; "
+            f"build with full TensorRT (docker/run-gpu-tests.sh) or check the rest with gskit check-trt"
+        )
+    capability = _parse_capability(compute_capability, flavour)
+    profile = derive_profile(model, shapes)
+    files = find_plugin_files(plugins)
+    if files and flavour == "tensorrt_rtx":
+        raise GskitError("TensorRT-RTX cannot load custom plugins; drop --plugins or use full TensorRT")
+    engine_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_fd, tmp_name = tempfile.mkstemp(prefix=f".{engine_path.name}.", suffix=".tmp", dir=engine_path.parent)
+    os.close(tmp_fd)
+    tmp_engine = Path(tmp_name)
+    try:
+        answer = run_worker(
+            "build",
+            flavour,
+            {
+                "model": str(model_path.resolve()),
+                "engine": str(tmp_engine),
+                "profiles": [{k: [list(s) for s in v] for k, v in profile.items()}] if profile else [],
+                "timing_cache": str(Path(timing_cache).resolve()) if timing_cache else None,
+                "compute_capability": list(capability) if capability else None,
+                "plugin_libraries": [str(p) for p in files.libraries],
+                "plugin_modules": [str(p) for p in files.modules],
+            },
+        )
+        if tmp_engine.stat().st_size == 0:
+            raise GskitError(f"{model_path}: TensorRT wrote an empty engine")
+        info = EngineInfo(
+            engine=engine_path,
+            sidecar=sidecar_path(engine_path),
+            tensorrt={"flavour": answer["flavour"], "version": answer["version"]},
+            compute_capability=".".join(map(str, capability)) if capability else "current GPU",
+            strongly_typed=bool(answer["strongly_typed"]),
+            profiles=[
+                {k: dict(zip(("min", "opt", "max"), map(list, v), strict=True)) for k, v in profile.items()}
+            ]
+            if profile
+            else [],
+            plugins=plugin_names,
+            plugin_files=[str(p) for p in (*files.libraries, *files.modules)],
+            build_seconds=round(float(answer["build_seconds"]), 3),
+            built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            model=model_path,
+            model_sha256=_sha256(model_path),
+        )
+        _write_atomic(info.sidecar, json.dumps(_sidecar(info), indent=2).encode())
+        os.replace(tmp_engine, engine_path)
+    finally:
+        tmp_engine.unlink(missing_ok=True)
+    log.info("built %s (%s %s)", engine_path, info.tensorrt["flavour"], info.tensorrt["version"])
+    return info
+
+
+def sidecar_path(engine_path: str | os.PathLike) -> Path:
+    """The sidecar of an engine: ``ENGINE.json`` beside ``ENGINE``."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name + ".json")
+
+
+def derive_profile(
+    model: onnx.ModelProto, shapes: ProfileShapes | None = None
+) -> dict[str, tuple[Shape, Shape, Shape]]:
+    """One optimization profile for the model's inputs; empty when every input has fixed dims.
+
+    A symbolic or unknown dim gets ``DYNAMIC_DIM_DEFAULT``; inputs named in ``shapes`` take those shapes.
+
+    Raises:
+        GskitError: ``shapes`` names a tensor that is not an input, has the wrong rank or is not
+            ordered min <= opt <= max, or an input of unknown rank is not given.
+    """
+    shapes = dict(shapes or {})
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    names = {v.name for v in inputs}
+    unknown = sorted(set(shapes) - names)
+    if unknown:
+        raise GskitError(f"--shape names {unknown}, which are not model inputs (inputs: {sorted(names)})")
+    profile: dict[str, tuple[Shape, Shape, Shape]] = {}
+    dynamic = False
+    for value in inputs:
+        tensor_type = value.type.tensor_type
+        rank = len(tensor_type.shape.dim) if tensor_type.HasField("shape") else None
+        if value.name in shapes:
+            low, opt, high = (tuple(int(d) for d in s) for s in shapes[value.name])
+            if rank is not None and not len(low) == len(opt) == len(high) == rank:
+                raise GskitError(f"--shape {value.name}: the input has rank {rank}, the shapes do not")
+            if not all(a <= b <= c for a, b, c in zip(low, opt, high, strict=True)):
+                raise GskitError(f"--shape {value.name}: needs min <= opt <= max in every dim")
+            profile[value.name] = (low, opt, high)
+            dynamic = True
+            continue
+        if rank is None:
+            raise GskitError(f"input '{value.name}' has an unknown rank; give its shapes with --shape")
+        dims = [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in tensor_type.shape.dim
+        ]
+        dynamic |= any(d is None for d in dims)
+        profile[value.name] = tuple(  # type: ignore[assignment]
+            tuple(d if d is not None else DYNAMIC_DIM_DEFAULT[k] for d in dims) for k in range(3)
+        )
+    return profile if dynamic else {}
+
+
+def _plugin_names(model: onnx.ModelProto) -> list[str]:
+    functions = {(f.domain, f.name) for f in model.functions}
+    keys = {plugin_key(node) for node in model.graph.node if is_plugin_node(node, functions)}
+    return sorted(f"{ns}::{name} v{version}" for ns, name, version in keys)
+
+
+def _parse_capability(text: str | None, flavour: str) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    if flavour != "tensorrt_rtx":
+        raise GskitError(
+            "--compute-capability is for TensorRT-RTX ahead-of-time builds; full TensorRT builds "
+            "for the GPU it runs on"
+        )
+    try:
+        major, minor = (int(part) for part in text.split("."))
+    except ValueError as err:
+        raise GskitError(f"--compute-capability {text!r}: write it as MAJOR.MINOR, e.g. 8.9") from err
+    return major, minor
+
+
+def _sidecar(info: EngineInfo) -> dict[str, Any]:
+    return {
+        "format": SIDECAR_FORMAT,
+        "engine": info.engine.name,
+        "tensorrt": info.tensorrt,
+        "compute_capability": info.compute_capability,
+        "strongly_typed": info.strongly_typed,
+        "profiles": info.profiles,
+        "plugins": info.plugins,
+        "plugin_files": info.plugin_files,
+        "build_seconds": info.build_seconds,
+        "built_at": info.built_at,
+        "model": str(info.model),
+        "model_sha256": info.model_sha256,
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

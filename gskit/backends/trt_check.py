@@ -1,0 +1,457 @@
+"""``check_trt``: which nodes the TensorRT ONNX parser will not take, and why.
+
+Three sources can answer, in this order of preference (``backend="auto"``):
+
+* **tensorrt** (full TensorRT): the model is parsed as it is, after the plugin libraries and Python plugin
+  modules found in ``plugins`` are loaded, so plugin nodes are checked against the real plugin registry.
+* **tensorrt_rtx**: TensorRT-RTX has no custom plugins (and aborts the process on Python plugins), so plugin
+  nodes are *cut out* before parsing: each plugin node is removed and its outputs become graph inputs with
+  the dtype and shape the model records (value_info) or that the gskit plugin spec infers. The rest of the
+  model is then parsed exactly as TensorRT would see it around the plugin (same shapes and dtypes flowing
+  in), which is what a plugin build will need. A plugin node whose output types are unknown stays in place;
+  the parser then reports "Plugin not found" for it, which is expected and not counted as unsupported.
+* **static table** (:mod:`gskit.trt_support`) when neither is installed.
+
+Both parsers run in a child process (:func:`gskit.backends.trt.run_worker`). The parser reports every node
+its static checkers reject but stops importing at the first node that fails during import; nodes after
+that one are not in any partition and may hide further problems (fix and check again).
+
+Plugin nodes (a ``plugin_namespace`` attribute, or a custom-domain op that is neither a standard op type
+nor a model-local function, which the parser also hands to its plugin importer) are reported as
+``needs plugin NS::NAME vN``; their attributes are checked against what the parser can pass to a plugin
+and against the gskit plugin spec when one is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import AttributeProto
+
+from gskit import model as gsmodel
+from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, source_label
+from gskit.errors import GskitError, PluginError
+from gskit.plugin import (
+    INT32_MAX,
+    INT32_MIN,
+    ROUTING_ATTRIBUTES,
+    TENSOR_DTYPES_PASSED_TO_PLUGINS,
+    PluginRegistry,
+    TensorInfo,
+    attribute_value,
+    load_plugins,
+)
+from gskit.trt_support import RESTRICTED, UNSUPPORTED, UNSUPPORTED_OPS, check_node
+
+log = logging.getLogger(__name__)
+
+#: Node statuses in a report. ``unsupported`` and ``plugin problem`` make a check fail.
+NEEDS_PLUGIN = "needs plugin"
+PLUGIN_PROBLEM = "plugin problem"
+STATUSES = (UNSUPPORTED, PLUGIN_PROBLEM, NEEDS_PLUGIN, RESTRICTED)
+STATIC_SOURCE = "static table"
+_STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"})
+_STANDARD_OPS = frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
+_UNPASSABLE_KINDS = {
+    AttributeProto.GRAPH: "graph",
+    AttributeProto.GRAPHS: "graphs",
+    AttributeProto.SPARSE_TENSOR: "sparse tensor",
+    AttributeProto.SPARSE_TENSORS: "sparse tensors",
+    AttributeProto.TENSORS: "tensors",
+    AttributeProto.TYPE_PROTO: "type",
+    AttributeProto.TYPE_PROTOS: "types",
+}
+
+
+@dataclass(frozen=True)
+class NodeIssue:
+    """One main-graph node that the parser rejects, that needs a plugin, or that has a restriction.
+
+    Attributes:
+        index: position of the node in the main graph.
+        name: node name, or ``#<index> <op_type>`` when it has none.
+        domain: the node's domain.
+        op_type: the node's op type.
+        status: one of ``STATUSES``.
+        reason: one line: why, and for plugin nodes ``needs plugin NS::NAME vN`` first.
+    """
+
+    index: int
+    name: str
+    domain: str
+    op_type: str
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A run of nodes that the parser imported together (``get_subgraph_nodes``).
+
+    Attributes:
+        supported: ``is_subgraph_supported``; TensorRT sets it only when the whole model parses as one
+            partition, so False here does not mean that these nodes were rejected.
+        nodes: names of the nodes (original model indices, plugin cuts undone).
+    """
+
+    supported: bool
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrtSupportReport:
+    """What ``check_trt`` found.
+
+    Attributes:
+        model: the model file.
+        source: what answered: ``tensorrt 10.16``, ``tensorrt_rtx 1.7`` or ``static table``.
+        node_count: nodes in the main graph.
+        issues: nodes with something to report, in graph order.
+        partitions: the parser's partitions (empty for the static table).
+        model_errors: parser errors not tied to a node (inputs, graph structure).
+        notes: how the answer was obtained (plugin cuts, plugins loaded).
+    """
+
+    model: Path
+    source: str
+    node_count: int
+    issues: tuple[NodeIssue, ...] = ()
+    partitions: tuple[Partition, ...] = ()
+    model_errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def nodes_with(self, status: str) -> tuple[NodeIssue, ...]:
+        """Issues of one status."""
+        return tuple(issue for issue in self.issues if issue.status == status)
+
+    @property
+    def ok(self) -> bool:
+        """True when no node is unsupported, every plugin node is usable and the parser saw no model error."""
+        return not (self.nodes_with(UNSUPPORTED) or self.nodes_with(PLUGIN_PROBLEM) or self.model_errors)
+
+
+def check_trt(
+    model_path: str | os.PathLike,
+    plugins: Sequence[str | os.PathLike] | None = None,
+    backend: str = "auto",
+) -> TrtSupportReport:
+    """Check which nodes of a model the TensorRT ONNX parser will not take.
+
+    Args:
+        model_path: the ``.onnx`` file.
+        plugins: plugin folders (gskit specs, ``trt_plugin.py``, ``.so`` libraries) and library files;
+            ``None`` means gskit's default plugin folders (``$GSKIT_PLUGINS`` or the repository's plugins/).
+        backend: ``auto`` (full TensorRT, else TensorRT-RTX, else the static table), or one of them by name
+            (``tensorrt``, ``tensorrt_rtx``, ``static``).
+
+    Raises:
+        GskitError: the model cannot be read, a plugin file cannot be loaded, or the parser process crashed.
+    """
+    path = Path(model_path)
+    model = gsmodel.load(path)
+    flavour = resolve_backend(backend)
+    missing = [str(p) for p in plugins or () if not Path(p).exists()]
+    if missing:
+        raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")
+    registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
+    nodes = list(model.graph.node)
+    functions = {(f.domain, f.name) for f in model.functions}
+    plugin_nodes = {i: node for i, node in enumerate(nodes) if is_plugin_node(node, functions)}
+    plugin_issues = {i: _plugin_issue(i, node, registry) for i, node in plugin_nodes.items()}
+    if flavour == "static":
+        issues = _static_issues(model, plugin_issues)
+        return TrtSupportReport(path, STATIC_SOURCE, len(nodes), tuple(issues))
+    return _parser_report(path, model, flavour, plugins, registry, plugin_issues)
+
+
+def is_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
+    """True when the parser hands this node to its plugin importer (``functions``: local functions' keys)."""
+    if any(a.name == "plugin_namespace" for a in node.attribute):
+        return True
+    if node.domain in _STANDARD_DOMAINS or node.op_type in _STANDARD_OPS:
+        return False  # the parser picks importers by op type alone
+    return (node.domain, node.op_type) not in functions
+
+
+def _label(index: int, node: onnx.NodeProto) -> str:
+    return node.name or f"#{index} {node.op_type}"
+
+
+def plugin_key(node: onnx.NodeProto) -> tuple[str, str, str]:
+    """``(namespace, name, version)`` the parser looks up for a plugin node."""
+    attrs = {
+        a.name: attribute_value(a) for a in node.attribute if a.name in ("plugin_namespace", "plugin_version")
+    }
+    return (
+        str(attrs.get("plugin_namespace", node.domain)),
+        node.op_type,
+        str(attrs.get("plugin_version", "1")),
+    )
+
+
+def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) -> NodeIssue:
+    namespace, name, version = plugin_key(node)
+    problems = list(_unpassable_attributes(node))
+    spec = registry.for_node(node)
+    if spec is None:
+        known = "not a gskit plugin"
+    else:
+        known = f"gskit plugin from {spec.source or '?'}"
+        values = {a.name: a for a in node.attribute if a.name not in ROUTING_ATTRIBUTES}
+        try:
+            spec.node_attrs({k: attribute_value(v) for k, v in values.items()})
+        except PluginError as err:
+            problems.append(str(err))
+    reason = f"needs plugin {namespace}::{name} v{version} ({known})"
+    if problems:
+        reason += ": " + "; ".join(problems)
+    return NodeIssue(
+        index,
+        _label(index, node),
+        node.domain,
+        node.op_type,
+        PLUGIN_PROBLEM if problems else NEEDS_PLUGIN,
+        reason,
+    )
+
+
+def _unpassable_attributes(node: onnx.NodeProto) -> Iterator[str]:
+    """Attributes the parser cannot hand to a plugin (TENSORRT_NOTES.md, attribute -> PluginField)."""
+    for attr in node.attribute:
+        if attr.name in ROUTING_ATTRIBUTES:
+            continue
+        if attr.type in _UNPASSABLE_KINDS:
+            kind = _UNPASSABLE_KINDS[attr.type]
+            yield f"attribute '{attr.name}' is a {kind}, which TensorRT does not pass to plugins"
+        elif attr.type in (AttributeProto.INT, AttributeProto.INTS):
+            values = [attr.i] if attr.type == AttributeProto.INT else list(attr.ints)
+            if any(not INT32_MIN <= v <= INT32_MAX for v in values):
+                yield f"attribute '{attr.name}' does not fit in int32 (TensorRT narrows INT attributes)"
+        elif attr.type == AttributeProto.TENSOR:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(attr.t.data_type))
+            bf16 = attr.t.data_type == onnx.TensorProto.BFLOAT16
+            if not bf16 and dtype not in TENSOR_DTYPES_PASSED_TO_PLUGINS:
+                yield f"attribute '{attr.name}' is a {dtype} tensor, which TensorRT cannot pass to plugins"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Static table
+
+
+def _static_issues(model: onnx.ModelProto, plugin_issues: Mapping[int, NodeIssue]) -> list[NodeIssue]:
+    functions = {(f.domain, f.name): f for f in model.functions}
+    constants = _constants(model.graph)
+    issues = []
+    for index, node in enumerate(model.graph.node):
+        if index in plugin_issues:
+            issues.append(plugin_issues[index])
+            continue
+        verdicts = list(_static_verdicts(node, constants, functions, set()))
+        if not verdicts:
+            continue
+        status = UNSUPPORTED if any(s == UNSUPPORTED for s, _ in verdicts) else RESTRICTED
+        reason = "; ".join(dict.fromkeys(r for s, r in verdicts if s == status))
+        issues.append(NodeIssue(index, _label(index, node), node.domain, node.op_type, status, reason))
+    return issues
+
+
+def _static_verdicts(
+    node: onnx.NodeProto,
+    constants: Mapping[str, onnx.TensorProto],
+    functions: Mapping[tuple[str, str], onnx.FunctionProto],
+    seen: set[tuple[str, str]],
+) -> Iterator[tuple[str, str]]:
+    """(status, reason) for a node, including the ops inside its subgraphs and the function it calls."""
+    key = (node.domain, node.op_type)
+    if key in functions and node.op_type not in _STANDARD_OPS and key not in seen:
+        for inner in functions[key].node:
+            for status, reason in _static_verdicts(inner, {}, functions, seen | {key}):
+                yield status, f"in function {node.domain}::{node.op_type}: {reason}"
+        return
+    verdict = check_node(node, constants)
+    if verdict is not None:
+        yield (
+            verdict.status,
+            verdict.reason if verdict.status == RESTRICTED else f"{node.op_type}: {verdict.reason}",
+        )
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs):
+            inner_constants = {**constants, **_constants(graph)}
+            for inner in graph.node:
+                for status, reason in _static_verdicts(inner, inner_constants, functions, seen):
+                    yield status, f"in subgraph '{attr.name}': {reason}"
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    found = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == AttributeProto.TENSOR:
+                    found[node.output[0]] = attr.t
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------
+# Real parser
+
+
+def _parser_report(
+    path: Path,
+    model: onnx.ModelProto,
+    flavour: str,
+    plugins: Sequence[str | os.PathLike] | None,
+    registry: PluginRegistry,
+    plugin_issues: dict[int, NodeIssue],
+) -> TrtSupportReport:
+    nodes = list(model.graph.node)
+    notes: list[str] = []
+    request: dict[str, Any] = {}
+    if flavour == "tensorrt_rtx":
+        parsed, kept, cut = _cut_plugin_nodes(model, set(plugin_issues), registry)
+        if cut:
+            notes.append(
+                f"TensorRT-RTX has no custom plugins: {len(cut)} plugin node(s) cut out before parsing, "
+                f"their outputs fed as graph inputs"
+            )
+        left = sorted(set(plugin_issues) - set(cut))
+        if left:
+            notes.append(
+                f"{len(left)} plugin node(s) left in place (output types unknown): the parser "
+                f"reports 'Plugin not found' for them"
+            )
+    else:
+        parsed, kept = model, list(range(len(nodes)))
+        files = find_plugin_files(list(plugins) if plugins is not None else _default_plugin_paths(registry))
+        request = {
+            "plugin_libraries": [str(p) for p in files.libraries],
+            "plugin_modules": [str(p) for p in files.modules],
+        }
+        if files:
+            notes.append(
+                f"loaded {len(files.libraries)} plugin libraries, {len(files.modules)} Python plugin modules"
+            )
+    with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
+        parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
+        answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
+    errors_by_node: dict[int, list[str]] = {}
+    model_errors = []
+    for error in answer["errors"]:
+        if 0 <= error["node"] < len(kept):
+            desc, func = error["desc"], error["func"]
+            message = f"{func}: {desc}" if desc not in ("", "false") else f"rejected by the parser's {func}"
+            errors_by_node.setdefault(kept[error["node"]], []).append(message)
+        else:
+            model_errors.append(f"{error['code']}: {error['desc']}")
+    issues = []
+    for index, node in enumerate(nodes):
+        messages = errors_by_node.get(index, [])
+        if index in plugin_issues:
+            issue = plugin_issues[index]
+            if messages and flavour == "tensorrt":
+                issue = NodeIssue(
+                    issue.index,
+                    issue.name,
+                    issue.domain,
+                    issue.op_type,
+                    PLUGIN_PROBLEM,
+                    f"{issue.reason}; TensorRT: {'; '.join(messages)}",
+                )
+            issues.append(issue)
+        elif messages:
+            hint = UNSUPPORTED_OPS.get(node.op_type)
+            reason = "; ".join(messages) + (f" ({hint})" if hint else "")
+            issues.append(
+                NodeIssue(index, _label(index, node), node.domain, node.op_type, UNSUPPORTED, reason)
+            )
+    partitions = tuple(
+        Partition(
+            sub["supported"], tuple(_label(kept[i], nodes[kept[i]]) for i in sub["nodes"] if i < len(kept))
+        )
+        for sub in answer["subgraphs"]
+    )
+    return TrtSupportReport(
+        path,
+        source_label(answer["flavour"], answer["version"]),
+        len(nodes),
+        tuple(issues),
+        partitions,
+        tuple(model_errors),
+        tuple(notes),
+    )
+
+
+def _default_plugin_paths(registry: PluginRegistry) -> list[Path]:
+    return sorted({spec.source.parent for spec in registry if spec.source is not None})
+
+
+def _cut_plugin_nodes(
+    model: onnx.ModelProto, plugin_indices: set[int], registry: PluginRegistry
+) -> tuple[onnx.ModelProto, list[int], list[int]]:
+    """A copy of the model without the plugin nodes whose output types are known.
+
+    Returns:
+        The model to parse, the original index of each of its nodes, and the indices cut out.
+    """
+    if not plugin_indices:
+        return model, list(range(len(model.graph.node))), []
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    graph = gsmodel.to_graph(inferred)
+    cut = []
+    for index in sorted(plugin_indices):
+        node = graph.nodes[index]
+        if not _give_output_types(node, registry):
+            continue
+        for tensor in node.outputs:
+            tensor.inputs.clear()
+            if tensor in graph.outputs:
+                graph.outputs.remove(tensor)
+            graph.inputs.append(tensor)
+        cut.append(index)
+    cut_set = set(cut)
+    graph.nodes = [n for i, n in enumerate(graph.nodes) if i not in cut_set]
+    kept = [i for i in range(len(model.graph.node)) if i not in cut_set]
+    if not graph.outputs:
+        raise GskitError("every graph output comes straight from a plugin node: nothing left to check")
+    return gsmodel.to_model(graph), kept, cut
+
+
+def _give_output_types(node: gs.Node, registry: PluginRegistry) -> bool:
+    """Make sure every output of a plugin node has a dtype and a rank; False when that is not known."""
+    if all(t.dtype is not None and t.shape is not None for t in node.outputs):
+        return True
+    spec = registry.for_node(node)
+    if spec is None:
+        return False
+    infos = [
+        None if not t.name else TensorInfo(_onnx_dtype(t.dtype), None if t.shape is None else tuple(t.shape))
+        for t in node.inputs
+    ]
+    try:
+        outputs = spec.infer(infos, {k: attribute_value(v) for k, v in node.attrs.items()})
+    except (PluginError, TypeError, ValueError, IndexError) as err:
+        log.info("cannot infer the outputs of %s: %s", node.name, err)
+        return False
+    for tensor, info in zip(node.outputs, outputs, strict=False):
+        if not info.dtype or info.shape is None:
+            return False
+        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(info.dtype)
+        tensor.shape = list(info.shape)
+    return True
+
+
+def _onnx_dtype(dtype: Any) -> int:
+    if dtype is None:
+        return 0
+    if isinstance(dtype, int):
+        return dtype
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))

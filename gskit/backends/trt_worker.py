@@ -1,0 +1,150 @@
+"""The child side of gskit's TensorRT calls: ``python -m gskit.backends.trt_worker REQUEST RESPONSE``.
+
+TensorRT-RTX aborts the process on some plugin nodes, Polygraphy picks TensorRT or TensorRT-RTX once at
+import time (``POLYGRAPHY_USE_TENSORRT_RTX``), and a builder can crash on a bad plugin: so every parse
+and build runs here, in a fresh interpreter, and the parent (``gskit.backends.trt``) turns a crash into a
+GskitError. The request and the response are JSON files; the worker imports nothing of gskit's heavy
+modules and never prints to stdout (TensorRT logs go to stderr).
+
+Tasks:
+    ``check``: capability partitioning and parse errors of one model file.
+    ``ops``: ``supports_operator`` for a list of op types.
+    ``build``: an engine via Polygraphy loaders, written to a given path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FLAVOURS = ("tensorrt", "tensorrt_rtx")
+
+
+def main(argv: list[str]) -> int:
+    request_path, response_path = argv
+    request = json.loads(Path(request_path).read_text())
+    flavour = request["flavour"]
+    if flavour not in FLAVOURS:
+        raise SystemExit(f"unknown TensorRT flavour {flavour!r}")
+    trt = importlib.import_module(flavour)
+    _load_plugins(request.get("plugin_libraries", ()), request.get("plugin_modules", ()))
+    task = request["task"]
+    result: dict[str, Any] = {"flavour": flavour, "version": trt.__version__}
+    if task == "check":
+        result.update(_check(trt, request["model"]))
+    elif task == "ops":
+        result.update(_ops(trt, request["ops"]))
+    elif task == "build":
+        result.update(_build(trt, request))
+    else:
+        raise SystemExit(f"unknown task {task!r}")
+    Path(response_path).write_text(json.dumps(result))
+    return 0
+
+
+def _load_plugins(libraries: list[str], modules: list[str]) -> None:
+    """Load C++ plugin libraries (their static registration runs) and import Python plugin modules."""
+    for library in libraries:
+        ctypes.CDLL(library)
+    for index, path in enumerate(modules):
+        module_path = Path(path)
+        name = f"gskit_trt_plugin_{index}_{module_path.parent.name}"
+        spec = importlib.util.spec_from_file_location(
+            name, module_path, submodule_search_locations=[str(module_path.parent)]
+        )
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"{module_path}: cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+def _parser(trt: Any) -> tuple[Any, Any, Any]:
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    return builder, network, trt.OnnxParser(network, logger)
+
+
+def _check(trt: Any, model_path: str) -> dict[str, Any]:
+    builder, network, parser = _parser(trt)
+    data = Path(model_path).read_bytes()
+    supported = bool(parser.supports_model_v2(data, model_path))
+    subgraphs = [
+        {
+            "supported": bool(parser.is_subgraph_supported(i)),
+            "nodes": [int(n) for n in parser.get_subgraph_nodes(i)],
+        }
+        for i in range(parser.num_subgraphs)
+    ]
+    errors = []
+    for i in range(parser.num_errors):
+        error = parser.get_error(i)
+        errors.append(
+            {
+                "node": int(error.node()),
+                "node_name": error.node_name(),
+                "op": error.node_operator(),
+                "code": str(error.code()).rsplit(".", 1)[-1],
+                "desc": error.desc(),
+                "func": error.func(),
+                "file": error.file(),
+            }
+        )
+    del parser, network, builder
+    return {"supported": supported, "subgraphs": subgraphs, "errors": errors}
+
+
+def _ops(trt: Any, ops: list[str]) -> dict[str, Any]:
+    builder, network, parser = _parser(trt)
+    return {"supports": {op: bool(parser.supports_operator(op)) for op in ops}}
+
+
+def _build(trt: Any, request: dict[str, Any]) -> dict[str, Any]:
+    # Polygraphy reads POLYGRAPHY_USE_TENSORRT_RTX at import; the parent sets it in our environment.
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+
+    profiles = []
+    for profile in request["profiles"]:
+        p = Profile()
+        for name, (low, opt, high) in profile.items():
+            p.add(name, low, opt, high)
+        profiles.append(p)
+    options: dict[str, Any] = {"profiles": profiles or None}
+    cache = request.get("timing_cache")
+    if cache and Path(cache).is_file():
+        options["load_timing_cache"] = cache
+    if request["flavour"] == "tensorrt_rtx":
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        capability = request.get("compute_capability")
+        if capability:
+            config = CreateConfigRTX(compute_capabilities=[tuple(capability)], **options)
+        else:
+            config = CreateConfigRTX(use_gpu=True, **options)
+    else:
+        config = CreateConfig(**options)
+    network = NetworkFromOnnxPath(request["model"], strongly_typed=_strongly_typed_available(trt))
+    start = time.perf_counter()
+    engine = EngineBytesFromNetwork(network, config=config, save_timing_cache=cache or None)()
+    seconds = time.perf_counter() - start
+    if engine is None:
+        raise SystemExit("TensorRT returned no engine (see the builder log above)")
+    Path(request["engine"]).write_bytes(bytes(engine))
+    return {"build_seconds": seconds, "strongly_typed": _strongly_typed_available(trt)}
+
+
+def _strongly_typed_available(trt: Any) -> bool:
+    return hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""``gskit check-trt MODEL [--plugins DIR ...] [--json]``: nodes TensorRT's parser will not take."""
+
+from __future__ import annotations
+
+import argparse
+
+from gskit.backends.trt import BACKENDS
+from gskit.backends.trt_check import TrtSupportReport, check_trt
+from gskit.report import console, print_json, table
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check-trt",
+        help="report the nodes TensorRT's ONNX parser rejects and the plugins a model needs",
+        description=(
+            "Check a model against TensorRT's ONNX parser (full TensorRT, else TensorRT-RTX, else a static "
+            "table of unsupported ops). Exits 1 when a node is unsupported or a plugin node is unusable."
+        ),
+    )
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument(
+        "--plugins",
+        nargs="+",
+        metavar="DIR",
+        default=None,
+        help="plugin folders (gskit specs, trt_plugin.py, .so libraries); default: gskit's plugins/",
+    )
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what answers (default: auto)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = check_trt(args.model, plugins=args.plugins, backend=args.backend)
+    if args.json:
+        print_json(report)
+    else:
+        print_tables(report)
+    return 0 if report.ok else 1
+
+
+def print_tables(report: TrtSupportReport) -> None:
+    """Print the verdict, the nodes with issues, the parser's partitions and the notes."""
+    out = console()
+    verdict = "OK" if report.ok else "NOT OK"
+    out.print(
+        f"{report.model}: {verdict} for TensorRT (answered by {report.source}, {report.node_count} nodes)"
+    )
+    if report.issues:
+        rows = [
+            (i.index, i.name, f"{i.domain or 'ai.onnx'}::{i.op_type}", i.status, i.reason)
+            for i in report.issues
+        ]
+        out.print(table("Nodes", ("#", "node", "op", "status", "reason"), rows))
+    if report.partitions:
+        rows = [
+            (k, "yes" if p.supported else "-", len(p.nodes), _names(p.nodes))
+            for k, p in enumerate(report.partitions)
+        ]
+        out.print(table("Parser partitions", ("partition", "whole model", "nodes", "node names"), rows))
+    for error in report.model_errors:
+        out.print(f"model error: {error}")
+    for note in report.notes:
+        out.print(f"note: {note}")
+
+
+def _names(names: tuple[str, ...], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... (+{len(names) - limit})" if len(names) > limit else "")

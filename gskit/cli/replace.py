@@ -1,0 +1,94 @@
+"""``gskit replace MODEL -o OUT [--plugins DIR ...] [--only NAME ...] [--keep-function] [--explain] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from gskit.model import load, resolve_output, save, to_graph
+from gskit.patterns import ReplaceReport, replace
+from gskit.plugin import load_plugins
+from gskit.report import console, print_json, table
+
+log = logging.getLogger(__name__)
+
+#: Explanation rows shown in the table (all of them are in --json).
+MAX_EXPLAIN_ROWS = 40
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "replace",
+        help="replace patterns (multi-node, single op, local function) by plugin nodes",
+        description=(
+            "Find each plugin's patterns in the model (If/Loop bodies included) and replace every instance "
+            "by one plugin node; boundary tensors keep their names. Shapes are inferred afterwards."
+        ),
+    )
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument("-o", "--output", required=True, help="where to write the model")
+    parser.add_argument("--plugins", action="append", metavar="DIR", help="plugin folder (repeatable); default: plugins/")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="use only these plugins (spec names)")
+    parser.add_argument(
+        "--keep-function", action="store_true",
+        help="also keep each replaced subgraph as a local function named like the plugin (plain onnxruntime runs it)",
+    )
+    parser.add_argument("--explain", action="store_true", help="say which node or constant failed which check")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = resolve_output(args.model, args.output, in_place=False)
+    registry = load_plugins(args.plugins)
+    graph = to_graph(load(args.model))
+    _infer(graph, registry)  # ranks let the matcher compare axes like [2] with [-1]
+    report = replace(graph, registry, only=args.only, keep_function=args.keep_function, explain=args.explain)
+    _infer(graph, registry)
+    written = save(graph, out)
+    if args.json:
+        print_json({"model": args.model, "output": str(written), **_as_dict(report)})
+        return 0
+    _print(report, str(written))
+    return 0
+
+
+def _infer(graph, registry) -> None:
+    try:
+        from gskit.shapes import infer_graph_shapes
+    except ImportError:  # shape inference is optional for this command
+        return
+    infer_graph_shapes(graph, registry, strict=False)
+
+
+def _as_dict(report: ReplaceReport) -> dict:
+    from gskit.report import to_jsonable
+
+    data = to_jsonable(report)
+    data["replaced"] = report.replaced
+    return data
+
+
+def _print(report: ReplaceReport, written: str) -> None:
+    out = console()
+    rows = []
+    for p in report.plugins:
+        reasons = "; ".join(sorted({s.reason for s in p.skipped}))
+        rows.append((p.plugin, p.found, p.replaced, f"{len(p.skipped)} ({reasons})" if p.skipped else 0))
+    out.print(table(f"Plugin nodes written to {written}", ("plugin", "matches found", "replaced", "skipped (reason)"), rows))
+    if report.functions_removed:
+        out.print(f"local functions removed (no call left): {', '.join(report.functions_removed)}")
+    if report.functions_kept:
+        out.print(f"local functions kept for onnxruntime: {', '.join(report.functions_kept)}")
+    if report.explanations:
+        ranked = sorted(report.explanations, key=lambda e: -e.depth)
+        shown = ranked[:MAX_EXPLAIN_ROWS]
+        out.print(
+            table(
+                "Why rules did not fire (deepest failure per anchor)",
+                ("plugin", "rule", "anchor", "matched", "failed at", "reason"),
+                ((e.plugin, e.rule, e.anchor, e.depth, e.node, e.reason) for e in shown),
+            )
+        )
+        if len(ranked) > len(shown):
+            out.print(f"... {len(ranked) - len(shown)} more (all of them with --json)")

@@ -1,0 +1,557 @@
+"""Constant folding that keeps the model's meaning: graphsurgeon's ``fold_constants``, with its unsafe parts replaced.
+
+``fold(model)`` repeats, up to ``max_passes`` times or until nothing changes:
+
+1. shape inference (on a weightless view of the graph, so it works past 2 GB),
+2. gskit's own shape folding: ``Shape`` (honouring its ``start``/``end`` attributes) and ``Shape -> Gather`` /
+   ``Shape -> Slice`` become constants where the dims they read are static,
+3. graphsurgeon's ``fold_constants`` evaluating every node whose inputs are all constant on onnxruntime, with
+   graphsurgeon's shape folding, cast elision, ``If`` flattening and subgraph recursion turned off,
+4. gskit's own flattening of ``If`` nodes with a constant condition, and recursion into subgraphs,
+
+then cleans up and sorts the graph and gives graph outputs back the dtype and shape they had.
+
+Why not graphsurgeon's defaults (each found with onnx's backend node tests, ``tests/test_fold_conformance.py``):
+
+* its shape folding ignores ``Shape``'s ``start``/``end`` attributes (opset 15) and folds the whole shape;
+* its cast elision turns ``Cast(int->float) -> op -> Cast(->int)`` into the integer op, which changes results
+  (fractional constants, comparison outputs);
+* its ``If`` flattening rebinds the producer of a branch output that is an outer-scope tensor or a constant,
+  corrupting the outer graph;
+* its subgraph recursion drops ``should_exclude_node``, so plugin nodes inside subgraphs would be evaluated;
+* it hands sequences and optionals returned by onnxruntime to ``Constant``.
+
+Never evaluated: plugin nodes (a domain other than ``""``, ``ai.onnx``, ``ai.onnx.ml`` and onnxruntime's
+``com.microsoft``, a ``plugin_namespace`` attribute, or a loaded plugin spec), random ops, and nodes whose outputs
+are sequences or optionals. Constants around them still fold.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from gskit import model as gsmodel
+from gskit.errors import GskitError
+
+log = logging.getLogger(__name__)
+
+#: Domains whose ops onnxruntime evaluates; any other domain is a plugin and is never evaluated.
+EVALUABLE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
+#: Ops that must not be folded: a new sample per run, or values that are not plain tensors.
+NEVER_FOLD_OPS = frozenset(
+    {
+        ("", "RandomNormal"), ("", "RandomUniform"), ("", "RandomNormalLike"), ("", "RandomUniformLike"),
+        ("", "Multinomial"), ("", "Bernoulli"),
+        ("", "SequenceConstruct"), ("", "SequenceEmpty"), ("", "SequenceInsert"), ("", "SequenceErase"),
+        ("", "SplitToSequence"), ("", "SequenceMap"), ("", "Optional"), ("", "OptionalGetElement"),
+    }
+)
+#: Constants larger than this are given to shape inference as typed inputs instead of values.
+_INFER_VALUE_BYTES = 64 * 1024
+#: Above this many bytes of constants, evaluate foldable nodes partition by partition (protobuf's 2 GB limit).
+_PARTITION_BYTES = 1_500_000_000
+
+ModelT = TypeVar("ModelT", onnx.ModelProto, gs.Graph)
+
+
+@dataclass
+class FoldReport:
+    """What ``fold`` did.
+
+    Attributes:
+        nodes_before: nodes in the graph and its subgraphs before folding.
+        nodes_after: the same after folding and cleanup.
+        passes: folding passes run (the last one changed nothing unless ``max_passes`` was reached).
+        folded_ops: removed nodes by op (``domain::op`` outside the default domain), most first.
+        excluded: nodes that were never evaluated although their inputs were constant, with the reason.
+        failures: folds that failed and were skipped (only with ``allow_partial``).
+        restored_outputs: graph outputs whose dtype or shape was restored after folding.
+    """
+
+    nodes_before: int = 0
+    nodes_after: int = 0
+    passes: int = 0
+    folded_ops: dict[str, int] = field(default_factory=dict)
+    excluded: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    restored_outputs: list[str] = field(default_factory=list)
+
+
+def fold(
+    graph_or_model: ModelT,
+    *,
+    max_passes: int = 10,
+    fold_shapes: bool = True,
+    size_threshold: int | None = 16 * 2**20,
+    allow_partial: bool = False,
+    plugins: Any = None,
+) -> tuple[ModelT, FoldReport]:
+    """Fold constants to a fixed point without changing what the model computes.
+
+    Args:
+        graph_or_model: a gs.Graph (folded in place and returned) or a ModelProto (left as it is; a new
+            ModelProto is returned).
+        max_passes: most folding passes; folding stops earlier when a pass changes nothing.
+        fold_shapes: turn ``Shape`` (and ``Shape -> Gather/Slice``) of tensors with static dims into constants.
+        size_threshold: do not create constants larger than this many bytes (``None``: no limit).
+        allow_partial: skip folds that onnxruntime cannot evaluate (recorded in ``FoldReport.failures``)
+            instead of raising.
+        plugins: a ``gskit.plugin.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never evaluated,
+            in addition to every node of a custom domain.
+
+    Returns:
+        ``(folded, report)``: the folded graph or model, same kind as given, and a FoldReport.
+
+    Raises:
+        GskitError: a fold failed (onnxruntime could not evaluate a constant subgraph) and ``allow_partial`` is
+            False; the message names the node or op onnxruntime reported.
+    """
+    if max_passes < 1:
+        raise GskitError(f"fold: max_passes must be at least 1, got {max_passes}")
+    is_model = isinstance(graph_or_model, onnx.ModelProto)
+    graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
+    # graphsurgeon exports the sub-models it evaluates with the graph's IR version; onnxruntime needs <= 13.
+    graph.ir_version = min(graph.ir_version or gsmodel.MAX_ORT_IR_VERSION, gsmodel.MAX_ORT_IR_VERSION)
+    # graphsurgeon keeps no optional/map/nested types: remember them to write them back on export.
+    odd_types = _GsLosses.of(graph_or_model.graph) if is_model else _GsLosses()
+    report = FoldReport()
+    ops_before = _op_counts(graph)
+    report.nodes_before = sum(ops_before.values())
+    outputs_before = {t.name: (t.dtype, t.shape) for t in graph.outputs}
+    exclude = _Exclusion(_plugin_keys(plugins), report)
+    partitioning = "basic" if _constant_bytes(graph) > _PARTITION_BYTES else None
+    if partitioning:
+        log.info("constants exceed %d bytes: folding partition by partition", _PARTITION_BYTES)
+
+    state = _signature(graph)
+    for index in range(max_passes):
+        report.passes = index + 1
+        _infer_shapes(graph, odd_types)
+        _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, partitioning, report)
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        new_state = _signature(graph)
+        if new_state == state:
+            break
+        state = new_state
+
+    report.restored_outputs = _restore_outputs(graph, outputs_before)
+    ops_after = _op_counts(graph)
+    report.nodes_after = sum(ops_after.values())
+    removed = ops_before - ops_after
+    report.folded_ops = dict(removed.most_common())
+    log.info("folded %d -> %d nodes in %d passes", report.nodes_before, report.nodes_after, report.passes)
+    if is_model:
+        return _with_model_fields(_export(graph, odd_types), graph_or_model), report
+    return graph, report
+
+
+def is_plugin_node(node: gs.Node, plugin_keys: frozenset[tuple[str, str]] = frozenset()) -> bool:
+    """True for nodes onnxruntime cannot evaluate by itself: custom domains, ``plugin_namespace``, known plugins."""
+    domain = node.domain or ""
+    return domain not in EVALUABLE_DOMAINS or "plugin_namespace" in node.attrs or (domain, node.op) in plugin_keys
+
+
+# --- one pass over one graph -------------------------------------------------------------------------------
+
+
+def _fold_graph(
+    graph: gs.Graph,
+    exclude: _Exclusion,
+    fold_shapes: bool,
+    size_threshold: int | None,
+    allow_partial: bool,
+    partitioning: str | None,
+    report: FoldReport,
+) -> None:
+    if fold_shapes:
+        _fold_shape_nodes(graph)
+    with _quiet_graphsurgeon():
+        try:
+            graph.fold_constants(
+                fold_shapes=False,  # gskit folds shapes itself; gs's pass also runs the unsafe cast elision
+                recurse_subgraphs=False,  # gs's recursion forgets should_exclude_node
+                partitioning="recursive" if allow_partial else partitioning,
+                error_ok=allow_partial,
+                flatten_subgraphs=False,  # gs's flattening corrupts outer-scope tensors
+                size_threshold=size_threshold,
+                should_exclude_node=exclude,
+                recurse_functions=False,
+            )
+        except Exception as err:  # onnxruntime and gs raise many types; all mean the same here
+            first = (str(err).strip().splitlines() or [repr(err)])[0]
+            raise GskitError(
+                f"fold: onnxruntime could not evaluate constant nodes in graph '{graph.name}': {first}; "
+                f"pass allow_partial=True (--allow-partial) to keep those nodes unfolded"
+            ) from err
+    _drop_non_tensor_constants(graph)
+    _flatten_constant_ifs(graph)
+    for node in graph.nodes:
+        for sub in _node_subgraphs(node):
+            sub.ir_version = graph.ir_version  # else graphsurgeon exports its sub-models with onnx's newest IR
+            _fold_graph(sub, exclude, fold_shapes, size_threshold, allow_partial, None, report)
+            sub.cleanup(remove_unused_graph_inputs=False).toposort()
+
+
+class _Exclusion:
+    """``should_exclude_node`` for graphsurgeon: plugin nodes, random ops, non-tensor values."""
+
+    def __init__(self, plugin_keys: frozenset[tuple[str, str]], report: FoldReport) -> None:
+        self.plugin_keys = plugin_keys
+        self.report = report
+
+    def __call__(self, node: gs.Node) -> bool:
+        reason = self.reason(node)
+        if reason:
+            self.report.excluded[node.name or f"{node.op}:{node.outputs[0].name if node.outputs else ''}"] = reason
+            return True
+        return False
+
+    def reason(self, node: gs.Node) -> str | None:
+        if is_plugin_node(node, self.plugin_keys):
+            return f"plugin node ({node.domain or ''}::{node.op})"
+        if ((node.domain or "").replace("ai.onnx", ""), node.op) in NEVER_FOLD_OPS:
+            return f"{node.op} is not folded"
+        for tensor in node.outputs:
+            kind = getattr(tensor, "type", "tensor_type")
+            if kind not in (None, "tensor_type"):
+                return f"output '{tensor.name}' is a {kind.replace('_type', '')}"
+        return None
+
+
+# --- shape folding -----------------------------------------------------------------------------------------
+
+
+def _fold_shape_nodes(graph: gs.Graph) -> None:
+    """Replace Shape, Shape->Gather and Shape->Slice outputs by constants where the dims read are static."""
+    for node in list(graph.nodes):
+        if node.op != "Shape" or (node.domain or "") not in ("", "ai.onnx") or not node.outputs:
+            continue
+        data = node.inputs[0]
+        if data.shape is None:
+            continue
+        dims = _shape_slice(list(data.shape), node.attrs.get("start", 0), node.attrs.get("end"))
+        out = node.outputs[0]
+        if _static(dims):
+            _make_constant(out, np.array(dims, dtype=np.int64))
+            continue
+        for user in list(out.outputs):
+            values = _fold_shape_user(user, out, dims)
+            if values is not None:
+                _make_constant(user.outputs[0], values)
+
+
+def _shape_slice(dims: list, start: int, end: int | None) -> list:
+    """Shape's ``start``/``end`` semantics: negative counts from the back, both clamped to [0, rank]."""
+    rank = len(dims)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
+    return dims[start:end]
+
+
+def _static(dims: Iterable) -> bool:
+    return all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims)
+
+
+def _fold_shape_user(user: gs.Node, shape_out: gs.Tensor, dims: list) -> np.ndarray | None:
+    if (user.domain or "") not in ("", "ai.onnx") or not user.inputs or user.inputs[0] is not shape_out:
+        return None
+    if user.op == "Gather" and len(user.inputs) == 2 and isinstance(user.inputs[1], gs.Constant):
+        if user.attrs.get("axis", 0) not in (0, -1):
+            return None
+        indices = np.asarray(user.inputs[1].values)
+        if indices.size and (indices.min() < -len(dims) or indices.max() >= len(dims)):
+            return None
+        picked = np.array(dims, dtype=object)[indices] if dims else None
+        if picked is None or not _static(np.ravel(picked)):
+            return None
+        return picked.astype(np.int64)
+    if user.op == "Slice" and len(user.inputs) >= 3:
+        consts = user.inputs[1:]
+        if not all(isinstance(t, gs.Constant) for t in consts if not t.is_empty()):
+            return None
+        starts, ends = (np.ravel(t.values) for t in consts[:2])
+        axes = np.ravel(consts[2].values) if len(consts) > 2 and not consts[2].is_empty() else np.array([0])
+        steps = np.ravel(consts[3].values) if len(consts) > 3 and not consts[3].is_empty() else np.array([1])
+        if starts.size != 1 or ends.size != 1 or axes.size != 1 or int(axes[0]) not in (0, -1) or steps[0] == 0:
+            return None
+        picked = dims[_onnx_slice(len(dims), int(starts[0]), int(ends[0]), int(steps[0]))]
+        return np.array(picked, dtype=np.int64) if _static(picked) else None
+    return None
+
+
+def _onnx_slice(length: int, start: int, end: int, step: int) -> slice:
+    """A Python slice with ONNX Slice's clamping (ends past the range, INT64 sentinels, negative steps)."""
+    def clamp(value: int, low: int, high: int) -> int:
+        value = value + length if value < 0 else value
+        return min(max(value, low), high)
+
+    if step > 0:
+        return slice(clamp(start, 0, length), clamp(end, 0, length), step)
+    first, last = clamp(start, -1, length - 1), clamp(end, -1, length - 1)
+    return slice(first, None if last < 0 else last, step)
+
+
+def _make_constant(tensor: gs.Tensor, values: np.ndarray) -> None:
+    tensor.to_constant(values)
+    tensor.inputs.clear()
+
+
+# --- If flattening, non-tensor results ----------------------------------------------------------------------
+
+
+def _flatten_constant_ifs(graph: gs.Graph) -> None:
+    """Inline the taken branch of each ``If`` with a constant condition, keeping outer-scope tensors intact."""
+    index = 0
+    used_names = set(graph.tensors())
+    while index < len(graph.nodes):
+        node = graph.nodes[index]
+        if node.op != "If" or (node.domain or "") not in ("", "ai.onnx") or not isinstance(node.inputs[0], gs.Constant):
+            index += 1
+            continue
+        cond = np.asarray(node.inputs[0].values)
+        if cond.size != 1:
+            index += 1
+            continue
+        branch = node.attrs["then_branch" if bool(cond.reshape(())) else "else_branch"]
+        local = branch._local_tensors()
+        for tensor in local.values():
+            tensor.name = _unique(f"{tensor.name}__{node.name or 'if'}", used_names)
+        new_nodes = list(branch.nodes)
+        branch_node_ids = {id(n) for n in new_nodes}
+        local_ids = {id(t) for t in local.values()}
+        pairs = list(zip(list(node.outputs), list(branch.outputs)))
+        node.inputs.clear()
+        node.outputs.clear()  # also detaches the If from each output's producers
+        for node_out, branch_out in pairs:
+            consumers = list(branch_out.outputs)
+            movable = (
+                id(branch_out) in local_ids
+                and isinstance(branch_out, gs.Variable)
+                and len(branch_out.inputs) == 1
+                and all(id(c) in branch_node_ids for c in consumers)
+            )
+            if movable:  # the branch computes it: let its producer write the If's output directly
+                producer = branch_out.inputs[0]
+                for consumer in consumers:
+                    for i, tensor in enumerate(consumer.inputs):
+                        if tensor is branch_out:
+                            consumer.inputs[i] = node_out
+                producer.outputs[producer.outputs.index(branch_out)] = node_out
+            else:  # an outer-scope tensor, a constant or a branch input: copy it through
+                new_nodes.append(gs.Node("Identity", name=_unique(f"{node_out.name}__if_out", used_names),
+                                         inputs=[branch_out], outputs=[node_out]))
+        graph.nodes[index:index + 1] = new_nodes
+        index += len(new_nodes)
+
+
+def _unique(name: str, used: set[str]) -> str:
+    candidate, n = name, 0
+    while candidate in used:
+        n += 1
+        candidate = f"{name}_{n}"
+    used.add(candidate)
+    return candidate
+
+
+def _drop_non_tensor_constants(graph: gs.Graph) -> None:
+    """Constants graphsurgeon built from sequences/None returned by onnxruntime are not tensors: undo them."""
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Constant) and not isinstance(tensor._values, (np.ndarray, gs.ir.tensor.LazyValues)):
+            log.warning("fold: '%s' evaluated to a non-tensor value; left unfolded", tensor.name)
+
+
+# --- shape inference ---------------------------------------------------------------------------------------
+
+
+def _infer_shapes(graph: gs.Graph, odd_types: _GsLosses) -> None:
+    """Fill dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort)."""
+    view = graph.copy()
+    for tensor in view.tensors().values():
+        if isinstance(tensor, gs.Constant) and _nbytes(tensor) > _INFER_VALUE_BYTES:
+            dtype, shape = tensor.dtype, tuple(tensor.shape)
+            tensor.to_variable(dtype=dtype, shape=shape)
+            view.inputs.append(tensor)
+    try:
+        proto = _export(view, odd_types)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as err:  # onnx raises several types; folding still works without the extra shapes
+        log.info("fold: shape inference failed (%s); folding with the shapes in the model", err)
+        return
+    infos: dict[str, onnx.ValueInfoProto] = {}
+    for proto_graph in _proto_graphs(inferred.graph):
+        for info in proto_graph.value_info:
+            infos.setdefault(info.name, info)
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for name, tensor in sub.tensors().items():
+            info = infos.get(name)
+            if info is None or not isinstance(tensor, gs.Variable):
+                continue
+            _apply_value_info(tensor, info)
+
+
+@dataclass
+class _GsLosses:
+    """What graphsurgeon drops on import: non-tensor value types and TYPE_PROTO attributes (``Optional``'s type)."""
+
+    types: dict[str, onnx.TypeProto] = field(default_factory=dict)
+    #: by the node's first output name
+    attrs: dict[str, list[onnx.AttributeProto]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto) -> _GsLosses:
+        losses = cls()
+        for proto_graph in _proto_graphs(graph):
+            for info in (*proto_graph.input, *proto_graph.output, *proto_graph.value_info):
+                kind = info.type.WhichOneof("value")
+                if kind not in (None, "tensor_type"):
+                    losses.types[info.name] = info.type
+            for node in proto_graph.node:
+                lost = [a for a in node.attribute if a.type in _GS_UNSUPPORTED_ATTRS]
+                if lost and node.output:
+                    losses.attrs[node.output[0]] = lost
+        return losses
+
+    def restore(self, model: onnx.ModelProto) -> None:
+        if not (self.types or self.attrs):
+            return
+        for proto_graph in _proto_graphs(model.graph):
+            for info in (*proto_graph.input, *proto_graph.output, *proto_graph.value_info):
+                if info.name in self.types:
+                    info.type.CopyFrom(self.types[info.name])
+            for node in proto_graph.node:
+                lost = self.attrs.get(node.output[0]) if node.output else None
+                present = {a.name for a in node.attribute}
+                node.attribute.extend(a for a in lost or () if a.name not in present)
+
+
+_GS_UNSUPPORTED_ATTRS = (onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYPE_PROTOS)
+
+
+def _export(graph: gs.Graph, odd_types: _GsLosses) -> onnx.ModelProto:
+    """``gsmodel.to_model`` that writes back the non-tensor types graphsurgeon cannot export."""
+    hidden = []
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for tensor in sub.tensors().values():
+            kind = getattr(tensor, "type", "tensor_type")
+            if isinstance(tensor, gs.Variable) and kind not in (None, "tensor_type") and tensor.dtype is not None:
+                hidden.append((tensor, tensor.dtype))
+                tensor.dtype = None
+    try:
+        model = gsmodel.to_model(graph)
+    finally:
+        for tensor, dtype in hidden:
+            tensor.dtype = dtype
+    odd_types.restore(model)
+    return model
+
+
+def _apply_value_info(tensor: gs.Variable, info: onnx.ValueInfoProto) -> None:
+    kind = info.type.WhichOneof("value")
+    if kind and kind != "tensor_type":
+        tensor.type = kind
+        return
+    ttype = info.type.tensor_type
+    if tensor.dtype is None and ttype.elem_type:
+        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
+    if tensor.shape is None and ttype.HasField("shape"):
+        tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim]
+
+
+def _proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _proto_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _proto_graphs(sub)
+
+
+# --- bookkeeping -------------------------------------------------------------------------------------------
+
+
+def _restore_outputs(graph: gs.Graph, before: dict[str, tuple[Any, Any]]) -> list[str]:
+    restored = []
+    for tensor in graph.outputs:
+        if tensor.name not in before or isinstance(tensor, gs.Constant):
+            continue
+        dtype, shape = before[tensor.name]
+        changed = False
+        if tensor.dtype is None and dtype is not None:
+            tensor.dtype, changed = dtype, True
+        if shape is not None and (tensor.shape is None or len(tensor.shape) != len(shape)):
+            tensor.shape, changed = shape, True
+        if changed:
+            restored.append(tensor.name)
+    return restored
+
+
+def _op_counts(graph: gs.Graph) -> Counter:
+    counts: Counter = Counter()
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for node in sub.nodes:
+            domain = node.domain or ""
+            counts[node.op if domain in ("", "ai.onnx") else f"{domain}::{node.op}"] += 1
+    return counts
+
+
+def _signature(graph: gs.Graph) -> tuple[int, int]:
+    nodes = sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
+    consts = sum(isinstance(t, gs.Constant) for t in graph.tensors().values())
+    return nodes, consts
+
+
+def _node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, gs.Graph))
+
+
+def _nbytes(tensor: gs.Constant) -> int:
+    values = tensor._values
+    if isinstance(values, gs.ir.tensor.LazyValues):
+        return gsmodel.tensor_nbytes(values.tensor)
+    return int(getattr(values, "nbytes", 0))
+
+
+def _constant_bytes(graph: gs.Graph) -> int:
+    return sum(_nbytes(t) for t in graph.tensors().values() if isinstance(t, gs.Constant))
+
+
+def _plugin_keys(plugins: Any) -> frozenset[tuple[str, str]]:
+    if not plugins:
+        return frozenset()
+    return frozenset((spec.namespace, spec.name) for spec in plugins)
+
+
+def _with_model_fields(new: onnx.ModelProto, old: onnx.ModelProto) -> onnx.ModelProto:
+    """Keep model-level fields graphsurgeon does not carry (metadata, doc string, model version)."""
+    new.doc_string = old.doc_string
+    new.model_version = old.model_version
+    if not new.metadata_props and old.metadata_props:
+        new.metadata_props.extend(old.metadata_props)
+    return new
+
+
+@contextmanager
+def _quiet_graphsurgeon() -> Iterator[None]:
+    """graphsurgeon logs to stdout; keep only its errors while gskit calls it (gskit logs what matters)."""
+    logger = gs.logger.G_LOGGER
+    old = logger.severity
+    logger.severity = max(old, logger.ERROR)
+    try:
+        yield
+    finally:
+        logger.severity = old

@@ -1,0 +1,308 @@
+"""``gskit prepare``: run a recipe on a model and write the prepared model with its reports.
+
+OUTDIR receives ``model.onnx`` (+ ``model.onnx.data`` when large), ``report.json``, ``report.html`` and, when
+an engine is built, ``model.engine`` with its sidecar. Each is written under a temporary name and renamed into
+place, so an interrupted run never leaves a partial file under a final name; the input model is only read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from gskit import model as gsmodel
+from gskit.errors import GskitError
+from gskit.html_report import DrawnNode, Region, render_page
+from gskit.passes import CHECK_STEPS, DEFAULT_STEPS, STEP_RUNNERS, RunState
+from gskit.plugin import load_plugins
+from gskit.recipe import Recipe, make_recipe
+from gskit.report import dumps
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "model.onnx"
+ENGINE_NAME = "model.engine"
+
+
+@dataclass
+class StepResult:
+    """One step as run: where it was written, how long it took, what it did to the graph."""
+
+    name: str
+    line: int | None
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    status: str  # "ok", "skipped", "failed"
+    summary: str
+
+
+@dataclass
+class PrepareReport:
+    """Everything ``report.json`` holds."""
+
+    model: str
+    output_dir: str
+    recipe: str
+    steps: list[StepResult] = field(default_factory=list)
+    prepared_model: str | None = None
+    plugins_inserted: dict[str, int] = field(default_factory=dict)
+    regions: list[Any] = field(default_factory=list)
+    comparison: Any = None
+    tensorrt: Any = None
+    engine: Any = None
+    passed: bool = False
+    error: str | None = None
+
+
+class StepListener(Protocol):
+    """Receives progress: the CLI shows a spinner per step and a line when it ends."""
+
+    def started(self, name: str, index: int, total: int) -> None: ...
+
+    def finished(self, result: StepResult) -> None: ...
+
+
+def default_recipe() -> Recipe:
+    """The recipe ``gskit prepare`` runs without ``--recipe``."""
+    return make_recipe([(name, {}) for name in DEFAULT_STEPS])
+
+
+def prepare(
+    model_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    recipe: Recipe | None = None,
+    plugin_dirs: Sequence[str | os.PathLike] | None = None,
+    listener: StepListener | None = None,
+) -> PrepareReport:
+    """Run ``recipe`` (default: ``default_recipe()``) on a model and write the results to ``out_dir``.
+
+    Returns:
+        The report (also written as report.json and report.html). ``passed`` is True when every step
+        succeeded and the prepared model matched the original within the validation tolerances.
+
+    Raises:
+        GskitError: the model cannot be read, OUTDIR would overwrite the input, or a step failed (the message
+            names the step; the reports are written before raising, the model is not).
+    """
+    model_path, out_dir = Path(model_path), Path(out_dir)
+    recipe = recipe or default_recipe()
+    final_model = out_dir / MODEL_NAME
+    if final_model.resolve() == model_path.resolve():
+        raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
+    original = gsmodel.load(model_path, load_weights=False)
+    registry = load_plugins(plugin_dirs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
+    work = Path(tempfile.mkdtemp(prefix=".gskit-work-", dir=out_dir))
+    try:
+        state = RunState(
+            graph=gsmodel.to_graph(original),
+            original_path=model_path,
+            registry=registry,
+            plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
+            snapshot=_Snapshots(work),
+            engine_path=work / ENGINE_NAME,
+        )
+        state.snapshot.bind(state)
+        try:
+            _run_steps(recipe, state, report, listener)
+        except GskitError as err:
+            report.error = str(err)
+            _write_reports(report, original, state, out_dir)
+            raise
+        report.prepared_model = str(gsmodel.save(state.graph, final_model))
+        _move_engine(state, out_dir, report)
+        report.passed = all(s.status != "failed" for s in report.steps) and (
+            state.comparison is None or state.comparison.passed
+        )
+        _write_reports(report, original, state, out_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
+    total = len(recipe.steps)
+    for index, step in enumerate(recipe.steps):
+        if listener:
+            listener.started(step.name, index, total)
+        before = _node_count(state.graph)
+        start = time.perf_counter()
+        try:
+            summary, _details = STEP_RUNNERS[step.name](state, step.options)
+        except GskitError as err:
+            result = StepResult(step.name, step.line, time.perf_counter() - start, before, before, "failed", str(err))
+            report.steps.append(result)
+            if listener:
+                listener.finished(result)
+            where = f" (recipe line {step.line})" if step.line else ""
+            raise GskitError(f"step '{step.name}'{where} failed: {err}") from err
+        if step.name not in CHECK_STEPS:
+            state.snapshot.invalidate()
+        status = "ok"
+        if summary.startswith("skipped: "):
+            status, summary = "skipped", summary.removeprefix("skipped: ")
+        if step.name == "validate" and state.comparison is not None and not state.comparison.passed:
+            status = "failed"
+        result = StepResult(
+            step.name, step.line, time.perf_counter() - start, before, _node_count(state.graph), status, summary
+        )
+        report.steps.append(result)
+        if listener:
+            listener.finished(result)
+    report.regions = list(state.replaced)
+    report.comparison = state.comparison
+    report.tensorrt = state.trt_report
+    counts: dict[str, int] = {}
+    for region in state.replaced:
+        counts[region.plugin] = counts.get(region.plugin, 0) + 1
+    report.plugins_inserted = counts
+
+
+class _Snapshots:
+    """The current graph saved as a file, for steps that read files; saved again only after a change."""
+
+    def __init__(self, work: Path) -> None:
+        self._work = work
+        self._state: RunState | None = None
+        self._path: Path | None = None
+        self._count = 0
+
+    def bind(self, state: RunState) -> None:
+        self._state = state
+
+    def invalidate(self) -> None:
+        self._path = None
+
+    def __call__(self) -> Path:
+        if self._path is None:
+            assert self._state is not None
+            self._count += 1
+            target = self._work / f"step{self._count}" / MODEL_NAME
+            self._path = gsmodel.save(self._state.graph.copy(), target)
+        return self._path
+
+
+def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
+    info = state.engine
+    if info is None:
+        return
+    target = out_dir / ENGINE_NAME
+    os.replace(info.sidecar, out_dir / info.sidecar.name)
+    os.replace(info.engine, target)
+    report.engine = {"engine": str(target), "sidecar": str(out_dir / info.sidecar.name), "tensorrt": info.tensorrt}
+
+
+def _node_count(graph: gs.Graph) -> int:
+    return len(graph.nodes) + sum(len(sub.nodes) for sub in graph.subgraphs(recursive=True))
+
+
+def _write_reports(report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path) -> None:
+    _write_atomic(out_dir / "report.json", dumps(report))
+    _write_atomic(out_dir / "report.html", _html(report, original, state))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; reports are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> str:
+    comparison = report.comparison
+    verdict = report.passed and report.error is None
+    summary = [
+        ("input model", report.model),
+        ("prepared model", report.prepared_model or "(not written)"),
+        ("recipe", report.recipe),
+        ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
+        ("TensorRT check", _trt_line(report.tensorrt)),
+        ("engine", (report.engine or {}).get("engine", "not built")),
+    ]
+    if report.error:
+        summary.append(("error", report.error))
+    steps = [
+        (s.name, f"{s.seconds:.2f}", str(s.nodes_before), str(s.nodes_after), f"{s.status}: {s.summary}")
+        for s in report.steps
+    ]
+    rows = []
+    if comparison is not None:
+        rows = [
+            (o.name, str(o.shape), f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", "pass" if o.passed else "FAIL")
+            for o in comparison.outputs
+        ]
+    regions = _regions(report.regions, original, state.graph)
+    return render_page(f"gskit prepare: {Path(report.model).name}", summary, steps, rows, regions, verdict)
+
+
+def _trt_line(trt: Any) -> str:
+    if trt is None:
+        return "not run"
+    from gskit.backends.trt_check import PLUGIN_PROBLEM, UNSUPPORTED
+
+    bad = len(trt.nodes_with(UNSUPPORTED)) + len(trt.nodes_with(PLUGIN_PROBLEM))
+    return f"{trt.source}: {bad} node(s) not taken"
+
+
+def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:
+    before_nodes: dict[str, onnx.NodeProto] = {}
+    for g in _all_graphs(original.graph):
+        for node in g.node:
+            before_nodes.setdefault(node.name, node)
+    after_nodes = {n.name: n for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes}
+    regions = []
+    for region in replaced:
+        before = tuple(
+            DrawnNode(n.name, _op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
+            for n in (before_nodes.get(name) for name in region.original_nodes)
+            if n is not None
+        )
+        plugin = after_nodes.get(region.node)
+        after = (
+            (
+                DrawnNode(
+                    plugin.name,
+                    _op_label(plugin.domain or "", plugin.op),
+                    tuple(t.name for t in plugin.inputs),
+                    tuple(t.name for t in plugin.outputs),
+                ),
+            )
+            if plugin is not None
+            else ()
+        )
+        title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
+        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs)))
+    return regions
+
+
+def _op_label(domain: str, op: str) -> str:
+    return op if domain in ("", "ai.onnx") else f"{domain}::{op}"
+
+
+def _all_graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _all_graphs(g)

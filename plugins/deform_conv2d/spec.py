@@ -1,0 +1,79 @@
+"""DeformConv2d: torchvision's ``deform_conv2d`` (ONNX ``DeformConv``) as one plugin node.
+
+Each kernel tap samples the input at its regular position plus a learned ``(dy, dx)`` offset, by
+bilinear interpolation (zero outside the image), optionally scaled by a mask (DCNv2); the samples go
+through an ordinary grouped convolution. Inputs follow ONNX DeformConv's order ``(x, weight, offset,
+bias?, mask?)`` and its attribute names; see ``reference.deform_conv2d`` for the exact math.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gskit.errors import PluginError
+from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo
+
+from .patterns import PATTERNS
+from .reference import deform_conv2d, output_size
+
+
+def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list[TensorInfo]:
+    """Output ``(N, C_out, oH, oW)`` in ``x``'s dtype.
+
+    ``N`` is ``x``'s batch dim (symbolic kept), ``C_out`` is ``weight``'s first dim; each spatial dim is
+    ``(size + pads - dilation * (k - 1) - 1) // stride + 1`` when the input size and kernel size are
+    known, otherwise ``offset``'s dim at that position (which has the output's spatial shape), else None.
+
+    Raises:
+        PluginError: ``x`` or ``weight`` is absent, or has a known rank other than 4.
+    """
+    x, weight = inputs[0], inputs[1] if len(inputs) > 1 else None
+    offset = inputs[2] if len(inputs) > 2 else None
+    if x is None or weight is None:
+        raise PluginError("DeformConv2d output shape rule needs inputs x and weight")
+    for label, info in (("x", x), ("weight", weight), ("offset", offset)):
+        if info is not None and info.shape is not None and len(info.shape) != 4:
+            raise PluginError(f"DeformConv2d input {label} has rank {len(info.shape)}, expected 4")
+    if x.shape is None and weight.shape is None:
+        return [TensorInfo(x.dtype, None)]
+    x_shape = x.shape or (None,) * 4
+    w_shape = weight.shape or (None,) * 4
+    off_shape = offset.shape if offset is not None and offset.shape is not None else (None,) * 4
+    strides = list(attrs.get("strides") or (1, 1))
+    pads = list(attrs.get("pads") or (0, 0, 0, 0))
+    dilations = list(attrs.get("dilations") or (1, 1))
+    spatial: list[int | str | None] = []
+    for axis in (0, 1):
+        size, kernel = x_shape[2 + axis], w_shape[2 + axis]
+        if isinstance(size, int) and isinstance(kernel, int):
+            spatial.append(
+                output_size(size, kernel, strides[axis], pads[axis], pads[axis + 2], dilations[axis])
+            )
+        else:
+            spatial.append(off_shape[2 + axis])
+    return [TensorInfo(x.dtype, (x_shape[0], w_shape[0], *spatial))]
+
+
+SPEC = PluginSpec(
+    name="DeformConv2d",
+    namespace="gskit",
+    version="1",
+    inputs=("x", "weight", "offset", "bias?", "mask?"),
+    outputs=("y",),
+    attributes=(
+        Attribute("strides", AttrType.INTS, [1, 1], doc="[stride_h, stride_w]"),
+        Attribute("pads", AttrType.INTS, [0, 0, 0, 0], doc="[top, left, bottom, right]"),
+        Attribute("dilations", AttrType.INTS, [1, 1], doc="[dilation_h, dilation_w]"),
+        Attribute("group", AttrType.INT, 1, doc="convolution groups"),
+        Attribute("offset_group", AttrType.INT, 1, doc="channel groups sharing one set of offsets"),
+    ),
+    infer=infer,
+    reference=deform_conv2d,
+    patterns=PATTERNS,
+    doc=(
+        "Deformable 2-D convolution (torchvision deform_conv2d / ONNX DeformConv): bilinear samples at "
+        "offset kernel taps, zero outside the image, times the optional mask, then a grouped convolution "
+        "plus the optional bias. Output (N, C_out, oH, oW)."
+    ),
+)

@@ -1,0 +1,32 @@
+"""LayerNorm over the last axis as one plugin node.
+
+``y = (x - mean(x)) / sqrt(var(x) + epsilon) * weight + bias`` with the mean and the biased variance
+taken over the last axis. It replaces what exporters write for ``nn.LayerNorm`` at opsets below 17 and
+for hand-written layer norms (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add), and ONNX's
+own ``LayerNormalization`` over the last axis. The name is not an ONNX op (ONNX has LayerNormalization).
+"""
+
+from __future__ import annotations
+
+from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+
+from .patterns import PATTERNS
+from .reference import layer_norm
+
+SPEC = PluginSpec(
+    name="LayerNorm",
+    namespace="gskit",
+    version="1",
+    inputs=("x", "weight", "bias"),
+    outputs=("y",),
+    attributes=(
+        Attribute("epsilon", AttrType.FLOAT, 1e-5, doc="added to the variance before the square root"),
+    ),
+    infer=same_as_input(0),
+    reference=layer_norm,
+    patterns=PATTERNS,
+    doc=(
+        "Layer normalization over the last axis: y = (x - mean) / sqrt(var + epsilon) * weight + bias "
+        "(biased variance). weight and bias have the size of x's last axis. Output: x's dtype and shape."
+    ),
+)

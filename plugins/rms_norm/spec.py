@@ -1,0 +1,32 @@
+"""RMSNorm over the last axis as one plugin node.
+
+``y = x / sqrt(mean(x^2) + epsilon) * weight`` with the mean over the last axis. It replaces the
+hand-written ``x * rsqrt(mean(x^2) + eps) * w`` that exporters write as Pow/Mul, ReduceMean, Add,
+Sqrt, Reciprocal or Div, Mul, and ``F.rms_norm``. The name does not collide with ONNX's
+RMSNormalization (opset 23).
+"""
+
+from __future__ import annotations
+
+from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+
+from .patterns import PATTERNS
+from .reference import rms_norm
+
+SPEC = PluginSpec(
+    name="RMSNorm",
+    namespace="gskit",
+    version="1",
+    inputs=("x", "weight"),
+    outputs=("y",),
+    attributes=(
+        Attribute("epsilon", AttrType.FLOAT, 1e-5, doc="added to the mean of squares before the square root"),
+    ),
+    infer=same_as_input(0),
+    reference=rms_norm,
+    patterns=PATTERNS,
+    doc=(
+        "Root-mean-square normalization over the last axis: y = x / sqrt(mean(x^2) + epsilon) * weight. "
+        "weight has the size of x's last axis. Output: x's dtype and shape."
+    ),
+)

@@ -1,0 +1,157 @@
+"""gskit build: ahead-of-time TensorRT-RTX engine builds on a CPU, profiles, sidecar and atomic writes."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+
+import onnx
+import pytest
+from conftest import parse_model
+
+from gskit.backends.trt_build import DYNAMIC_DIM_DEFAULT, build_engine, derive_profile, sidecar_path
+from gskit.cli import build as build_cli
+from gskit.errors import GskitError
+
+rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+
+DYNAMIC = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N,4] x, float[1,4] b) => (float[N,4] y) {
+  a = Add(x, b)
+  y = Sigmoid(a)
+}
+"""
+
+
+@pytest.fixture
+def dynamic_model(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(parse_model(DYNAMIC), path)
+    return path
+
+
+@rtx
+def test_aot_build_writes_engine_and_sidecar_atomically(dynamic_model, tmp_path):
+    out = tmp_path / "engines"
+    info = build_engine(dynamic_model, out / "model.engine", compute_capability="8.9", backend="tensorrt_rtx")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "model.engine",
+        "model.engine.json",
+    ]  # no temp files left
+    assert info.engine.stat().st_size > 1000
+    sidecar = json.loads(sidecar_path(info.engine).read_text())
+    assert sidecar["tensorrt"]["flavour"] == "tensorrt_rtx"
+    assert sidecar["tensorrt"]["version"].startswith("1.")
+    assert sidecar["compute_capability"] == "8.9"
+    assert sidecar["strongly_typed"] is True
+    assert sidecar["plugins"] == []
+    low, opt, high = DYNAMIC_DIM_DEFAULT
+    assert sidecar["profiles"] == [
+        {
+            "x": {"min": [low, 4], "opt": [opt, 4], "max": [high, 4]},
+            "b": {"min": [1, 4], "opt": [1, 4], "max": [1, 4]},
+        }
+    ]
+    assert sidecar["model_sha256"] == hashlib.sha256(dynamic_model.read_bytes()).hexdigest()
+    assert sidecar["build_seconds"] >= 0 and sidecar["built_at"].endswith("+00:00")
+    assert sidecar["engine"] == "model.engine"
+
+
+@rtx
+def test_cli_build_with_shapes_and_timing_cache(dynamic_model, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    build_cli.add_parser(parser.add_subparsers())
+    engine, cache = tmp_path / "m.plan", tmp_path / "timing.cache"
+    args = parser.parse_args(
+        [
+            "build",
+            str(dynamic_model),
+            "-o",
+            str(engine),
+            "--shape",
+            "x:2x4,8x4,64x4",
+            "--compute-capability",
+            "8.6",
+            "--timing-cache",
+            str(cache),
+            "--json",
+        ]
+    )
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["compute_capability"] == "8.6"
+    assert printed["profiles"][0]["x"] == {"min": [2, 4], "opt": [8, 4], "max": [64, 4]}
+    assert json.loads(sidecar_path(engine).read_text())["profiles"] == printed["profiles"]
+    assert cache.is_file() and cache.stat().st_size > 0
+
+
+@rtx
+def test_failed_build_leaves_nothing(tmp_path):
+    path = tmp_path / "bad.onnx"
+    onnx.save(
+        parse_model(
+            '<ir_version: 10, opset_import: ["" : 17]>\ng (float[4] x) => (float[M] y) { y = Unique(x) }'
+        ),
+        path,
+    )
+    out = tmp_path / "out"
+    with pytest.raises(GskitError, match="tensorrt_rtx build failed"):
+        build_engine(path, out / "bad.engine", compute_capability="8.9", backend="tensorrt_rtx")
+    assert list(out.iterdir()) == []
+
+
+@rtx
+def test_rtx_refuses_plugin_nodes(tmp_path):
+    path = tmp_path / "p.onnx"
+    onnx.save(
+        parse_model(
+            '<ir_version: 10, opset_import: ["" : 17, "my.ns" : 1]>\n'
+            'g (float[4] x) => (float[4] y) { y = my.ns.Swish<plugin_namespace: string = "my.ns">(x) }'
+        ),
+        path,
+    )
+    with pytest.raises(GskitError, match=r"needs my\.ns::Swish v1"):
+        build_engine(path, tmp_path / "p.engine", compute_capability="8.9", backend="tensorrt_rtx")
+
+
+@rtx
+@pytest.mark.parametrize(("capability", "message"), [("8", "MAJOR.MINOR"), ("9.0", "not supported|failed")])
+def test_bad_compute_capability(dynamic_model, tmp_path, capability, message):
+    with pytest.raises(GskitError, match=message):
+        build_engine(
+            dynamic_model, tmp_path / "m.engine", compute_capability=capability, backend="tensorrt_rtx"
+        )
+    assert not (tmp_path / "m.engine").exists()
+
+
+def test_derive_profile_fixed_model_needs_none():
+    model = parse_model(
+        '<ir_version: 10, opset_import: ["" : 17]>\ng (float[2,4] x) => (float[2,4] y) { y = Relu(x) }'
+    )
+    assert derive_profile(model) == {}
+
+
+def test_derive_profile_rejects_bad_shapes():
+    model = parse_model(DYNAMIC)
+    with pytest.raises(GskitError, match="not model inputs"):
+        derive_profile(model, {"z": ((1,), (1,), (1,))})
+    with pytest.raises(GskitError, match="rank 2"):
+        derive_profile(model, {"x": ((1,), (2,), (3,))})
+    with pytest.raises(GskitError, match="min <= opt <= max"):
+        derive_profile(model, {"x": ((4, 4), (2, 4), (8, 4))})
+
+
+def test_parse_shape():
+    assert build_cli.parse_shape("x:1x3,4x3,8x3") == ("x", ((1, 3), (4, 3), (8, 3)))
+    assert build_cli.parse_shape("a:b:2x2") == ("a:b", ((2, 2), (2, 2), (2, 2)))
+    for bad in ("x", "x:1x3,4x3", "x:1xa,2,3", ":1,2,3"):
+        with pytest.raises(GskitError, match="NAME:MIN,OPT,MAX"):
+            build_cli.parse_shape(bad)
+
+
+def test_static_backend_cannot_build(dynamic_model, tmp_path):
+    with pytest.raises(GskitError, match="needs TensorRT"):
+        build_engine(dynamic_model, tmp_path / "m.engine", backend="static")

@@ -1,0 +1,298 @@
+"""gskit check-trt: the real TensorRT-RTX parser (in a child process), the static table, and plugin nodes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+
+import onnx
+import pytest
+from conftest import LIGHT_MODELS, parse_model
+
+from gskit.backends.trt import run_worker
+from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+from gskit.cli import check_trt as check_trt_cli
+from gskit.errors import GskitError
+from gskit.trt_support import RESTRICTED, supports_operator
+
+rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+
+#: Standard ops where the static table (full TensorRT) and TensorRT-RTX's supports_operator differ, and why.
+TABLE_VS_RTX_EXCEPTIONS = {
+    "DeformConv": "full TensorRT imports it (1D/2D, symmetric pads); TensorRT-RTX 1.7 has no importer",
+}
+
+PLUGIN_AND_UNIQUE = """
+<ir_version: 10, opset_import: ["" : 17, "my.ns" : 1]>
+g (float[N,4] x) => (float[N,4] y, float[M] u) <float[N,4] p> {
+  a = Relu(x)
+  p = my.ns.Swish<plugin_namespace: string = "my.ns", plugin_version: string = "2", beta: float = 1.5>(a)
+  y = Sigmoid(p)
+  u = Unique(a)
+}
+"""
+
+
+def _save(tmp_path, text: str, name: str = "model.onnx"):
+    path = tmp_path / name
+    onnx.save(parse_model(text), path)
+    return path
+
+
+@rtx
+@pytest.mark.parametrize("path", LIGHT_MODELS, ids=[p.stem for p in LIGHT_MODELS])
+def test_light_models_have_no_unsupported_node(path):
+    report = check_trt(path, plugins=[], backend="tensorrt_rtx")
+    assert report.source.startswith("tensorrt_rtx 1.")
+    assert report.ok, report.issues
+    assert not report.issues
+    covered = sorted(name for p in report.partitions for name in p.nodes)
+    assert len(covered) == report.node_count  # every node is in a parsed partition
+
+
+@rtx
+def test_rtx_reports_exactly_the_plugin_and_the_unsupported_node(tmp_path):
+    report = check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[], backend="tensorrt_rtx")
+    assert [(i.op_type, i.status) for i in report.issues] == [
+        ("Swish", NEEDS_PLUGIN),
+        ("Unique", UNSUPPORTED),
+    ]
+    assert report.issues[0].reason.startswith("needs plugin my.ns::Swish v2")
+    assert "checkUnique" in report.issues[1].reason
+    assert not report.ok
+    # The plugin was cut out, its output fed as an input: Sigmoid after it was parsed.
+    assert any("#2 Sigmoid" in p.nodes for p in report.partitions)
+    assert all("#1 Swish" not in p.nodes for p in report.partitions)
+    assert any("cut out" in note for note in report.notes)
+
+
+@rtx
+def test_rtx_leaves_plugin_nodes_of_unknown_type_in_place(tmp_path):
+    text = PLUGIN_AND_UNIQUE.replace("<float[N,4] p>", "").replace("u = Unique(a)", "u = Relu(x)")
+    text = text.replace("float[M] u", "float[N,4] u")
+    report = check_trt(_save(tmp_path, text), plugins=[], backend="tensorrt_rtx")
+    assert [(i.op_type, i.status) for i in report.issues] == [("Swish", NEEDS_PLUGIN)]
+    assert any("left in place" in note for note in report.notes)
+
+
+def test_static_table_reports_the_same_nodes(tmp_path):
+    report = check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[], backend="static")
+    assert report.source == "static table"
+    assert [(i.op_type, i.status) for i in report.issues] == [
+        ("Swish", NEEDS_PLUGIN),
+        ("Unique", UNSUPPORTED),
+    ]
+
+
+def test_static_table_looks_into_subgraphs_and_attributes(tmp_path):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2,2] x, bool c, int64[1,1] i, float[1,2] u) => (float y, float[2,2] r) {
+      y = If(c) <then_branch = t () => (float d) { d = Det(x) },
+                 else_branch = e () => (float d2) { d2 = ReduceSum<keepdims: int = 0>(x) }>
+      r = ScatterND<reduction: string = "add">(x, i, u)
+    }
+    """
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model(text), path)
+    report = check_trt(path, plugins=[], backend="static")
+    by_op = {i.op_type: i for i in report.issues}
+    assert by_op["If"].status == UNSUPPORTED and "Det" in by_op["If"].reason
+    assert by_op["ScatterND"].status == UNSUPPORTED and "reduction 'add'" in by_op["ScatterND"].reason
+
+
+def test_static_restriction_is_a_warning_not_a_failure(tmp_path):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[1,1,4,4] x) => (float[1,1,2,2] y) {
+      y = GridSample(x, x)
+    }
+    """
+    report = check_trt(_save(tmp_path, text), plugins=[], backend="static")
+    assert [(i.op_type, i.status) for i in report.issues] == [("GridSample", RESTRICTED)]
+    assert report.ok
+
+
+def test_plugin_attribute_that_tensorrt_cannot_pass(tmp_path):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17, "my.ns" : 1]>
+    g (float[4] x) => (float[4] y) {
+      y = my.ns.Scale<plugin_namespace: string = "my.ns", big: int = 5000000000>(x)
+    }
+    """
+    report = check_trt(_save(tmp_path, text), plugins=[], backend="static")
+    (issue,) = report.issues
+    assert issue.status == PLUGIN_PROBLEM and "int32" in issue.reason
+    assert not report.ok
+
+
+def test_custom_domain_standard_op_is_taken_as_the_builtin(tmp_path):
+    # The parser ignores the domain: my.ns::Relu is a TensorRT activation, my.ns::Det is Det.
+    text = """
+    <ir_version: 10, opset_import: ["" : 17, "my.ns" : 1]>
+    g (float[2,2] x) => (float[2,2] y, float d) {
+      y = my.ns.Relu(x)
+      d = my.ns.Det(x)
+    }
+    """
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model(text), path)
+    report = check_trt(path, plugins=[], backend="static")
+    assert [(i.op_type, i.status) for i in report.issues] == [("Det", UNSUPPORTED)]
+
+
+@rtx
+def test_static_table_agrees_with_the_rtx_parser_op_by_op():
+    ops = sorted({s.name for s in onnx.defs.get_all_schemas_with_history()})
+    answer = run_worker("ops", "tensorrt_rtx", {"ops": ops})
+    differ = {op for op in ops if answer["supports"][op] != supports_operator(op)}
+    assert differ == set(TABLE_VS_RTX_EXCEPTIONS)
+
+
+#: One-node models: (inputs => outputs, initializers, body, what the static table says).
+RESTRICTION_CASES = {
+    "scatternd_add": (
+        "float[4,4] x, int64[2,1] i, float[2,4] u => float[4,4] y",
+        "",
+        'y = ScatterND<reduction: string = "add">(x, i, u)',
+        UNSUPPORTED,
+    ),
+    "reduce_runtime_axes": (
+        "float[4,4] x, int64[1] a => float[4] y",
+        "",
+        "y = ReduceSum<keepdims: int = 0>(x, a)",
+        UNSUPPORTED,
+    ),
+    "qdq_zero_point": (
+        "float[4] x => float[4] y",
+        "float s = {0.1}, int8 z = {3}",
+        "q = QuantizeLinear(x, s, z)\n y = DequantizeLinear(q, s, z)",
+        UNSUPPORTED,
+    ),
+    "lstm_input_forget": (
+        "float[2,1,3] x, float[1,16,3] w, float[1,16,4] r => float[2,1,1,4] y",
+        "",
+        "y = LSTM<hidden_size: int = 4, input_forget: int = 1>(x, w, r)",
+        UNSUPPORTED,
+    ),
+    "reduce_constant_axes": (
+        "float[4,4] x => float[4] y",
+        "int64[1] a = {1}",
+        "y = ReduceSum<keepdims: int = 0>(x, a)",
+        RESTRICTED,
+    ),
+    "topk_unsorted": (
+        "float[1,8] x => float[1,2] v, int64[1,2] i",
+        "int64[1] k = {2}",
+        "v, i = TopK<sorted: int = 0>(x, k)",
+        RESTRICTED,
+    ),
+    "resize_cubic": (
+        "float[1,1,4,4] x => float[1,1,8,8] y",
+        "float[4] s = {1.0, 1.0, 2.0, 2.0}",
+        'y = Resize<mode: string = "cubic">(x, , s)',
+        None,
+    ),
+    "maxpool_1d": (
+        "float[1,1,8] x => float[1,1,4] y",
+        "",
+        "y = MaxPool<kernel_shape: ints = [2], strides: ints = [2]>(x)",
+        None,
+    ),
+}
+
+
+@rtx
+@pytest.mark.parametrize("case", sorted(RESTRICTION_CASES))
+def test_static_restriction_checks_agree_with_the_rtx_parser(tmp_path, case):
+    signature, initializers, body, expected = RESTRICTION_CASES[case]
+    inputs, outputs = signature.split(" => ")
+    text = f"""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g ({inputs}) => ({outputs}) <{initializers}> {{
+      {body}
+    }}
+    """.replace("<>", "")
+    path = _save(tmp_path, text)
+    static = {i.status for i in check_trt(path, plugins=[], backend="static").issues}
+    real = {i.status for i in check_trt(path, plugins=[], backend="tensorrt_rtx").issues}
+    assert static == ({expected} if expected else set())
+    assert (UNSUPPORTED in real) == (UNSUPPORTED in static)
+
+
+def test_unknown_backend_is_an_error(tmp_path):
+    with pytest.raises(GskitError, match="unknown TensorRT backend"):
+        check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[], backend="onnxruntime")
+
+
+def test_missing_plugin_folder_is_an_error(tmp_path):
+    with pytest.raises(GskitError, match="no such file or folder"):
+        check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[tmp_path / "nope"], backend="static")
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser()
+    check_trt_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_json_and_exit_code(tmp_path, capsys):
+    path = _save(tmp_path, PLUGIN_AND_UNIQUE)
+    assert _cli(["check-trt", str(path), "--plugins", str(tmp_path), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [i["status"] for i in data["issues"]] == [NEEDS_PLUGIN, UNSUPPORTED]
+    assert data["source"]
+
+
+@rtx
+def test_cli_table_for_a_supported_model(capsys):
+    assert _cli(["check-trt", str(LIGHT_MODELS[0]), "--plugins", str(LIGHT_MODELS[0].parent)]) == 0
+    out = capsys.readouterr().out
+    assert "OK for TensorRT" in out and "tensorrt_rtx 1." in out
+
+
+SPEC_PY = """
+from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+
+SPEC = PluginSpec(
+    name="Swish",
+    namespace="my.ns",
+    version="2",
+    attributes=(Attribute("beta", AttrType.FLOAT, 1.0),),
+    infer=same_as_input(0),
+    reference=lambda x, beta: x / (1 + __import__("numpy").exp(-beta * x)),
+)
+"""
+
+
+@pytest.fixture
+def swish_plugin_dir(tmp_path):
+    folder = tmp_path / "plugins" / "swish"
+    folder.mkdir(parents=True)
+    (folder / "spec.py").write_text(SPEC_PY)
+    return folder.parent
+
+
+@pytest.mark.parametrize("backend", ["static", pytest.param("tensorrt_rtx", marks=rtx)])
+def test_plugin_node_checked_against_its_gskit_spec(tmp_path, swish_plugin_dir, backend):
+    report = check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[swish_plugin_dir], backend=backend)
+    swish = report.issues[0]
+    assert swish.status == NEEDS_PLUGIN and "gskit plugin from" in swish.reason
+    bad = PLUGIN_AND_UNIQUE.replace("beta: float = 1.5", "gamma: float = 1.5")
+    report = check_trt(_save(tmp_path, bad, "bad.onnx"), plugins=[swish_plugin_dir], backend=backend)
+    assert report.issues[0].status == PLUGIN_PROBLEM and "gamma" in report.issues[0].reason
+
+
+@rtx
+def test_rtx_cuts_plugin_nodes_typed_by_their_spec(tmp_path, swish_plugin_dir):
+    # No value_info for the plugin output: the spec's shape rule gives it, so the node can be cut out.
+    text = PLUGIN_AND_UNIQUE.replace("<float[N,4] p>", "")
+    report = check_trt(_save(tmp_path, text), plugins=[swish_plugin_dir], backend="tensorrt_rtx")
+    assert [(i.op_type, i.status) for i in report.issues] == [
+        ("Swish", NEEDS_PLUGIN),
+        ("Unique", UNSUPPORTED),
+    ]
+    assert any("cut out" in note for note in report.notes)
+    assert any("#2 Sigmoid" in p.nodes for p in report.partitions)

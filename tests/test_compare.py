@@ -1,0 +1,162 @@
+"""compare: two models on onnxruntime, outputs by name, plugin references, CLI exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import parse_model
+
+from gskit import model as gsmodel
+from gskit.compare import compare
+from gskit.errors import GskitError
+from gskit.plugin import load_plugins
+
+ORIGINAL = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N, 8] x) => (float[N, 8] y, float[N] s) {
+    a = Tanh(x)
+    k = Constant<value = float {0.75}>()
+    y = Mul(a, k)
+    axes = Constant<value = int64[1] {1}>()
+    s = ReduceSum<keepdims = 0>(y, axes)
+}
+"""
+
+# The same computation with the tanh-and-scale replaced by a plugin node (domain test.gskit).
+PREPARED = """
+<ir_version: 10, opset_import: ["" : 17, "test.gskit" : 1]>
+g (float[N, 8] x) => (float[N, 8] y, float[N] s) {
+    y = test.gskit.ScaledTanh<alpha = 0.75, plugin_namespace = "test.gskit", plugin_version = "1">(x)
+    axes = Constant<value = int64[1] {1}>()
+    s = ReduceSum<keepdims = 0>(y, axes)
+}
+"""
+
+SPEC_PY = """
+from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+from .reference import scaled_tanh
+
+SPEC = PluginSpec(
+    name="ScaledTanh", namespace="test.gskit", inputs=("x", "bias?"),
+    attributes=(Attribute("alpha", AttrType.FLOAT, 1.0, "scale"),),
+    infer=same_as_input(0), reference=scaled_tanh,
+)
+"""
+
+REFERENCE_PY = """
+import numpy as np
+
+
+def scaled_tanh(x, bias=None, *, alpha):
+    return (np.tanh(x if bias is None else x + bias) * alpha).astype(x.dtype)
+"""
+
+
+def _original():
+    return parse_model(ORIGINAL)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "plugins" / "scaled_tanh"
+    folder.mkdir(parents=True)
+    (folder / "spec.py").write_text(textwrap.dedent(SPEC_PY))
+    (folder / "reference.py").write_text(textwrap.dedent(REFERENCE_PY))
+    return tmp_path / "plugins"
+
+
+def test_plugin_model_matches_original(plugin_dir):
+    plugins = load_plugins([plugin_dir], entry_points=False)
+    report = compare(_original(), parse_model(PREPARED), shapes={"x": (4, 8)}, plugins=plugins, seed=3)
+    assert report.passed
+    assert [o.name for o in report.outputs] == ["y", "s"]
+    assert report.input_shapes == {"x": (4, 8)}
+    y = report.outputs[0]
+    assert y.shape == (4, 8) and y.dtype == "float32" and y.max_abs_err <= 1e-6
+
+
+def test_mismatch_is_reported_with_its_error(plugin_dir):
+    plugins = load_plugins([plugin_dir], entry_points=False)
+    prepared = parse_model(PREPARED.replace("alpha = 0.75", "alpha = 0.8"))
+    x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)
+    report = compare(_original(), prepared, feeds={"x": x}, plugins=plugins)
+    assert not report.passed
+    y = report.outputs[0]
+    expected_err = np.abs(np.tanh(x.astype(np.float64)) * 0.05).max()
+    assert not y.passed and y.max_abs_err == pytest.approx(expected_err, rel=1e-5)
+    assert y.max_rel_err == pytest.approx(0.05 / 0.75, rel=1e-4)
+    # a tolerance above the error passes
+    assert compare(_original(), prepared, feeds={"x": x}, plugins=plugins, atol=0.5).passed  # s sums 8 errors
+
+
+def test_missing_output_is_an_error():
+    prepared = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[N, 8] x) => (float[N, 8] y) {
+            a = Tanh(x)
+            k = Constant<value = float {0.75}>()
+            y = Mul(a, k)
+        }
+        """
+    )
+    with pytest.raises(GskitError, match=r"lacks output\(s\) \['s'\]"):
+        compare(_original(), prepared)
+
+
+def test_shape_mismatch_fails():
+    prepared = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[N, 8] x) => (float[N, 8] y, float[N, 1] s) {
+            a = Tanh(x)
+            k = Constant<value = float {0.75}>()
+            y = Mul(a, k)
+            axes = Constant<value = int64[1] {1}>()
+            s = ReduceSum<keepdims = 1>(y, axes)
+        }
+        """
+    )
+    report = compare(_original(), prepared)
+    s = report.outputs[1]
+    assert not report.passed and not s.passed and s.shape_under_test == (2, 1)
+
+
+def test_plugin_model_without_plugins_says_what_to_do():
+    with pytest.raises(GskitError, match="--plugins"):
+        compare(_original(), parse_model(PREPARED))
+
+
+def _cli(*argv: str) -> int:
+    """Run only this subcommand, as ``gskit.cli.main`` does (errors -> exit 2)."""
+    from gskit.cli import compare as command
+
+    parser = argparse.ArgumentParser(prog="gskit")
+    command.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except GskitError:
+        return 2
+
+
+def test_cli_exit_codes_and_json(plugin_dir, tmp_path, capsys):
+    original = gsmodel.save(_original(), tmp_path / "original.onnx")
+    good = gsmodel.save(parse_model(PREPARED), tmp_path / "good.onnx")
+    bad = gsmodel.save(parse_model(PREPARED.replace("alpha = 0.75", "alpha = 0.9")), tmp_path / "bad.onnx")
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, x=np.full((3, 8), 0.5, np.float32))
+    common = ("--plugins", str(plugin_dir))
+    assert _cli("compare", str(original), str(good), *common, "--shape", "x:5x8") == 0
+    assert "all outputs match" in capsys.readouterr().out
+    assert _cli("compare", str(original), str(bad), *common, "--inputs", str(inputs), "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] is False and data["input_shapes"] == {"x": [3, 8]}
+    assert data["outputs"][0]["max_abs_err"] == pytest.approx(np.tanh(0.5) * 0.15, rel=1e-5)
+    (tmp_path / "no_plugins").mkdir()
+    assert _cli("compare", str(original), str(good), "--plugins", str(tmp_path / "no_plugins")) == 2

@@ -1,0 +1,181 @@
+"""onnxruntime backend: plugin nodes run through numpy references (PyOps) or as model-local functions."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from conftest import parse_model
+
+from gskit import model as gsmodel
+from gskit.backends import ort as ort_backend
+from gskit.errors import GskitError
+from gskit.plugin import load_plugins
+
+SPEC_PY = """
+import numpy as np
+from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo, same_as_input
+from .reference import affine_rows, scaled_tanh, split_halves
+
+
+def _halves(inputs, attrs):
+    x = inputs[0]
+    last = x.shape[-1]
+    half = last // 2 if isinstance(last, int) else None
+    return [TensorInfo(x.dtype, (*x.shape[:-1], half))] * 2
+
+
+SPECS = [
+    PluginSpec(
+        name="ScaledTanh", namespace="test.gskit", inputs=("x", "bias?"),
+        attributes=(Attribute("alpha", AttrType.FLOAT, 1.0, "scale"),),
+        infer=same_as_input(0), reference=scaled_tanh,
+    ),
+    PluginSpec(
+        name="AffineRows", namespace="test.gskit",
+        attributes=(
+            Attribute("weight", AttrType.TENSOR, tensor_dtype="float32"),
+            Attribute("offsets", AttrType.INTS, [0]),
+            Attribute("mode", AttrType.STRING, "add"),
+        ),
+        infer=same_as_input(0), reference=affine_rows,
+    ),
+    PluginSpec(name="SplitHalves", namespace="test.gskit", outputs=("lo", "hi"), infer=_halves,
+               reference=split_halves),
+]
+"""
+
+REFERENCE_PY = """
+import numpy as np
+
+
+def scaled_tanh(x, bias=None, *, alpha):
+    return (np.tanh(x if bias is None else x + bias) * alpha).astype(x.dtype)
+
+
+def affine_rows(x, *, weight, offsets, mode):
+    y = x * weight + np.asarray(offsets, dtype=x.dtype).sum()
+    return y if mode == "add" else -y
+
+
+def split_halves(x):
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path: Path):
+    folder = tmp_path / "plugins" / "test_ops"
+    folder.mkdir(parents=True)
+    (folder / "spec.py").write_text(textwrap.dedent(SPEC_PY))
+    (folder / "reference.py").write_text(textwrap.dedent(REFERENCE_PY))
+    return load_plugins([tmp_path / "plugins"], entry_points=False)
+
+
+PLUGIN_CHAIN = """
+<ir_version: 10, opset_import: ["" : 17, "test.gskit" : 1]>
+g (float[N, 6] x, float[6] b) => (float[N, 6] y, float[N, 3] lo, float[N, 3] hi) {
+    t = test.gskit.ScaledTanh<alpha = 1.5, plugin_namespace = "test.gskit", plugin_version = "1">(x, b)
+    u = test.gskit.ScaledTanh<alpha = 0.5>(t)
+    y = Relu(u)
+    lo, hi = test.gskit.SplitHalves(y)
+}
+"""
+
+
+def test_plugin_nodes_run_through_references(plugins, rng):
+    model = parse_model(PLUGIN_CHAIN)
+    before = model.SerializeToString()
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    out = ort_backend.run(model, {"x": x, "b": b}, plugins=plugins)
+    expected = np.maximum(np.tanh(np.tanh(x + b) * 1.5) * 0.5, 0)
+    np.testing.assert_allclose(out["y"], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out["lo"], expected[:, :3])
+    np.testing.assert_array_equal(out["hi"], expected[:, 3:])
+    assert model.SerializeToString() == before  # the caller's model is restored after the rewrite
+
+
+def test_tensor_list_and_string_attributes_reach_the_reference(plugins, rng):
+    spec = plugins.get("test.gskit", "AffineRows")
+    weight = rng.standard_normal((2, 3)).astype(np.float32)
+    x = gs.Variable("x", np.float32, ("N", 2, 3))
+    y = gs.Variable("y", np.float32, ("N", 2, 3))
+    node = spec.make_node([x], [y], {"weight": weight, "offsets": [1, 2], "mode": "neg"})
+    graph = gs.Graph(nodes=[node], inputs=[x], outputs=[y], opset=17)
+    proto = gsmodel.to_model(graph)
+    attr = {a.name: a for a in proto.graph.node[0].attribute}["weight"]
+    assert attr.type == onnx.AttributeProto.TENSOR and list(attr.t.dims) == [2, 3]
+    feeds = {"x": rng.standard_normal((4, 2, 3)).astype(np.float32)}
+    got = ort_backend.run(graph, feeds, plugins=plugins)["y"]
+    np.testing.assert_allclose(got, -(feeds["x"] * weight + 3), rtol=1e-6)
+
+
+def test_second_session_after_reload_uses_new_reference(plugins, rng, tmp_path):
+    model = parse_model(PLUGIN_CHAIN)
+    feeds = {"x": rng.standard_normal((2, 6)).astype(np.float32), "b": np.zeros(6, np.float32)}
+    first = ort_backend.run(model, feeds, plugins=plugins)["y"]
+    ref = tmp_path / "plugins" / "test_ops" / "reference.py"
+    ref.write_text(ref.read_text().replace("* alpha).astype", "* alpha * 2).astype"))
+    second = ort_backend.run(model, feeds, plugins=load_plugins([tmp_path / "plugins"], entry_points=False))[
+        "y"
+    ]
+    x = feeds["x"]
+    np.testing.assert_allclose(first, np.maximum(np.tanh(np.tanh(x) * 1.5) * 0.5, 0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(second, np.maximum(np.tanh(np.tanh(x) * 3.0) * 1.0, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_unknown_custom_node_is_an_error_naming_it(rng):
+    model = parse_model(PLUGIN_CHAIN)
+    with pytest.raises(GskitError, match=r"node '.*' \(test.gskit::ScaledTanh\).*--plugins"):
+        ort_backend.session(model)
+
+
+def test_model_local_function_runs_without_plugins(rng):
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17, "test.gskit" : 1]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+            y = test.gskit.ClampSwish<plugin_namespace = "test.gskit">(x)
+        }
+        <domain: "test.gskit", opset_import: ["" : 17]>
+        ClampSwish (x) => (y) {
+            s = Sigmoid(x)
+            m = Mul(x, s)
+            lo = Constant<value = float {-1.0}>()
+            hi = Constant<value = float {1.0}>()
+            y = Clip(m, lo, hi)
+        }
+        """
+    )
+    x = (rng.standard_normal((3, 4)) * 4).astype(np.float32)
+    got = ort_backend.run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, np.clip(x / (1 + np.exp(-x)), -1, 1), rtol=1e-6, atol=1e-6)
+
+
+def test_plugin_model_from_file_with_external_data(plugins, rng, tmp_path):
+    model = parse_model(PLUGIN_CHAIN)
+    path = gsmodel.save(model, tmp_path / "m" / "chain.onnx", external_data=True)
+    feeds = {
+        "x": rng.standard_normal((3, 6)).astype(np.float32),
+        "b": rng.standard_normal(6).astype(np.float32),
+    }
+    np.testing.assert_allclose(
+        ort_backend.run(path, feeds, plugins=plugins)["y"],
+        ort_backend.run(model, feeds, plugins=plugins)["y"],
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_reference_error_is_reported(plugins, rng):
+    model = parse_model(PLUGIN_CHAIN)
+    with pytest.raises(GskitError, match="onnxruntime failed to run"):
+        ort_backend.run(
+            model, {"x": np.zeros((2, 5), np.float32), "b": np.zeros(6, np.float32)}, plugins=plugins
+        )

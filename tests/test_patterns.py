@@ -1,0 +1,314 @@
+"""Pattern matching and replacement: rewrites, numeric equality on onnxruntime, and the negative rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+
+from gskit.backends import ort as gort
+from gskit.errors import GskitError
+from gskit.model import to_graph, to_model
+from gskit.patterns import GraphPattern, OpPattern, replace
+from gskit.plugin import Attribute, AttrType, PluginSpec
+from plugins.clamp_swish.spec import SPEC as CLAMP_SWISH
+from plugins.deform_conv2d.spec import SPEC as DEFORM
+from plugins.layer_norm.spec import SPEC as LAYER_NORM
+from plugins.rms_norm.spec import SPEC as RMS_NORM
+from tests.conftest import parse_model
+
+ALL = (LAYER_NORM, RMS_NORM, CLAMP_SWISH, DEFORM)
+
+# TorchScript form: axes as attribute, constants from Constant nodes.
+LN_OPSET17 = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,8] x) => (float[2,3,8] y) <float[8] w = {1,2,3,4,5,6,7,8}, float[8] b = {0,1,0,1,0,1,0,1}>
+{
+    mean = ReduceMean <axes = [-1]> (x)
+    d = Sub (x, mean)
+    two = Constant <value = float {2.0}> ()
+    sq = Pow (d, two)
+    var = ReduceMean <axes = [-1]> (sq)
+    eps = Constant <value = float {0.001}> ()
+    ve = Add (var, eps)
+    std = Sqrt (ve)
+    n = Div (d, std)
+    m = Mul (n, w)
+    y = Add (m, b)
+}
+"""
+
+# dynamo form: axes as an input (opset 18+), constants as initializers, commuted Mul/Add inputs.
+LN_OPSET20 = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[2,3,8] x) => (float[2,3,8] y)
+  <float[8] w = {1,2,3,4,5,6,7,8}, float[8] b = {0,1,0,1,0,1,0,1}, int64[1] ax = {2}, float two = {2.0}, float eps = {1e-5}>
+{
+    mean = ReduceMean (x, ax)
+    d = Sub (x, mean)
+    sq = Pow (d, two)
+    var = ReduceMean (sq, ax)
+    ve = Add (eps, var)
+    std = Sqrt (ve)
+    n = Div (d, std)
+    m = Mul (w, n)
+    y = Add (b, m)
+}
+"""
+
+
+def _run_both(original: onnx.ModelProto, graph: gs.Graph, feeds: dict[str, np.ndarray]) -> None:
+    replaced = to_model(graph)
+    onnx.checker.check_model(replaced, full_check=True)
+    want = gort.run(original, feeds)
+    got = gort.run(replaced, feeds)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6)
+
+
+def _x(rng: np.random.Generator, shape=(2, 3, 8)) -> dict[str, np.ndarray]:
+    return {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("text", [LN_OPSET17, LN_OPSET20], ids=["axes-attribute", "axes-input"])
+def test_layer_norm_replaced_and_numerically_equal(text: str, rng: np.random.Generator) -> None:
+    model = parse_model(text)
+    # axes = [2] is the last axis only when the rank is known: infer shapes first (as the CLI does).
+    graph = to_graph(onnx.shape_inference.infer_shapes(model))
+    report = replace(graph, ALL, keep_function=True)
+    assert [n.op for n in graph.nodes] == ["LayerNorm"]
+    node = graph.nodes[0]
+    assert node.domain == "gskit" and node.attrs["plugin_namespace"] == "gskit" and node.attrs["plugin_version"] == "1"
+    assert node.attrs["epsilon"] == pytest.approx(1e-3 if "0.001" in text else 1e-5, rel=1e-6)
+    assert [t.name for t in node.inputs] == ["x", "w", "b"]
+    assert [t.name for t in node.outputs] == ["y"]  # boundary names kept
+    assert report.regions[0].inputs == ("x", "w", "b") and report.regions[0].outputs == ("y",)
+    assert len(report.regions[0].original_nodes) == 9
+    assert ("gskit", 1) in {(o.domain, o.version) for o in to_model(graph).opset_import}
+    _run_both(model, graph, _x(rng))
+
+
+def test_default_drops_subgraph_and_function_is_not_kept() -> None:
+    graph = to_graph(parse_model(LN_OPSET17))
+    report = replace(graph, ALL)
+    model = to_model(graph)
+    assert not model.functions and report.functions_kept == []
+    assert [n.op_type for n in model.graph.node] == ["LayerNorm"]  # dead Constant nodes removed too
+
+
+def test_overlap_larger_match_wins_deterministically() -> None:
+    for order in (ALL, tuple(reversed(ALL))):
+        graph = to_graph(parse_model(LN_OPSET17))
+        report = replace(graph, order)
+        by_name = {p.plugin: p for p in report.plugins}
+        assert [n.op for n in graph.nodes] == ["LayerNorm"]
+        rms = by_name[RMS_NORM.qualified_name]
+        assert rms.found == 1 and rms.replaced == 0
+        assert "overlaps the LayerNorm match" in rms.skipped[0].reason
+
+
+def test_only_selects_plugins_and_rejects_unknown_names() -> None:
+    graph = to_graph(parse_model(LN_OPSET17))
+    report = replace(graph, ALL, only=["RMSNorm"])
+    # Without LayerNorm, the RMSNorm-shaped tail (normalizing d = x - mean) is an RMSNorm of d.
+    assert sorted(n.op for n in graph.nodes) == ["Add", "RMSNorm", "ReduceMean", "Sub"]
+    assert report.replaced == 1
+    with pytest.raises(GskitError, match="no such plugin"):
+        replace(graph, ALL, only=["Nope"])
+
+
+def test_interior_tensor_used_outside_is_not_replaced() -> None:
+    text = LN_OPSET17.replace("=> (float[2,3,8] y)", "=> (float[2,3,8] y, float[2,3,1] z)").replace(
+        "y = Add (m, b)", "y = Add (m, b)\n    z = Neg (std)"
+    )
+    graph = to_graph(parse_model(text))
+    report = replace(graph, [LAYER_NORM])
+    assert "LayerNorm" not in [n.op for n in graph.nodes]
+    skip = report.plugins[0].skipped[0]
+    assert "is also used by node" in skip.reason and "'std'" in skip.reason
+
+
+def test_interior_tensor_that_is_a_graph_output_is_not_replaced() -> None:
+    text = LN_OPSET17.replace("=> (float[2,3,8] y)", "=> (float[2,3,8] y, float[2,3,8] n)")
+    graph = to_graph(parse_model(text))
+    report = replace(graph, [LAYER_NORM])
+    assert "LayerNorm" not in [n.op for n in graph.nodes]
+    assert "graph output" in report.plugins[0].skipped[0].reason
+
+
+def test_wrong_constant_is_explained() -> None:
+    graph = to_graph(parse_model(LN_OPSET17.replace("float {2.0}", "float {3.0}")))
+    report = replace(graph, [LAYER_NORM], explain=True)
+    assert report.replaced == 0
+    deepest = max(report.explanations, key=lambda e: e.depth)
+    assert deepest.rule == "layer_norm[pow,div]" and deepest.depth == 9
+    assert deepest.reason == "constant 'two' is 3.0, pattern wants 2.0"
+    assert deepest.node == "Constant(two)" and deepest.anchor == "Add(y)"
+
+
+def test_axes_other_than_last_are_not_matched() -> None:
+    text = LN_OPSET20.replace("int64[1] ax = {2}", "int64[1] ax = {1}")
+    graph = to_graph(parse_model(text))
+    report = replace(graph, [LAYER_NORM], explain=True)
+    assert report.replaced == 0
+    assert any("'axes'" in e.reason and "[1]" in e.reason for e in report.explanations)
+
+
+CLAMP_SWISH_IF = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x, bool c) => (float[4] y)
+{
+    y = If (c) <
+        then_branch = t () => (float[4] ty) {
+            zero = Constant <value = float {0.0}> ()
+            cl = Clip (x, zero, )
+            ng = Neg (cl)
+            ex = Exp (ng)
+            one = Constant <value = float {1.0}> ()
+            ad = Add (one, ex)
+            ty = Div (cl, ad)
+        },
+        else_branch = e () => (float[4] ey) { ey = Identity (x) }
+    >
+}
+"""
+
+
+def test_nodes_inside_if_subgraphs_are_matched(rng: np.random.Generator) -> None:
+    model = parse_model(CLAMP_SWISH_IF)
+    graph = to_graph(model)
+    report = replace(graph, ALL, keep_function=True)
+    then_graph = graph.nodes[0].attrs["then_branch"]
+    assert [n.op for n in then_graph.nodes] == ["ClampSwish"]
+    assert report.regions[0].graph == then_graph.name
+    x = rng.standard_normal(4).astype(np.float32)
+    for cond in (True, False):
+        _run_both(model, graph, {"x": x, "c": np.array(cond)})
+
+
+def test_clip_with_max_is_not_clamp_swish() -> None:
+    text = CLAMP_SWISH_IF.replace("cl = Clip (x, zero, )", "six = Constant <value = float {6.0}> ()\n cl = Clip (x, zero, six)")
+    graph = to_graph(parse_model(text))
+    replace(graph, ALL)
+    assert "ClampSwish" not in [n.op for n in graph.nodes[0].attrs["then_branch"].nodes]
+
+
+def test_commutative_inputs_match_in_either_order(rng: np.random.Generator) -> None:
+    text = """
+    <ir_version: 10, opset_import: ["" : 20]>
+    g (float[5] x) => (float[5] y) <float zero = {0.0}>
+    {
+        c = Max (zero, x)
+        s = Sigmoid (c)
+        y = Mul (s, c)
+    }
+    """
+    model = parse_model(text)
+    graph = to_graph(model)
+    replace(graph, [CLAMP_SWISH], keep_function=True)
+    assert [n.op for n in graph.nodes] == ["ClampSwish"]
+    _run_both(model, graph, {"x": rng.standard_normal(5).astype(np.float32)})
+
+
+LOCAL_FUNCTION = """
+<ir_version: 8, opset_import: ["" : 17, "my.mods" : 1]>
+g (float[2,8] x) => (float[2,8] y) <float[8] w = {1,1,1,1,2,2,2,2}, float[8] b = {0,0,0,0,1,1,1,1}>
+{
+    h = my.mods.Norm <eps: float = 0.01> (x, w, b)
+    y = my.mods.Norm <eps: float = 0.01> (h, w, b)
+}
+<domain: "my.mods", opset_import: ["" : 17]>
+Norm <eps> (a, s, t) => (o)
+{
+    o = LayerNormalization <axis = -1, epsilon: float = @eps> (a, s, t)
+}
+"""
+
+
+def test_local_function_calls_replaced_and_function_removed(rng: np.random.Generator) -> None:
+    from gskit.patterns import FunctionPattern
+
+    spec = PluginSpec(
+        name="LayerNorm", namespace="gskit", inputs=("x", "weight", "bias"),
+        attributes=(Attribute("epsilon", AttrType.FLOAT, 1e-5),),
+        patterns=(FunctionPattern("Norm", "my.mods", attrs={"epsilon": "eps"}),),
+    )
+    model = parse_model(LOCAL_FUNCTION)
+    graph = to_graph(model)
+    report = replace(graph, [spec])
+    assert [n.op for n in graph.nodes] == ["LayerNorm", "LayerNorm"]
+    assert graph.nodes[0].attrs["epsilon"] == pytest.approx(0.01)
+    assert report.functions_removed == ["my.mods::Norm"] and not graph.functions
+    # keep_function: plain onnxruntime runs the result (the new function calls the old one).
+    graph = to_graph(model)
+    report = replace(graph, [spec], keep_function=True)
+    assert report.plugins[0].replaced == 2 and report.functions_removed == []
+    _run_both(model, graph, {"x": rng.standard_normal((2, 8)).astype(np.float32)})
+
+
+def test_deform_conv_single_node_attributes_mapped() -> None:
+    text = """
+    <ir_version: 9, opset_import: ["" : 19]>
+    g (float[1,4,8,8] x, float[1,18,4,4] off) => (float[1,6,4,4] y) <float[6,4,3,3] w = {1.0}>
+    {
+        y = DeformConv <strides = [2, 2], pads = [1, 1, 1, 1], group = 1, offset_group = 1> (x, w, off)
+    }
+    """.replace("{1.0}", "{" + ",".join(["0.5"] * 216) + "}")
+    graph = to_graph(parse_model(text))
+    replace(graph, [DEFORM])
+    node = graph.nodes[0]
+    assert (node.op, node.domain) == ("DeformConv2d", "gskit")
+    assert node.attrs["strides"] == [2, 2] and node.attrs["pads"] == [1, 1, 1, 1]
+    assert [t.name for t in node.inputs] == ["x", "w", "off"]
+
+
+def test_custom_domain_deform_conv2d_reordered() -> None:
+    graph = gs.Graph(opset=17)
+    x, w, off, mask, bias = (gs.Variable(n, np.float32, s) for n, s in
+                             [("x", (1, 3, 5, 5)), ("w", (3, 3, 3, 3)), ("off", (1, 18, 3, 3)), ("m", (1, 9, 3, 3)), ("b", (3,))])
+    y = gs.Variable("y", np.float32)
+    graph.inputs, graph.outputs = [x, w, off, mask, bias], [y]
+    attrs = dict(stride_h=1, stride_w=2, pad_h=0, pad_w=1, dil_h=1, dil_w=1, n_weight_grps=1, n_offset_grps=1, use_mask=1)
+    graph.nodes.append(gs.Node("deform_conv2d", domain="custom", attrs=attrs, inputs=[x, w, off, mask, bias], outputs=[y]))
+    replace(graph, [DEFORM])
+    node = graph.nodes[0]
+    assert node.op == "DeformConv2d" and [t.name for t in node.inputs] == ["x", "w", "off", "b", "m"]
+    assert node.attrs["strides"] == [1, 2] and node.attrs["pads"] == [0, 1, 0, 1]
+    # a custom domain is never implied: another domain's deform_conv2d is left alone
+    graph.nodes[0] = gs.Node("deform_conv2d", domain="other", attrs=attrs, inputs=[x, w, off, mask, bias], outputs=[y])
+    assert replace(graph, [DEFORM]).replaced == 0
+
+
+def test_custom_pattern_dsl_capture_and_check() -> None:
+    def scaled_relu(op, x):
+        return op.Mul(op.Relu(x), op.capture("k"))
+
+    spec = PluginSpec(
+        name="ScaledRelu", namespace="demo", attributes=(Attribute("k", AttrType.FLOAT),),
+        patterns=(GraphPattern(scaled_relu, attrs={"k": "k"},
+                               check=lambda m: m.scalar("k") > 0 or __import__("gskit.patterns").patterns.MatchResult.fail("k <= 0")),),
+    )
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[3] x) => (float[3] y, float[3] z) <float k = {2.5}, float j = {-1.0}>
+    { r = Relu (x)
+      y = Mul (r, k)
+      r2 = Relu (x)
+      z = Mul (j, r2) }
+    """
+    graph = to_graph(parse_model(text))
+    report = replace(graph, [spec])
+    assert sorted(n.op for n in graph.nodes) == ["Mul", "Relu", "ScaledRelu"]
+    assert report.plugins[0].skipped[0].reason == "k <= 0"
+
+
+def test_single_op_pattern_with_explicit_domain() -> None:
+    spec = PluginSpec(name="GridSamplePlugin", namespace="demo", inputs=("x", "grid"),
+                      patterns=(OpPattern("GridSample", "com.microsoft"),))
+    graph = gs.Graph(opset=17)
+    x, grid, y = gs.Variable("x", np.float32, (1, 1, 4, 4)), gs.Variable("g", np.float32, (1, 2, 2, 2)), gs.Variable("y", np.float32)
+    graph.inputs, graph.outputs = [x, grid], [y]
+    graph.nodes.append(gs.Node("GridSample", domain="com.microsoft", inputs=[x, grid], outputs=[y]))
+    assert replace(graph, [spec]).replaced == 1
+    assert (graph.nodes[0].op, graph.nodes[0].domain) == ("GridSamplePlugin", "demo")

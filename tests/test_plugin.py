@@ -1,0 +1,244 @@
+"""Plugin discovery and validation: spec folders, entry points, broken files, lookups, `plugin list`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+
+from gskit import model as gsmodel
+from gskit.errors import GskitError, PluginError
+from gskit.plugin import (
+    Attribute,
+    AttrType,
+    PluginRegistry,
+    PluginSpec,
+    default_plugin_dirs,
+    load_plugins,
+)
+
+SPEC_PY = """
+from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+from .reference import scaled_tanh
+
+SPEC = PluginSpec(
+    name="ScaledTanh", namespace="test.gskit", version="{version}",
+    attributes=(Attribute("alpha", AttrType.FLOAT, 1.0, "scale"),),
+    infer=same_as_input(0), reference=scaled_tanh, patterns=("p1", "p2"),
+)
+"""
+
+REFERENCE_PY = """
+import numpy as np
+
+
+def scaled_tanh(x, *, alpha):
+    return np.tanh(x) * alpha
+"""
+
+
+def write_plugin(
+    root: Path, folder: str = "scaled_tanh", spec: str | None = None, version: str = "1"
+) -> Path:
+    path = root / folder
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "spec.py").write_text(
+        textwrap.dedent(spec if spec is not None else SPEC_PY.replace("{version}", version))
+    )
+    (path / "reference.py").write_text(textwrap.dedent(REFERENCE_PY))
+    return path
+
+
+def test_loads_spec_with_relative_imports(tmp_path):
+    write_plugin(tmp_path)
+    (tmp_path / "not_a_plugin").mkdir()  # folders without spec.py are skipped
+    registry = load_plugins([tmp_path], entry_points=False)
+    assert registry.names() == ["test.gskit::ScaledTanh v1"]
+    spec = registry.get("test.gskit", "ScaledTanh")
+    assert spec.source == (tmp_path / "scaled_tanh" / "spec.py").resolve()
+    x = np.linspace(-1, 1, 5, dtype=np.float32)
+    np.testing.assert_allclose(spec.run_reference([x], {"alpha": 2.0})[0], np.tanh(x) * 2.0)
+    # a single plugin folder can be given directly
+    assert load_plugins([tmp_path / "scaled_tanh"], entry_points=False).names() == registry.names()
+
+
+@pytest.mark.parametrize(
+    ("spec_text", "message"),
+    [
+        ("SPEC = PluginSpec(\n", "SyntaxError"),
+        ("import does_not_exist_anywhere\n", "ModuleNotFoundError"),
+        ("X = 1\n", "defines neither SPEC"),
+        ("SPEC = 42\n", "must be a gskit.plugin.PluginSpec"),
+        (
+            "from gskit.plugin import PluginSpec\nSPEC = PluginSpec(name='A', namespace='')\n",
+            "namespace must be a non-empty string",
+        ),
+        (
+            "from gskit.plugin import PluginSpec\nSPEC = PluginSpec(name='A', namespace='n', version=1)\n",
+            "version must be a non-empty string",
+        ),
+        (
+            "from gskit.plugin import Attribute, AttrType, PluginSpec\n"
+            "SPEC = PluginSpec(name='A', namespace='n', attributes=(Attribute('k', AttrType.INT, 2**40),))\n",
+            "does not fit in int32",
+        ),
+        (
+            "import numpy as np\nfrom gskit.plugin import Attribute, AttrType, PluginSpec\n"
+            "SPEC = PluginSpec(name='A', namespace='n',\n"
+            "                  attributes=(Attribute('t', AttrType.TENSOR, np.zeros(2, np.int64)),))\n",
+            "cannot reach a TensorRT plugin",
+        ),
+        (
+            "from gskit.plugin import Attribute, AttrType, PluginSpec\n"
+            "SPEC = PluginSpec(name='A', namespace='n',\n"
+            "                  attributes=(Attribute('plugin_version', AttrType.STRING, ''),))\n",
+            "reserved",
+        ),
+    ],
+)
+def test_broken_plugin_file_names_file_and_problem(tmp_path, spec_text, message):
+    write_plugin(tmp_path, "broken", spec=spec_text)
+    with pytest.raises(PluginError, match=message) as info:
+        load_plugins([tmp_path], entry_points=False)
+    assert str(tmp_path / "broken" / "spec.py") in str(info.value)
+
+
+def test_duplicate_key_is_an_error_but_versions_coexist(tmp_path):
+    write_plugin(tmp_path / "a", "one")
+    write_plugin(tmp_path / "b", "one")
+    with pytest.raises(PluginError, match="defined twice"):
+        load_plugins([tmp_path / "a", tmp_path / "b"], entry_points=False)
+    write_plugin(tmp_path / "c", "two", version="2")
+    registry = load_plugins([tmp_path / "a", tmp_path / "c"], entry_points=False)
+    assert registry.get("test.gskit", "ScaledTanh").version == "2"  # highest when no version is given
+    assert registry.get("test.gskit", "ScaledTanh", "1").source.parent.name == "one"
+
+
+def test_missing_explicit_folder_is_an_error(tmp_path):
+    with pytest.raises(PluginError, match="no such plugin folder"):
+        load_plugins([tmp_path / "nope"], entry_points=False)
+
+
+def test_default_dirs_from_environment(tmp_path, monkeypatch):
+    write_plugin(tmp_path / "one")
+    write_plugin(tmp_path / "two", "other", spec=SPEC_PY.replace("{version}", "3"))
+    monkeypatch.setenv("GSKIT_PLUGINS", f"{tmp_path / 'one'}{__import__('os').pathsep}{tmp_path / 'two'}")
+    assert default_plugin_dirs() == [tmp_path / "one", tmp_path / "two"]
+    assert load_plugins(entry_points=False).names() == [
+        "test.gskit::ScaledTanh v1",
+        "test.gskit::ScaledTanh v3",
+    ]
+    monkeypatch.delenv("GSKIT_PLUGINS")
+    repo_plugins = Path(__file__).resolve().parent.parent / "plugins"
+    assert default_plugin_dirs() == ([repo_plugins] if repo_plugins.is_dir() else [])
+
+
+def test_entry_points_group(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "gskit_ep_demo").mkdir(parents=True)
+    (site / "gskit_ep_demo" / "__init__.py").write_text(
+        "from gskit.plugin import PluginSpec\n"
+        "SPECS = [PluginSpec(name='EpOne', namespace='ep.ns'), PluginSpec(name='EpTwo', namespace='ep.ns')]\n"
+    )
+    dist = site / "gskit_ep_demo-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gskit-ep-demo\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gskit.plugins]\ndemo = gskit_ep_demo:SPECS\n")
+    monkeypatch.syspath_prepend(str(site))
+    registry = load_plugins([], entry_points=True)
+    assert {"ep.ns::EpOne v1", "ep.ns::EpTwo v1"} <= set(registry.names())
+    assert load_plugins([], entry_points=False).names() == []
+
+
+def test_onnx_op_name_collision_warns(tmp_path, caplog):
+    write_plugin(
+        tmp_path,
+        "relu",
+        spec="from gskit.plugin import PluginSpec\nSPEC = PluginSpec(name='Relu', namespace='n')\n",
+    )
+    with caplog.at_level(logging.WARNING, logger="gskit.plugin"):
+        load_plugins([tmp_path], entry_points=False)
+    assert "ignores domains" in caplog.text and "10.15" in caplog.text
+
+
+def test_for_node_matches_domain_op_and_version():
+    v1 = PluginSpec(name="Op", namespace="a.ns")
+    v2 = PluginSpec(name="Op", namespace="a.ns", version="2")
+    registry = PluginRegistry([v1, v2])
+    x, y = gs.Variable("x"), gs.Variable("y")
+    assert registry.for_node(gs.Node("Op", domain="a.ns", inputs=[x], outputs=[y])) is v1  # default "1"
+    assert registry.for_node(gs.Node("Op", domain="a.ns", attrs={"plugin_version": "2"})) is v2
+    assert registry.for_node(gs.Node("Op", domain="b.ns")) is None
+    assert registry.for_node(gs.Node("Op", attrs={"plugin_version": "3"}, domain="a.ns")) is None
+    proto = onnx.helper.make_node("Op", ["x"], ["y"], domain="a.ns", plugin_version="2")
+    assert registry.for_node(proto) is v2
+    assert registry.for_node(onnx.helper.make_node("Op", ["x"], ["y"])) is None
+    assert len(registry) == 2 and set(registry) == {v1, v2} and registry.domains() == {"a.ns"}
+
+
+def test_tensor_attribute_exports_as_tensor():
+    spec = PluginSpec(
+        name="WithTensor",
+        namespace="t.ns",
+        attributes=(
+            Attribute("table", AttrType.TENSOR, tensor_dtype="float32"),
+            Attribute("k", AttrType.INTS, [1]),
+        ),
+    )
+    table = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x, y = gs.Variable("x", np.float32, (2, 3)), gs.Variable("y", np.float32, (2, 3))
+    graph = gs.Graph(nodes=[spec.make_node([x], [y], {"table": table})], inputs=[x], outputs=[y], opset=17)
+    node = gsmodel.to_model(graph).graph.node[0]
+    attrs = {a.name: a for a in node.attribute}
+    assert attrs["table"].type == onnx.AttributeProto.TENSOR
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(attrs["table"].t), table)
+    assert attrs["k"].type == onnx.AttributeProto.INTS and list(attrs["k"].ints) == [1]
+    assert attrs["plugin_namespace"].s == b"t.ns" and attrs["plugin_version"].s == b"1"
+    # the imported node's Constant attribute reaches a reference as an array
+    imported = gs.import_onnx(gsmodel.to_model(graph)).nodes[0]
+    seen = {}
+    spec_ref = PluginSpec(
+        name="WithTensor",
+        namespace="t.ns",
+        attributes=spec.attributes,
+        reference=lambda x, table, k: seen.setdefault("table", table) + x,
+    )
+    spec_ref.run_reference([np.zeros((2, 3), np.float32)], imported.attrs)
+    np.testing.assert_array_equal(seen["table"], table)
+    with pytest.raises(PluginError, match="float32"):
+        spec.node_attrs({"table": np.zeros(3, np.float64)})
+
+
+def _cli(*argv: str) -> int:
+    """Run only this subcommand, as ``gskit.cli.main`` does (errors -> exit 2)."""
+    from gskit.cli import plugin as command
+
+    parser = argparse.ArgumentParser(prog="gskit")
+    command.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except GskitError:
+        return 2
+
+
+def test_plugin_list_shows_implementations(tmp_path, capsys):
+    folder = write_plugin(tmp_path)
+    (folder / "trt_plugin.py").write_text("# TensorRT python plugin\n")
+    (folder / "cpp").mkdir()
+    assert _cli("plugin", "list", "--plugins", str(tmp_path), "--json") == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["namespace"] == "test.gskit" and row["name"] == "ScaledTanh" and row["version"] == "1"
+    assert row["attributes"] == ["alpha: float = 1.0"] and row["patterns"] == 2
+    assert row["implementations"] == ["reference", "trt_plugin", "cpp"]
+    assert _cli("plugin", "list", "--plugins", str(tmp_path)) == 0
+    assert "ScaledTanh" in capsys.readouterr().out
+    write_plugin(tmp_path, "broken", spec="SPEC = (\n")
+    assert _cli("plugin", "list", "--plugins", str(tmp_path)) == 2

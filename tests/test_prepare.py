@@ -1,0 +1,256 @@
+"""End-to-end tests of ``gskit prepare``: default and custom recipes, reports, interruption, the HTML page."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from gskit import model as gsmodel
+from gskit.backends import ort as ortb
+from gskit.cli import main
+from gskit.passes import DEFAULT_STEPS
+from gskit.plugin import load_plugins
+from gskit.recipe import parse_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
+#: ops that must not survive a replacement of the example's patterns (ClampSwish: Exp; LayerNorm: Sqrt...)
+PATTERN_OPS = {"Exp", "Sqrt", "ReduceMean", "Pow"}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _ops(path: Path) -> Counter:
+    model = onnx.load(str(path))
+    return Counter((n.domain or "ai.onnx", n.op_type) for n in model.graph.node)
+
+
+def _export_example(path: Path, dynamo: bool) -> Path:
+    """ExampleNet of scripts/make_example_model.py exported with the chosen exporter."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("make_example_model", REPO / "scripts" / "make_example_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    net = module.ExampleNet().eval()
+    x = torch.randn(2, 4, 8, 8)
+    kwargs = {"dynamic_axes": {"x": {0: "batch"}, "y": {0: "batch"}}} if not dynamo else {
+        "dynamic_shapes": ({0: torch.export.Dim("batch", min=1, max=64)},)
+    }
+    torch.onnx.export(
+        net, (x,), str(path), dynamo=dynamo, opset_version=17 if not dynamo else 18,
+        input_names=["x"], output_names=["y"], **kwargs,
+    )
+    return path
+
+
+def _check_prepared(out: Path, original: Path, expect: dict[str, int]) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    prepared = out / "model.onnx"
+    assert report["passed"] is True
+    assert Path(report["prepared_model"]) == prepared.resolve()
+    ops = _ops(prepared)
+    for plugin, count in expect.items():
+        assert ops[("gskit", plugin)] == count, ops
+        assert report["plugins_inserted"][f"gskit::{plugin} v1"] == count
+    # report.json agrees with the model written
+    plugin_nodes = sum(v for (domain, _), v in ops.items() if domain == "gskit")
+    assert plugin_nodes == sum(report["plugins_inserted"].values())
+    assert all(o["passed"] and o["max_abs_err"] <= 1e-5 for o in report["comparison"]["outputs"])
+    # Independent check: plain onnxruntime on the original, reference-backed run of the prepared model.
+    x = np.random.default_rng(7).standard_normal((5, 4, 8, 8)).astype(np.float32)
+    want = ortb.run(original, {"x": x})["y"]
+    got = ortb.run(prepared, {"x": x}, plugins=load_plugins())["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    return report
+
+
+def test_default_recipe_on_example(tmp_path: Path) -> None:
+    before = _sha(EXAMPLE)
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 0
+    report = _check_prepared(out, EXAMPLE, {"ClampSwish": 2, "LayerNorm": 1})
+    assert [s["name"] for s in report["steps"]] == list(DEFAULT_STEPS)
+    assert not PATTERN_OPS & {op for _, op in _ops(out / "model.onnx")}
+    fold = next(s for s in report["steps"] if s["name"] == "fold")
+    assert fold["nodes_after"] < fold["nodes_before"]  # the flatten shape chain folds
+    assert "Shape" not in {op for _, op in _ops(out / "model.onnx")}
+    assert _sha(EXAMPLE) == before  # the input is only read
+    assert not list(out.glob(".gskit-work-*")) and not list(out.glob(".*.tmp*"))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_default_recipe_on_both_exporters(tmp_path: Path, dynamo: bool) -> None:
+    original = _export_example(tmp_path / "net.onnx", dynamo)
+    out = tmp_path / "out"
+    assert main(["prepare", str(original), "-o", str(out)]) == 0
+    _check_prepared(out, original, {"ClampSwish": 2, "LayerNorm": 1})
+    nodes_before = len(onnx.load(str(original)).graph.node)
+    assert len(onnx.load(str(out / "model.onnx")).graph.node) < nodes_before
+
+
+def test_custom_recipe(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "steps:\n"
+        "  - replace: {only: [LayerNorm]}\n"
+        "  - infer_shapes\n"
+        "  - fold: {max_passes: 3}\n"
+        "  - validate: {atol: 1.0e-5, rtol: 1.0e-5, seed: 3, shapes: {x: [4, 4, 8, 8]}}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(recipe)]) == 0
+    report = _check_prepared(out, EXAMPLE, {"LayerNorm": 1})
+    ops = {op for _, op in _ops(out / "model.onnx")}
+    assert "ClampSwish" not in ops and "Exp" in ops  # not asked for: left alone
+    assert [s["name"] for s in report["steps"]] == ["replace", "infer_shapes", "fold", "validate"]
+    assert report["comparison"]["input_shapes"]["x"] == [4, 4, 8, 8]
+
+
+def test_validation_failure_exits_1(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("steps:\n  - replace\n  - validate: {atol: 0.0, rtol: 0.0}\n")
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(recipe)]) == 1
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False
+    assert report["steps"][-1]["status"] == "failed"
+
+
+def test_bad_recipe_names_the_line_and_runs_nothing(tmp_path: Path, capsys) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("steps:\n  - replace\n  - fold: {max_pass: 3}\n")
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{recipe}:3" in err[0] and "max_pass" in err[0]
+    assert not out.exists()
+
+
+def test_output_over_input_is_refused(tmp_path: Path, capsys) -> None:
+    model = tmp_path / "model.onnx"
+    shutil.copy(EXAMPLE, model)
+    before = _sha(model)
+    assert main(["prepare", str(model), "-o", str(tmp_path)]) == 2
+    assert "input model" in capsys.readouterr().err
+    assert _sha(model) == before
+
+
+def test_print_default_recipe_round_trips(capsys) -> None:
+    assert main(["prepare", "--print-default-recipe"]) == 0
+    recipe = parse_recipe(capsys.readouterr().out)
+    assert tuple(s.name for s in recipe.steps) == DEFAULT_STEPS
+
+
+def _start(out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gskit.cli", "prepare", str(EXAMPLE), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _assert_final_files_whole(out: Path) -> None:
+    """Whatever final names exist hold complete files."""
+    if (out / "model.onnx").exists():
+        gsmodel.check_file(out / "model.onnx")
+    for name in ("report.json",):
+        if (out / name).exists():
+            json.loads((out / name).read_text())
+    if (out / "report.html").exists():
+        assert (out / "report.html").read_text().rstrip().endswith("</html>")
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.5, 3.0, 5.0])
+def test_sigkill_leaves_no_partial_final_file(tmp_path: Path, delay: float) -> None:
+    out = tmp_path / "out"
+    proc = _start(out)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    _assert_final_files_whole(out)
+
+
+def test_sigint_stops_cleanly(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _start(out)
+    # Wait until the run is under way (its work folder exists), then interrupt it.
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(out.glob(".gskit-work-*")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert proc.returncode == 130, err
+    assert b"interrupted" in err
+    _assert_final_files_whole(out)
+    assert not list(out.glob(".gskit-work-*"))  # temp folder removed on the way out
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (scripts/install-system-deps.sh)")
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz (scripts/install-system-deps.sh)")
+def test_report_html_renders_in_chromium(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    page = out / "report.html"
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ]
+    dom = subprocess.run(
+        ["chromium", *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
+    from html.parser import HTMLParser
+
+    class Collect(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: Counter = Counter()
+            self.ids: dict[str, str] = {}
+            self._open: str | None = None
+
+        def handle_starttag(self, tag, attrs):
+            self.tags[tag] += 1
+            ident = dict(attrs).get("id")
+            if ident == "verdict":
+                self._open = ident
+
+        def handle_data(self, data):
+            if self._open:
+                self.ids[self._open] = data
+                self._open = None
+
+    parsed = Collect()
+    parsed.feed(dom)
+    regions = len(report["regions"])
+    assert regions == 3
+    assert parsed.tags["svg"] == 2 * regions  # before and after per replaced region
+    assert parsed.ids["verdict"] == "Validation PASSED"
+    assert parsed.tags["section"] == regions
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        ["chromium", *flags, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri()],
+        capture_output=True, timeout=120,
+    )
+    assert shot.stat().st_size > 20_000  # a page with drawings, not a blank one
+    assert os.access(page, os.R_OK)
