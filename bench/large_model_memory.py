@@ -77,7 +77,7 @@ def build(path: Path, size_bytes: int) -> dict:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     total = 0
-    for i, (name, shape) in enumerate(zip(names, shapes)):
+    for i, (name, shape) in enumerate(zip(names, shapes, strict=True)):
         values = np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape)
         values += np.float32(i)
         tensor = model.graph.initializer.add(name=name, data_type=TensorProto.FLOAT, dims=shape)
@@ -106,7 +106,9 @@ def onnx_floor(path: Path, out: Path) -> None:
     import onnx
 
     model = onnx.load(str(path))
-    onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=out.name + ".data")
+    onnx.save_model(
+        model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=out.name + ".data"
+    )
 
 
 def _stage_main(name: str, args: list[str]) -> None:
@@ -117,8 +119,9 @@ def _stage_main(name: str, args: list[str]) -> None:
         t0 = time.perf_counter()
         info = build(Path(args[0]), int(args[1]))
     else:
-        import gskit.isolate  # noqa: F401
         import onnx  # noqa: F401
+
+        import gskit.isolate  # noqa: F401
 
         started_rss = _rss()
         t0 = time.perf_counter()
@@ -128,7 +131,7 @@ def _stage_main(name: str, args: list[str]) -> None:
     print(json.dumps(info))
 
 
-# -- driver ---------------------------------------------------------------------------------------------------
+# -- driver ------------------------------------------------------------------------------------------
 
 
 def _run_stage(name: str, *args: str) -> dict:
@@ -157,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         model = work / "model" / "big.onnx"
         model.parent.mkdir()
         built = _run_stage("build", str(model), str(int(args.size_gb * 1e9)))
-        results = {"size_gb": args.size_gb, "weights": built["weights"], "weight_bytes": built["weight_bytes"],
-                   "build_seconds": built["seconds"], "stages": {}}
+        results = {
+            "size_gb": args.size_gb,
+            "weights": built["weights"],
+            "weight_bytes": built["weight_bytes"],
+            "build_seconds": built["seconds"],
+            "stages": {},
+        }
         for label, func in STAGES.items():
             out = work / func / "out.onnx"
             out.parent.mkdir()

@@ -120,7 +120,8 @@ def fold(
     is_model = isinstance(graph_or_model, onnx.ModelProto)
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
     # graphsurgeon exports the sub-models it evaluates with the graph's IR version; onnxruntime needs <= 13.
-    graph.ir_version = min(graph.ir_version or gsmodel.MAX_ORT_IR_VERSION, gsmodel.MAX_ORT_IR_VERSION)
+    # IR < 4 needs initializers listed as inputs, which graphsurgeon drops: write IR 4 at least.
+    graph.ir_version = max(4, min(graph.ir_version or gsmodel.MAX_ORT_IR_VERSION, gsmodel.MAX_ORT_IR_VERSION))
     # graphsurgeon keeps no optional/map/nested types: remember them to write them back on export.
     odd_types = _GsLosses.of(graph_or_model.graph) if is_model else _GsLosses()
     report = FoldReport()
@@ -135,7 +136,7 @@ def fold(
     state = _signature(graph)
     for index in range(max_passes):
         report.passes = index + 1
-        _infer_shapes(graph, odd_types)
+        infer_tensor_types(graph, odd_types)
         _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, partitioning, report)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         new_state = _signature(graph)
@@ -273,7 +274,7 @@ def _fold_shape_user(user: gs.Node, shape_out: gs.Tensor, dims: list) -> np.ndar
         picked = np.array(dims, dtype=object)[indices] if dims else None
         if picked is None or not _static(np.ravel(picked)):
             return None
-        return picked.astype(np.int64)
+        return np.asarray(picked, dtype=np.int64)  # a scalar index picks a Python int
     if user.op == "Slice" and len(user.inputs) >= 3:
         consts = user.inputs[1:]
         if not all(isinstance(t, gs.Constant) for t in consts if not t.is_empty()):
@@ -372,8 +373,13 @@ def _drop_non_tensor_constants(graph: gs.Graph) -> None:
 # --- shape inference ---------------------------------------------------------------------------------------
 
 
-def _infer_shapes(graph: gs.Graph, odd_types: _GsLosses) -> None:
-    """Fill dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort)."""
+def infer_tensor_types(graph: gs.Graph, odd_types: _GsLosses | None = None) -> None:
+    """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
+
+    Large constants are given to onnx as typed inputs, so this works on models over 2 GB. Failures are logged,
+    not raised: callers use the result as extra information only.
+    """
+    odd_types = odd_types or _GsLosses()
     view = graph.copy()
     for tensor in view.tensors().values():
         if isinstance(tensor, gs.Constant) and _nbytes(tensor) > _INFER_VALUE_BYTES:

@@ -75,10 +75,13 @@ def isolate(
             )
     nodes = _nodes_between(graph, in_tensors, out_tensors)
     sub = _copy_part(graph, nodes, in_tensors, out_tensors)
-    _fill_types(graph, sub, registry or PluginRegistry())
+    _fill_types(graph, sub, PluginRegistry() if registry is None else registry)
     log.info(
         "isolated %d of %d nodes: inputs %s, outputs %s",
-        len(sub.nodes), len(graph.nodes), list(inputs), list(outputs),
+        len(sub.nodes),
+        len(graph.nodes),
+        list(inputs),
+        list(outputs),
     )
     return sub
 
@@ -135,7 +138,10 @@ def _nodes_between(graph: gs.Graph, inputs: list[gs.Tensor], outputs: list[gs.Te
 def _missing_message(missing: dict[str, tuple[str, bool]]) -> str:
     (name, (output, is_input)), *others = missing.items()
     why = "a model input" if is_input else "no node produces it"
-    message = f"output '{output}' needs tensor '{name}' ({why}), which is not among the inputs; add it to the inputs"
+    message = (
+        f"output '{output}' needs tensor '{name}' ({why}), which is not among the inputs; "
+        f"add it to the inputs"
+    )
     if others:
         message += f" (also needed: {', '.join(repr(n) for n, _ in others)})"
     return message

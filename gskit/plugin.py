@@ -399,10 +399,12 @@ def load_plugins(
 
 
 def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
-    """Import one ``spec.py`` as a package and return its validated specs.
+    """Import one ``spec.py`` as a package and return its specs with ``source`` set.
+
+    The specs are validated when added to a :class:`PluginRegistry` (``load_plugins`` does both).
 
     Raises:
-        PluginError: the file cannot be imported, or defines no SPEC/SPECS, or a spec is invalid.
+        PluginError: the file cannot be imported, defines no SPEC/SPECS, or SPEC is not a PluginSpec.
     """
     path = Path(path).resolve()
     module_name = module_name or f"{PLUGIN_PACKAGE}.{path.parent.name}"
@@ -433,7 +435,12 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
         raise PluginError(f"{path}: defines neither SPEC (a PluginSpec) nor SPECS (a list of them)")
     if not isinstance(found, (list, tuple)):
         raise PluginError(f"{path}: SPECS must be a list of PluginSpec, not {type(found).__name__}")
-    return [validate_spec(spec, source=path) for spec in found]
+    specs = []
+    for spec in found:
+        if not isinstance(spec, PluginSpec):
+            raise PluginError(f"{path}: SPEC must be a gskit.plugin.PluginSpec, not {type(spec).__name__}")
+        specs.append(spec if spec.source is not None else dataclasses.replace(spec, source=path))
+    return specs  # validated when added to a registry
 
 
 def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
@@ -552,7 +559,7 @@ def _load_entry_point(ep: Any) -> list[PluginSpec]:
             raise PluginError(
                 f"{where}: must load to a PluginSpec or a list of them, got {type(spec).__name__}"
             )
-    return [validate_spec(s) for s in specs]
+    return specs
 
 
 def _version_key(version: str) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""Subgraph isolation: the isolated part, run on onnxruntime, reproduces the original's intermediate tensors."""
+"""Subgraph isolation: the isolated part, run on onnxruntime, reproduces the original's intermediates."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gskit.errors import GskitError
 from gskit.isolate import isolate
 from gskit.model import load, save, to_graph, to_model
 from gskit.plugin import PluginRegistry, PluginSpec
+from gskit.shapes import deregister_schemas
 from tests.conftest import parse_model
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
@@ -184,19 +185,33 @@ def test_bad_names(branchy, inputs, outputs, pattern):
         isolate(to_graph(branchy), inputs, outputs)
 
 
-def _cli(*argv: str) -> int:
+@pytest.fixture
+def plugins(tmp_path):
+    """A plugin folder with one spec, passed to every CLI call so the repository's plugins play no part."""
+    folder = tmp_path / "plugins" / "swish"
+    folder.mkdir(parents=True)
+    (folder / "spec.py").write_text(
+        "from gskit.plugin import PluginSpec\nSPEC = PluginSpec(name='Swish', namespace='acme')\n"
+    )
+    return folder.parent
+
+
+def _cli(plugins, *argv: str) -> int:
     # Only this subcommand's parser, so the test does not depend on the other subcommands.
     parser = argparse.ArgumentParser(prog="gskit")
     isolate_cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args([*argv, "--plugins", str(plugins)])
     return args.func(args)
 
 
-def test_cli_with_weights_on_disk(branchy, rng, tmp_path, capsys):
+def test_cli_with_weights_on_disk(branchy, rng, tmp_path, capsys, plugins):
     src = save(branchy, tmp_path / "m.onnx", external_data=True)
     assert (tmp_path / "m.onnx.data").stat().st_size > 2000  # w3 lives there
     out = tmp_path / "sub.onnx"
-    assert _cli("isolate", str(src), "--inputs", "s,x2", "--outputs", "y", "-o", str(out), "--json") == 0
+    assert (
+        _cli(plugins, "isolate", str(src), "--inputs", "s,x2", "--outputs", "y", "-o", str(out), "--json")
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["nodes_before"] == 10 and report["nodes_after"] == 4
     assert report["inputs"] == [
@@ -210,16 +225,16 @@ def test_cli_with_weights_on_disk(branchy, rng, tmp_path, capsys):
     got = ort.run(out, {"s": values["s"], "x2": values["x2"]})
     np.testing.assert_allclose(got["y"], values["y"], **TOL)
 
-    assert _cli("isolate", str(src), "--inputs", "r1,r2,x2", "--outputs", "t,z", "-o", str(out)) == 0
+    assert _cli(plugins, "isolate", str(src), "--inputs", "r1,r2,x2", "--outputs", "t,z", "-o", str(out)) == 0
     table = capsys.readouterr().out
     assert "r2" in table and "nodes (main graph): 10 -> 4" in table
     assert {o.name for o in load(out).graph.output} == {"t", "z"}
 
 
-def test_cli_refuses_to_overwrite_the_model(branchy, tmp_path):
+def test_cli_refuses_to_overwrite_the_model(branchy, tmp_path, plugins):
     src = save(branchy, tmp_path / "m.onnx")
     with pytest.raises(GskitError, match="overwrite the input"):
-        _cli("isolate", str(src), "--inputs", "s,x2", "--outputs", "y", "-o", str(src))
+        _cli(plugins, "isolate", str(src), "--inputs", "s,x2", "--outputs", "y", "-o", str(src))
 
 
 PLUGIN_MODEL = """
@@ -234,9 +249,24 @@ PLUGIN_MODEL = """
 
 
 def test_plugin_output_typed_through_registry():
+    # onnx's schema registry is process-wide and keeps schemas of registries used by earlier tests.
+    deregister_schemas()
     model = parse_model(PLUGIN_MODEL)
     with pytest.raises(GskitError, match=r"tensor 's' has no known dtype"):
         isolate(to_graph(model), ["s"], ["y"])
     registry = PluginRegistry([PluginSpec(name="Swish", namespace="acme")])
     sub = isolate(to_graph(model), ["s"], ["y"], registry=registry)
     assert [(t.name, t.dtype, t.shape) for t in sub.inputs] == [("s", np.float32, [2, 5])]
+
+
+def test_cli_types_plugin_outputs_from_plugin_folder(tmp_path, capsys, plugins):
+    src = save(parse_model(PLUGIN_MODEL), tmp_path / "p.onnx")
+    out = tmp_path / "sub.onnx"
+    assert (
+        _cli(plugins, "isolate", str(src), "--inputs", "s", "--outputs", "y", "-o", str(out), "--json") == 0
+    )
+    assert json.loads(capsys.readouterr().out)["inputs"] == [
+        {"name": "s", "dtype": "float32", "shape": [2, 5]}
+    ]
+    x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
+    np.testing.assert_array_equal(ort.run(out, {"s": x})["y"], np.maximum(x, 0))

@@ -60,7 +60,9 @@ def big_model(tmp_path_factory):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     hashes: dict[str, str] = {}
     for index, name in enumerate((*WEIGHTS, "bias")):
-        values = _weight(index, WEIGHTS[name]) if name in WEIGHTS else np.linspace(-1, 1, COLS, dtype=np.float32)
+        values = (
+            _weight(index, WEIGHTS[name]) if name in WEIGHTS else np.linspace(-1, 1, COLS, dtype=np.float32)
+        )
         hashes[name] = hashlib.sha256(values.data).hexdigest()
         # Filled in place: helper.make_graph would copy 2.26 GB of bytes twice more.
         tensor = model.graph.initializer.add(name=name, data_type=TensorProto.FLOAT, dims=values.shape)
@@ -83,7 +85,10 @@ def _run_measured(script: str, *args: str) -> dict:
     """)
     proc = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(script), *args],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -159,7 +164,9 @@ def test_edit_isolate_save_keeps_weights_bit_identical(big_model):
     )
     assert result["nodes"] == ["MatMul", "MatMul", "MatMul", "Add"]
     assert result["inputs"] == [["r", [1, ROWS]]]
-    assert result["growth"] < MAX_RSS_GROWTH, f"edit+isolate+save grew RSS by {result['growth'] / 2**20:.0f} MiB"
+    assert result["growth"] < MAX_RSS_GROWTH, (
+        f"edit+isolate+save grew RSS by {result['growth'] / 2**20:.0f} MiB"
+    )
 
     assert out.stat().st_size < 1_000_000 and (out.parent / "sub.onnx.data").stat().st_size >= TOTAL_BYTES
     got = _external_hashes(out)

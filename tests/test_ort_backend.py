@@ -179,3 +179,22 @@ def test_reference_error_is_reported(plugins, rng):
         ort_backend.run(
             model, {"x": np.zeros((2, 5), np.float32), "b": np.zeros(6, np.float32)}, plugins=plugins
         )
+
+
+def test_float16_plugin_sees_float16(plugins, rng):
+    """The PyOp API has no float16 (it aborts the process); gskit widens around it and narrows back."""
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17, "test.gskit" : 1]>
+        g (float16[N, 6] x) => (float16[N, 6] y, float16[N, 3] lo, float16[N, 3] hi) {
+            y = test.gskit.ScaledTanh<alpha = 3.0>(x)
+            lo, hi = test.gskit.SplitHalves(y)
+        }
+        """
+    )
+    x = rng.standard_normal((4, 6)).astype(np.float16)
+    out = ort_backend.run(model, {"x": x}, plugins=plugins)
+    expected = (np.tanh(x) * 3.0).astype(np.float16)  # the reference computes in float16
+    assert out["y"].dtype == np.float16
+    np.testing.assert_array_equal(out["y"], expected)
+    np.testing.assert_array_equal(out["hi"], expected[:, 3:])

@@ -131,3 +131,37 @@ def test_example_model(tmp_path: Path, registry) -> None:
     _check_shapes(prepared, registry)
     _compare(EXAMPLE, prepared_path)
     assert EXAMPLE.stat().st_size < 200_000
+
+
+def test_deform_conv_without_bias_and_mask(tmp_path: Path, registry) -> None:
+    """Optional inputs left out (DCNv1): the plugin node has three inputs and still matches DeformConv."""
+    weight = np.random.default_rng(0).standard_normal((6, 4, 3, 3)).astype(np.float32)
+    node = onnx.helper.make_node(
+        "DeformConv", ["x", "w", "offset"], ["y"], pads=[1, 2, 1, 0], strides=[1, 2], kernel_shape=[3, 3]
+    )
+    graph = onnx.helper.make_graph(
+        [node],
+        "dcn_v1",
+        [
+            onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4, 5, 6]),
+            onnx.helper.make_tensor_value_info("offset", onnx.TensorProto.FLOAT, ["batch", 18, 5, 3]),
+        ],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 6, 5, 3])],
+        initializer=[onnx.numpy_helper.from_array(weight, "w")],
+    )
+    original = tmp_path / "dcn_v1.onnx"
+    gsmodel.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 19)]), original)
+    prepared_path = tmp_path / "dcn_v1.prepared.onnx"
+    prepared = _replace(original, prepared_path)
+    (plugin,) = prepared.graph.node
+    assert (plugin.domain, plugin.op_type, len([i for i in plugin.input if i])) == (
+        "gskit",
+        "DeformConv2d",
+        3,
+    )
+    _check_shapes(prepared, registry)
+    shapes = ["--shape", "x:3x4x5x6", "--shape", "offset:3x18x5x3"]
+    rc = main(
+        ["compare", str(original), str(prepared_path), "--plugins", str(PLUGINS_DIR), *TOLERANCE, *shapes]
+    )
+    assert rc == 0

@@ -154,10 +154,11 @@ def _has_disk_weights(model: onnx.ModelProto) -> bool:
 
 @dataclass(frozen=True)
 class _PyOpTarget:
-    """What a PyOp op type runs: the spec, which of its inputs are present, and the output dtypes."""
+    """What a PyOp op type runs: the spec, which of its inputs are present, and the model's dtypes."""
 
     spec: PluginSpec
     present: tuple[bool, ...]
+    input_dtypes: tuple[np.dtype, ...]
     output_dtypes: tuple[np.dtype, ...]
 
 
@@ -190,14 +191,23 @@ def _uses_domain(model: onnx.ModelProto | str | os.PathLike, domain: str) -> boo
     return any(o.domain == domain for o in model.opset_import)
 
 
+#: Tensor types the PyOp API cannot carry (float16 aborts the process): widened to float32 by Cast nodes
+#: around the PyOp, and narrowed back inside it before the reference runs, so the reference sees its dtype.
+_WIDENED = {
+    onnx.TensorProto.FLOAT16: onnx.TensorProto.FLOAT,
+    onnx.TensorProto.BFLOAT16: onnx.TensorProto.FLOAT,
+}
+
+
 def _plugin_nodes(
     model: onnx.ModelProto, plugins: PluginRegistry | None
-) -> list[tuple[onnx.NodeProto, PluginSpec]]:
-    """Nodes to run through references; raises for custom-domain nodes nothing can run."""
+) -> list[tuple[onnx.GraphProto, dict[int, PluginSpec]]]:
+    """Plugin nodes to run through references, as (graph, {node index: spec}); raises for unrunnable ones."""
     functions = {(f.domain, f.name) for f in model.functions}
     found = []
     for graph in _graphs(model.graph):
-        for node in graph.node:
+        specs: dict[int, PluginSpec] = {}
+        for index, node in enumerate(graph.node):
             if node.domain in BUILTIN_DOMAINS or node.domain == PYOP_DOMAIN:
                 continue
             if (node.domain, node.op_type) in functions:
@@ -208,62 +218,93 @@ def _plugin_nodes(
                     f"node '{node.name}' ({node.domain}::{node.op_type}) has no plugin spec and no "
                     f"model-local function, onnxruntime cannot run it; pass its plugin folder with --plugins"
                 )
-            found.append((node, spec))
+            specs[index] = spec
+        if specs:
+            found.append((graph, specs))
     return found
 
 
 @contextlib.contextmanager
 def _pyop_model(
-    model: onnx.ModelProto, nodes: list[tuple[onnx.NodeProto, PluginSpec]], plugins: PluginRegistry | None
+    model: onnx.ModelProto,
+    nodes: list[tuple[onnx.GraphProto, dict[int, PluginSpec]]],
+    plugins: PluginRegistry | None,
 ) -> Iterator[onnx.ModelProto]:
     """The model with its plugin nodes turned into PyOps; every change is undone on exit."""
     from gskit.shapes import infer_shapes
 
     typed = infer_shapes(model, plugins or PluginRegistry(), strict=False)
     dtypes = _elem_types(typed)
-    saved: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
+    saved: list[tuple[onnx.GraphProto, list[onnx.NodeProto]]] = []
     added_import = False
     try:
-        for node, spec in nodes:
-            original = onnx.NodeProto()
-            original.CopyFrom(node)
-            saved.append((node, original))
-            _rewrite(node, spec, dtypes)
+        for graph, specs in nodes:
+            original = [_copy(node) for node in graph.node]
+            saved.append((graph, original))
+            rewritten: list[onnx.NodeProto] = []
+            for index, node in enumerate(original):
+                rewritten.extend(_rewrite(_copy(node), specs[index], dtypes) if index in specs else [node])
+            del graph.node[:]
+            graph.node.extend(rewritten)
         if not _uses_domain(model, PYOP_DOMAIN):
             model.opset_import.append(onnx.helper.make_opsetid(PYOP_DOMAIN, 1))
             added_import = True
         yield model
     finally:
-        for node, original in saved:
-            node.CopyFrom(original)
+        for graph, original in saved:
+            del graph.node[:]
+            graph.node.extend(original)
         if added_import:
             del model.opset_import[-1]
 
 
-def _rewrite(node: onnx.NodeProto, spec: PluginSpec, dtypes: Mapping[str, int]) -> None:
-    present = tuple(i < len(node.input) and bool(node.input[i]) for i in range(len(spec.inputs)))
-    inputs = [name for name in node.input if name]
-    in_types = [_dtype_of(node, name, dtypes, "input") for name in inputs]
-    out_types = [_dtype_of(node, name, dtypes, "output") for name in node.output]
+def _rewrite(node: onnx.NodeProto, spec: PluginSpec, dtypes: Mapping[str, int]) -> list[onnx.NodeProto]:
+    """Turn ``node`` into a PyOp node; returns it with the Cast nodes it needs before and after."""
     if len(node.output) > len(spec.outputs):
         raise GskitError(
             f"node '{node.name}' has {len(node.output)} outputs; "
             f"{spec.qualified_name} has {len(spec.outputs)}"
         )
+    present = tuple(i < len(node.input) and bool(node.input[i]) for i in range(len(spec.inputs)))
+    inputs = [name for name in node.input if name]
+    in_types = [_dtype_of(node, name, dtypes, "input") for name in inputs]
+    out_types = [_dtype_of(node, name, dtypes, "output") for name in node.output]
+    before, after = [], []
+    for i, (name, dtype) in enumerate(zip(inputs, in_types, strict=True)):
+        if dtype in _WIDENED:
+            inputs[i] = f"{name}__gskit_widened_{node.name or id(node)}_{i}"
+            before.append(onnx.helper.make_node("Cast", [name], [inputs[i]], to=_WIDENED[dtype]))
+    outputs = list(node.output)
+    for i, (name, dtype) in enumerate(zip(outputs, out_types, strict=True)):
+        if dtype in _WIDENED and name:
+            outputs[i] = f"{name}__gskit_widened"
+            after.append(onnx.helper.make_node("Cast", [outputs[i]], [name], to=dtype))
     signature = repr((spec.key, id(spec), present, in_types, out_types))
-    digest = hashlib.sha1(signature.encode()).hexdigest()[:12]
-    op_type = f"Gskit_{spec.name}_{digest}"
-    target = _PyOpTarget(
-        spec, present, tuple(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)) for t in out_types)
+    op_type = f"Gskit_{spec.name}_{hashlib.sha1(signature.encode()).hexdigest()[:12]}"
+    target = _PyOpTarget(spec, present, _np_dtypes(in_types), _np_dtypes(out_types))
+    _register_pyop(
+        op_type, [_WIDENED.get(t, t) for t in in_types], [_WIDENED.get(t, t) for t in out_types], target
     )
-    _register_pyop(op_type, in_types, out_types, target)
     attrs = {a.name: _jsonable(attribute_value(a)) for a in node.attribute}
     del node.attribute[:]
     node.attribute.append(onnx.helper.make_attribute(PYOP_ATTRS, json.dumps(attrs, sort_keys=True)))
     del node.input[:]
     node.input.extend(inputs)
+    del node.output[:]
+    node.output.extend(outputs)
     node.domain = PYOP_DOMAIN
     node.op_type = op_type
+    return [*before, node, *after]
+
+
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
+
+
+def _np_dtypes(types: list[int]) -> tuple[np.dtype, ...]:
+    return tuple(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)) for t in types)
 
 
 def _dtype_of(node: onnx.NodeProto, name: str, dtypes: Mapping[str, int], role: str) -> int:
@@ -284,7 +325,7 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
 
     def body(*arrays: np.ndarray, **attrs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         current = _TARGETS[op_type]
-        values = iter(arrays)
+        values = iter(np.asarray(a, dtype=t) for a, t in zip(arrays, current.input_dtypes, strict=True))
         inputs = [next(values) if present else None for present in current.present]
         outputs = current.spec.run_reference(inputs, _decode_attrs(attrs.get(PYOP_ATTRS, "{}")))
         if len(outputs) < len(current.output_dtypes):
@@ -292,8 +333,10 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
                 f"{current.spec.qualified_name}: reference returned {len(outputs)} output(s), "
                 f"the node has {len(current.output_dtypes)}"
             )
-        dtypes = current.output_dtypes
-        cast = [np.ascontiguousarray(out, dtype=dtype) for out, dtype in zip(outputs, dtypes, strict=False)]
+        cast = [
+            _to_pyop(np.asarray(out, dtype=dtype))
+            for out, dtype in zip(outputs, current.output_dtypes, strict=False)
+        ]
         return tuple(cast) if len(cast) > 1 else cast[0]
 
     onnx_op(
@@ -304,6 +347,13 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
     )(body)
     _REGISTERED_PYOPS.add(op_type)
     log.debug("registered PyOp %s for %s", op_type, target.spec.qualified_name)
+
+
+def _to_pyop(array: np.ndarray) -> np.ndarray:
+    """A reference output as the PyOp returns it (widened where the PyOp API needs it)."""
+    if array.dtype.itemsize == 2 and array.dtype.kind not in "iub":  # float16, bfloat16
+        array = array.astype(np.float32)
+    return np.ascontiguousarray(array)
 
 
 def _pyop_type(defs: Any, dtype: int) -> int:

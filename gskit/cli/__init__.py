@@ -22,6 +22,9 @@ COMMANDS = (
     "check_trt",
     "build",
     "replace",
+    "fold",
+    "sanitize",
+    "convert",
 )
 
 

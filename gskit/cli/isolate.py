@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--plugins",
         action="append",
         metavar="DIR",
-        help="plugin folder whose specs type plugin outputs (repeatable; default: $GSKIT_PLUGINS or plugins/)",
+        help="plugin folder, for plugin output types (repeatable; default: $GSKIT_PLUGINS or plugins/)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)

@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=run)
+    _add_new_parser(actions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,3 +78,28 @@ def run(args: argparse.Namespace) -> int:
 def _short(value: object) -> str:
     text = repr(value.tolist() if hasattr(value, "tolist") else value)
     return text if len(text) <= 24 else text[:21] + "..."
+
+
+# ---- `gskit plugin new` (gskit/scaffold.py) ------------------------------------------------------------
+
+
+def _add_new_parser(actions: argparse._SubParsersAction) -> None:
+    new = actions.add_parser("new", help="create plugins/NAME/: spec, reference and kernel stubs, TensorRT plugin, test")
+    new.add_argument("name", metavar="NAME", help="plugin folder name (snake_case); op name = its CamelCase")
+    new.add_argument("--from-node", metavar="MODEL:NODE", help="copy op name, domain, attributes, I/O dtypes of a node")
+    new.add_argument("--dir", default="plugins", help="plugins folder to create it in (default: plugins)")
+    new.add_argument("--namespace", default="gskit", help="plugin namespace when the node has no domain")
+    new.add_argument("--json", action="store_true", help="print JSON")
+    new.set_defaults(func=run_new)
+
+
+def run_new(args: argparse.Namespace) -> int:
+    from gskit.scaffold import new_plugin
+
+    files = new_plugin(args.name, args.dir, from_node=args.from_node, namespace=args.namespace)
+    if args.json:
+        report.print_json([str(f) for f in files])
+        return 0
+    report.console().print(report.table(f"created {files[0].parent}", ("file",), [(str(f),) for f in files]))
+    return 0
+

@@ -1,0 +1,39 @@
+"""``gskit sanitize MODEL -o OUT``: constants to initializers, dedupe, drop no-ops and unused things."""
+
+from __future__ import annotations
+
+import argparse
+
+from gskit import model as gsmodel
+from gskit.report import console, print_json, table
+from gskit.sanitize import DEFAULT_STEPS, sanitize
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sanitize", help="tidy a model without changing what it computes",
+                                   description=f"Run the tidy steps: {', '.join(DEFAULT_STEPS)}.")
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument("-o", "--output", required=True, help="where to write the sanitized model")
+    parser.add_argument("--skip", action="append", default=[], choices=DEFAULT_STEPS, metavar="STEP",
+                        help=f"skip a step (repeatable): {', '.join(DEFAULT_STEPS)}")
+    parser.add_argument("--with", dest="extra", action="append", default=[], metavar="TOOL[:PASS]",
+                        help="also run onnxoptimizer:PASS, onnxslim or onnxsim[:skip=PASS,...] (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out_path = gsmodel.resolve_output(args.model, args.output, in_place=False)
+    result, report = sanitize(gsmodel.load(args.model), skip=args.skip, extra=args.extra)
+    gsmodel.save(result, out_path)
+    if args.json:
+        print_json(report)
+        return 0
+    out = console()
+    rows = [("nodes", report.nodes_before, report.nodes_after),
+            ("initializers", report.initializers_before, report.initializers_after)]
+    out.print(table("Sanitize", ("", "before", "after"), rows))
+    out.print(table("Steps", ("step", "changes"), report.changes.items()))
+    if report.removed_ops:
+        out.print(table("Removed nodes", ("op", "count"), report.removed_ops.items()))
+    return 0

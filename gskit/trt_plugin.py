@@ -1,0 +1,328 @@
+"""Register a gskit plugin with TensorRT's Python plugin API (``tensorrt.plugin``) from its PluginSpec.
+
+``tensorrt.plugin`` learns a plugin's inputs and attributes from the *signatures* of the decorated
+functions (names, order, type annotations). gskit already knows all of that from ``SPEC``, so a plugin's
+``trt_plugin.py`` writes only what is specific to it, and :func:`register_from_spec` builds functions with
+the signatures TensorRT expects::
+
+    from gskit.trt_plugin import register_from_spec
+    from .spec import SPEC
+
+    register_from_spec(SPEC, shape=lambda inputs, attrs: [inputs[0].like()], impl=my_impl)
+
+Callback shapes (``attrs`` maps the spec's attribute names to values as TensorRT passes them: ``int``,
+``float``, ``str``, numpy arrays for lists):
+
+* ``shape(inputs: list[TensorDesc], attrs) -> list[TensorDesc]``: the output rule, mirroring ``SPEC.infer``
+  with ``tensorrt.plugin`` symbolic shape expressions.
+* ``impl(inputs: list[Tensor], outputs: list[Tensor], attrs, stream: int) -> None``: runs the kernel.
+* ``aot_impl(inputs: list[TensorDesc], outputs: list[TensorDesc], attrs) -> (kernel name, PTX,
+  KernelLaunchParams, SymIntExprs)``: an ahead-of-time kernel, so engines run without Python.
+
+``tensorrt`` is imported only inside :func:`register_from_spec` (full TensorRT >= 10.6; 10.9 for AOT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gskit.errors import PluginError
+from gskit.plugin import AttrType, PluginSpec
+
+log = logging.getLogger(__name__)
+
+#: Type combinations listed by ``autotune`` when a plugin names none: every position FP32, or every FP16.
+DEFAULT_TYPES: tuple[str, ...] = ("FP32", "FP16")
+
+ShapeFn = Callable[[list[Any], Mapping[str, Any]], Sequence[Any]]
+ImplFn = Callable[[list[Any], list[Any], Mapping[str, Any], int], None]
+AotImplFn = Callable[[list[Any], list[Any], Mapping[str, Any]], tuple[Any, Any, Any, Any]]
+
+_SCALAR_ANNOTATIONS: Mapping[AttrType, Any] = {
+    AttrType.INT: int,
+    AttrType.FLOAT: float,
+    AttrType.STRING: str,
+    AttrType.INTS: npt.NDArray[np.int32],
+    AttrType.FLOATS: npt.NDArray[np.float32],
+}
+
+
+def plugin_id(spec: PluginSpec) -> str:
+    """``namespace::name``, the id ``tensorrt.plugin`` registers (the version is TensorRT's default "1")."""
+    return f"{spec.namespace}::{spec.name}"
+
+
+def input_names(spec: PluginSpec) -> list[str]:
+    """Input parameter names: the spec's inputs without the ``?`` of optional ones.
+
+    ``tensorrt.plugin`` plugins have a fixed input count, so optional inputs are required there.
+    """
+    return [name.rstrip("?") for name in spec.inputs]
+
+
+def attribute_annotation(spec: PluginSpec, name: str) -> Any:
+    """The ``tensorrt.plugin`` annotation of one attribute (``int``, ``float``, ``str``, ``NDArray[...]``).
+
+    Raises:
+        PluginError: an attribute kind the Python plugin API cannot receive (STRINGS).
+    """
+    attr = spec.attribute(name)
+    if attr.type is AttrType.TENSOR:
+        dtype = np.dtype(attr.tensor_dtype or np.float32)
+        return npt.NDArray[dtype.type]
+    annotation = _SCALAR_ANNOTATIONS.get(attr.type)
+    if annotation is None:
+        raise PluginError(
+            f"{spec.qualified_name}: attribute '{name}' of kind {attr.type.value} cannot reach a "
+            "tensorrt.plugin plugin; use a C++ IPluginV3 plugin or change the attribute kind"
+        )
+    return annotation
+
+
+def type_combination(spec: PluginSpec, dtypes: Sequence[str] = DEFAULT_TYPES) -> str:
+    """An ``AutoTuneCombination`` type string giving all inputs and outputs the same type, for each dtype.
+
+    ``("FP32", "FP16")`` with two inputs and one output gives ``"FP32|FP16, FP32|FP16, FP32|FP16"``:
+    TensorRT pairs the alternatives position by position (all FP32, or all FP16).
+    """
+    alternatives = "|".join(dtypes)
+    return ", ".join([alternatives] * (len(spec.inputs) + len(spec.outputs)))
+
+
+def register_signature(spec: PluginSpec, trtp: Any) -> inspect.Signature:
+    """Signature of the ``@trtp.register`` function: one ``TensorDesc`` per input, then the attributes."""
+    params = [_param(name, trtp.TensorDesc) for name in input_names(spec)]
+    params += [_param(a.name, attribute_annotation(spec, a.name)) for a in spec.attributes]
+    outputs = trtp.TensorDesc if len(spec.outputs) == 1 else tuple[(trtp.TensorDesc,) * len(spec.outputs)]
+    return inspect.Signature(params, return_annotation=outputs)
+
+
+def impl_signature(spec: PluginSpec) -> inspect.Signature:
+    """Signature of the ``@trtp.impl`` function: inputs, attributes, ``outputs``, ``stream``."""
+    names = [*input_names(spec), *(a.name for a in spec.attributes), "outputs", "stream"]
+    return inspect.Signature([_param(n) for n in names])
+
+
+def aot_impl_signature(spec: PluginSpec, trtp: Any) -> inspect.Signature:
+    """Signature of the ``@trtp.aot_impl`` function: inputs, attributes, ``outputs``, ``tactic``."""
+    names = [*input_names(spec), *(a.name for a in spec.attributes), "outputs", "tactic"]
+    returns = tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
+    return inspect.Signature([_param(n) for n in names], return_annotation=returns)
+
+
+def autotune_signature(spec: PluginSpec) -> inspect.Signature:
+    """Signature of the ``@trtp.autotune`` function: inputs, then ``outputs``."""
+    return inspect.Signature([_param(n) for n in [*input_names(spec), "outputs"]])
+
+
+def register_from_spec(
+    spec: PluginSpec,
+    *,
+    shape: ShapeFn,
+    impl: ImplFn,
+    aot_impl: AotImplFn | None = None,
+    dtypes: Sequence[str] = DEFAULT_TYPES,
+    formats: str = "LINEAR",
+) -> str:
+    """Register ``spec``'s plugin with ``tensorrt.plugin``: register, impl, autotune and optional aot_impl.
+
+    Args:
+        spec: the plugin spec (name, namespace, inputs, outputs, attributes come from here).
+        shape: output rule on TensorDescs (see the module docstring).
+        impl: the JIT implementation, called with TensorRT ``Tensor``s and the CUDA stream.
+        aot_impl: the ahead-of-time implementation, or None (then engines need Python at run time).
+        dtypes: TensorRT type names that every input and output take together, for autotune.
+        formats: tensor formats for autotune.
+
+    Returns:
+        The plugin id (``namespace::name``).
+
+    Raises:
+        PluginError: full TensorRT (>= 10.6, >= 10.9 with ``aot_impl``) is not importable, the spec's
+            version is not "1" (tensorrt.plugin has no versions), or an attribute kind is not supported.
+    """
+    trtp = _import_trtp(aot=aot_impl is not None)
+    if spec.version != "1":
+        raise PluginError(
+            f"{spec.qualified_name}: tensorrt.plugin registers version 1 only; use a C++ IPluginV3 plugin "
+            "for other versions"
+        )
+    pid = plugin_id(spec)
+    tensors = input_names(spec)
+    attr_names = [a.name for a in spec.attributes]
+
+    def split(bound: inspect.BoundArguments) -> tuple[list[Any], dict[str, Any]]:
+        args = bound.arguments
+        return [args[n] for n in tensors], {n: args[n] for n in attr_names}
+
+    reg_sig = register_signature(spec, trtp)
+
+    def describe(*args: Any, **kwargs: Any) -> Any:
+        inputs, attrs = split(reg_sig.bind(*args, **kwargs))
+        outputs = list(shape(inputs, attrs))
+        if len(outputs) != len(spec.outputs):
+            raise PluginError(f"{spec.qualified_name}: shape rule gave {len(outputs)} outputs")
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    impl_sig = impl_signature(spec)
+
+    def run(*args: Any, **kwargs: Any) -> None:
+        bound = impl_sig.bind(*args, **kwargs)
+        inputs, attrs = split(bound)
+        impl(inputs, list(bound.arguments["outputs"]), attrs, int(bound.arguments["stream"]))
+
+    tune_sig = autotune_signature(spec)
+
+    def tune(*args: Any, **kwargs: Any) -> list[Any]:
+        tune_sig.bind(*args, **kwargs)
+        return [trtp.AutoTuneCombination(type_combination(spec, dtypes), formats)]
+
+    for fn, sig in ((describe, reg_sig), (run, impl_sig), (tune, tune_sig)):
+        fn.__signature__ = sig  # type: ignore[attr-defined]
+    trtp.register(pid)(describe)
+    trtp.impl(pid)(run)
+    trtp.autotune(pid)(tune)
+    if aot_impl is not None:
+        aot_sig = aot_impl_signature(spec, trtp)
+
+        def compile_kernel(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+            bound = aot_sig.bind(*args, **kwargs)
+            inputs, attrs = split(bound)
+            return aot_impl(inputs, list(bound.arguments["outputs"]), attrs)
+
+        compile_kernel.__signature__ = aot_sig  # type: ignore[attr-defined]
+        trtp.aot_impl(pid)(compile_kernel)
+    log.debug("registered tensorrt.plugin %s (aot=%s)", pid, aot_impl is not None)
+    return pid
+
+
+@contextlib.contextmanager
+def cuda_stream(stream: int | None) -> Iterator[None]:
+    """Run torch/Triton launches on a raw CUDA stream handle (as TensorRT gives it); None: current stream."""
+    if stream is None:
+        yield
+        return
+    import torch
+
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+        yield
+
+
+def as_torch(tensors: Sequence[Any]) -> list[Any]:
+    """TensorRT ``Tensor``s (``__cuda_array_interface__``) as CUDA torch tensors sharing their memory."""
+    import torch
+
+    return [torch.as_tensor(t, device="cuda") for t in tensors]
+
+
+@dataclass(frozen=True)
+class TritonPtx:
+    """A Triton kernel compiled to PTX for an ``aot_impl``.
+
+    Attributes:
+        name: the kernel's symbol in the PTX.
+        ptx: PTX text.
+        block_x: threads per program (``num_warps * 32``).
+        shared_mem: dynamic shared memory in bytes.
+    """
+
+    name: str
+    ptx: str
+    block_x: int
+    shared_mem: int
+
+
+#: Triton type names of the TensorRT data types the plugins take (by ``trt.DataType`` name).
+TRITON_TYPES: Mapping[str, str] = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT32": "i32"}
+
+
+def triton_type(trt_dtype: Any) -> str:
+    """``fp32``/``fp16``/... for a ``tensorrt.DataType``.
+
+    Raises:
+        PluginError: a data type the gskit kernels do not take.
+    """
+    name = getattr(trt_dtype, "name", str(trt_dtype)).split(".")[-1]
+    if name not in TRITON_TYPES:
+        raise PluginError(f"no Triton type for TensorRT data type {trt_dtype}")
+    return TRITON_TYPES[name]
+
+
+def triton_ptx(
+    kernel: Any,
+    pointer_types: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    target: Any | None = None,
+) -> TritonPtx:
+    """Compile a ``@triton.jit`` kernel to PTX; parameters not named in the mappings are ``i32`` scalars.
+
+    Args:
+        kernel: the Triton kernel (a JITFunction; not under ``TRITON_INTERPRET=1``).
+        pointer_types: pointer parameter -> element type (``fp32``, ``fp16``...).
+        constexprs: compile-time parameter -> value.
+        target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+
+    Raises:
+        PluginError: Triton is missing or fails to compile the kernel.
+    """
+    try:
+        import triton
+        from triton.compiler import ASTSource
+    except ImportError as err:
+        raise PluginError("ahead-of-time kernels need Triton: pip install triton") from err
+    signature = {
+        name: "constexpr" if name in constexprs else f"*{pointer_types[name]}" if name in pointer_types else "i32"
+        for name in kernel.arg_names
+    }
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs)), target=target)
+    except Exception as err:  # Triton raises many types; name the kernel
+        raise PluginError(f"Triton cannot compile {getattr(kernel, '__name__', kernel)}: {err}") from err
+    return TritonPtx(
+        compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.num_warps * 32, compiled.metadata.shared
+    )
+
+
+def launch(ptx: TritonPtx, grid: Sequence[Any], scalars: Sequence[Any]) -> tuple[Any, Any, Any, Any]:
+    """What an ``aot_impl`` returns: kernel name, PTX, launch parameters and the int32 scalar arguments.
+
+    Args:
+        ptx: the compiled kernel.
+        grid: up to three grid dims (ints or shape expressions).
+        scalars: the kernel's int32 parameters in order (ints or shape expressions).
+
+    Raises:
+        PluginError: full TensorRT >= 10.9 is not importable.
+    """
+    trtp = _import_trtp(aot=True)
+    params = trtp.KernelLaunchParams()
+    for axis, dim in zip(("grid_x", "grid_y", "grid_z"), grid):
+        setattr(params, axis, dim)
+    params.block_x = ptx.block_x
+    params.shared_mem = ptx.shared_mem
+    extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(s) for s in scalars])
+    return ptx.name.encode(), ptx.ptx.encode(), params, extra
+
+
+def _param(name: str, annotation: Any = inspect.Parameter.empty) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
+
+
+def _import_trtp(*, aot: bool) -> Any:
+    try:
+        import tensorrt.plugin as trtp
+    except Exception as err:  # the PyPI stub raises various errors on import
+        raise PluginError(
+            "TensorRT Python plugins need full TensorRT >= 10.6: pip install 'gskit[trt]' (or docker/)"
+        ) from err
+    if aot and not hasattr(trtp, "aot_impl"):
+        raise PluginError("ahead-of-time TensorRT Python plugins need TensorRT >= 10.9 (tensorrt.plugin.aot_impl)")
+    return trtp

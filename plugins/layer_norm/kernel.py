@@ -1,0 +1,88 @@
+"""LayerNorm GPU kernel (Triton): one program per row of the last axis, float32 accumulation.
+
+``y = (x - mean) / sqrt(var + epsilon) * weight + bias`` with the biased variance. Rows of any length:
+the row is read in chunks of ``BLOCK`` three times (mean, centred variance, output), which keeps the
+variance accurate for rows with a large mean. Parameters are ordered (input pointers, int32 scalars,
+output pointers, constexprs) for TensorRT's ahead-of-time Python plugins; ``epsilon`` is a constexpr.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as err:  # optional: the GPU kernels need Triton
+    raise ImportError("plugins/layer_norm/kernel.py needs Triton: pip install triton") from err
+
+#: Largest chunk of a row read at once.
+MAX_BLOCK = 1024
+
+
+@triton.jit
+def layer_norm_kernel(x_ptr, w_ptr, b_ptr, cols, y_ptr, EPS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * cols
+    y_row = y_ptr + row * cols
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, cols, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_row + offsets, mask=offsets < cols, other=0.0).to(tl.float32)
+    mean = tl.sum(acc, axis=0) / cols
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, cols, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        inside = offsets < cols
+        x = tl.load(x_row + offsets, mask=inside, other=0.0).to(tl.float32)
+        centered = tl.where(inside, x - mean, 0.0)
+        acc += centered * centered
+    inv_std = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / cols + EPS)
+    for start in range(0, cols, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        inside = offsets < cols
+        x = tl.load(x_row + offsets, mask=inside, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        y = (x - mean) * inv_std * w + b
+        tl.store(y_row + offsets, y.to(y_ptr.dtype.element_ty), mask=inside)
+
+
+def block_size(cols: int) -> int:
+    """Chunk length for rows of ``cols`` elements: the next power of two, at most MAX_BLOCK."""
+    return min(MAX_BLOCK, triton.next_power_of_2(max(int(cols), 1)))
+
+
+def epsilon_constant(epsilon: float) -> float:
+    """``epsilon`` rounded to float32, as the ONNX attribute holds it."""
+    return float(np.float32(epsilon))
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, out: Any | None = None, *, epsilon: float = 1e-5) -> Any:
+    """LayerNorm over the last axis of a contiguous float32/float16 torch tensor; weight, bias ``(C,)``.
+
+    Launches on the current stream (wrap in ``gskit.trt_plugin.cuda_stream(handle)`` for another one).
+
+    Raises:
+        ValueError: non-contiguous tensors, weight or bias not ``(C,)``, or a mismatched ``out``.
+    """
+    out = x.new_empty(x.shape) if out is None else out
+    cols = x.shape[-1] if x.dim() else 1
+    _check(x, weight, bias, out, cols)
+    rows = x.numel() // cols if cols else 0
+    if rows:
+        layer_norm_kernel[(rows,)](
+            x, weight, bias, cols, out, EPS=epsilon_constant(epsilon), BLOCK=block_size(cols)
+        )
+    return out
+
+
+def _check(x: Any, weight: Any, bias: Any, out: Any, cols: int) -> None:
+    if not all(t.is_contiguous() for t in (x, weight, bias, out)):
+        raise ValueError("layer_norm needs contiguous tensors")
+    if weight.numel() != cols or bias.numel() != cols:
+        raise ValueError(f"weight/bias have {weight.numel()}/{bias.numel()} elements, x's last axis {cols}")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out is {tuple(out.shape)} {out.dtype}, expected {tuple(x.shape)} {x.dtype}")

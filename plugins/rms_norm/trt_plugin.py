@@ -1,0 +1,43 @@
+"""RMSNorm as a TensorRT Python plugin (``tensorrt.plugin``), JIT and ahead-of-time (Triton PTX).
+
+Load with ``gskit build --plugins plugins/rms_norm`` (full TensorRT >= 10.9, Triton, torch).
+Name, namespace and attributes come from ``spec.py``; the output is x's shape and dtype. The AOT kernel
+needs x's last dim fixed at build time (it sets the kernel's chunk length).
+"""
+
+from typing import Any
+
+from gskit.errors import PluginError
+from gskit.trt_plugin import as_torch, cuda_stream, launch, register_from_spec, triton_ptx, triton_type
+
+from . import kernel
+from .spec import SPEC
+
+
+def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
+    """Mirrors ``SPEC.infer`` (same_as_input(0))."""
+    return [inputs[0].like()]
+
+
+def impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any], stream: int) -> None:
+    (x, w), (y,) = as_torch(inputs), as_torch(outputs)
+    with cuda_stream(stream):
+        kernel.rms_norm(x, w, y, epsilon=attrs["epsilon"])
+
+
+def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    x = inputs[0]
+    cols = x.shape_expr[x.ndim - 1]
+    if cols.is_fake or not cols.is_constant:
+        raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed last dim of x")
+    dtype = triton_type(x.dtype)
+    ptx = triton_ptx(
+        kernel.rms_norm_kernel,
+        {"x_ptr": dtype, "w_ptr": dtype, "y_ptr": dtype},
+        {"EPS": kernel.epsilon_constant(attrs["epsilon"]), "BLOCK": kernel.block_size(cols.constant_value())},
+    )
+    rows = x.shape_expr.numel() // cols
+    return launch(ptx, grid=[rows], scalars=[cols])
+
+
+PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl)

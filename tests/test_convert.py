@@ -1,0 +1,107 @@
+"""gskit.convert: fp16 with clamping and fp32 boundaries, opset conversion, int64 -> int32."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import parse_model
+from gskit import model as gsmodel
+from gskit.backends import ort as gsort
+from gskit.convert import clamp_to_fp16, convert_opset, int64_to_int32, to_fp16
+from gskit.errors import GskitError
+
+
+def test_clamp_values_as_specified():
+    values = np.array([1e-9, -1e-9, -3e5, 3e5, 0.0, np.nan, np.inf, -np.inf, 0.5], dtype=np.float32)
+    out, clamped = clamp_to_fp16(values)
+    assert out.dtype == np.float16 and clamped == 4
+    np.testing.assert_array_equal(out[:4], np.array([1e-7, -1e-7, -1e4, 1e4], dtype=np.float16))
+    assert out[4] == 0 and np.isnan(out[5]) and out[6] == np.inf and out[7] == -np.inf and out[8] == 0.5
+
+
+MLP = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[2,3] y) <float[3] w = {1e-9, -3e5, 0.5}, float[3] b = {1, 2, 3}> {
+  a = Mul(x, w)
+  r = Relu(a)
+  y = Add(r, b)
+}
+"""
+
+
+def test_fp16_keeps_io_fp32_with_casts_and_clamps_constants(rng):
+    model = parse_model(MLP)
+    out, report = to_fp16(model, keep_io_types=True)
+    onnx.checker.check_model(out)
+    assert out.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert out.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    w16 = next(v for k, v in inits.items() if k.startswith("w"))
+    assert w16.dtype == np.float16 and w16[1] == np.float16(-1e4)
+    assert report.casts_inserted == 2 and report.values_clamped == 2
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    got = gsort.run(out, {"x": x})["y"]
+    want = np.maximum(x * np.array([1e-7, -1e4, 0.5], np.float32), 0) + np.array([1, 2, 3], np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+
+def test_block_op_stays_fp32():
+    out, report = to_fp16(parse_model(MLP), block_ops=("Relu",))
+    relu = next(n for n in out.graph.node if n.op_type == "Relu")
+    assert report.fp32_nodes == {"Relu": 1}
+    producers = {o: n for n in out.graph.node for o in n.output}
+    assert producers[relu.input[0]].op_type == "Cast"
+
+
+@pytest.mark.torch
+def test_exported_cnn_in_fp16_matches_fp32(tmp_path, rng):
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 2 * 2, 5),
+    ).eval()
+    path = tmp_path / "cnn.onnx"
+    x = torch.randn(1, 3, 8, 8)
+    torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17)
+    model = gsmodel.load(path)
+    out, _ = to_fp16(model)
+    name = model.graph.input[0].name
+    want = gsort.run(model, {name: x.numpy()})
+    got = gsort.run(out, {name: x.numpy()})
+    for key in want:  # stated tolerance: fp16 has ~3 decimal digits
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-2, atol=1e-2)
+
+
+def test_convert_opset_and_its_error():
+    model = parse_model(MLP.replace('"" : 17', '"" : 13'))
+    out = convert_opset(model, 17)
+    assert out.opset_import[0].version == 17
+    onnx.checker.check_model(out)
+    with pytest.raises(GskitError, match=r"op Mul"):  # onnx has no Mul 14 -> 13 adapter
+        convert_opset(out, 13)
+    with pytest.raises(GskitError, match="opset 999"):
+        convert_opset(model, 999)
+
+
+def test_int64_inputs_and_indices_to_int32(rng):
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4,2] x, int64[3] i) => (float[3,2] y, float[2,2] z) <int64[2] j = {0, 3}> {
+      y = Gather(x, i)
+      z = Gather(x, j)
+    }""")
+    out, report = int64_to_int32(model)
+    assert report.inputs == ["i"] and report.constants == ["j"]
+    assert out.graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.INT32
+    x = rng.standard_normal((4, 2)).astype(np.float32)
+    got = gsort.run(out, {"x": x, "i": np.array([3, 0, 1], np.int32)})
+    np.testing.assert_array_equal(got["y"], x[[3, 0, 1]])
+    bad = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4,2] x) => (float[1,2] y) <int64[1] j = {5000000000}> { y = Gather(x, j) }""")
+    with pytest.raises(GskitError, match="5000000000"):
+        int64_to_int32(bad)

@@ -1,0 +1,191 @@
+"""gskit.fold: outputs kept, at least as many nodes removed as Polygraphy, plugins never evaluated, strict."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+
+from conftest import LIGHT_MODELS, parse_model
+from gskit import model as gsmodel
+from gskit.backends import ort as gsort
+from gskit.cli import main
+from gskit.errors import GskitError
+from gskit.fold import fold
+
+
+def _feeds(model: onnx.ModelProto, rng) -> dict[str, np.ndarray]:
+    sess = gsort.session(model)
+    feeds = {}
+    for inp in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+        dtype = {"tensor(float)": np.float32, "tensor(int64)": np.int64}.get(inp.type, np.float32)
+        feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def _polygraphy_count(model: onnx.ModelProto) -> int:
+    from polygraphy.backend.onnx import fold_constants
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+    # Same size threshold as gskit's default: without one Polygraphy writes 144 MiB constants into alexnet.
+    folded = fold_constants(_copy(model), size_threshold=16 * 2**20)
+    return len(folded.graph.node)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _assert_same_outputs(original, folded, feeds, atol=1e-6):
+    want = gsort.run(original, feeds)
+    got = gsort.run(folded, feeds)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("path", LIGHT_MODELS, ids=lambda p: p.stem)
+def test_light_models_keep_outputs_and_fold_as_much_as_polygraphy(path, rng):
+    model = gsmodel.load(path)
+    folded, report = fold(model)
+    onnx.checker.check_model(folded)
+    _assert_same_outputs(model, folded, _feeds(model, rng))
+    assert report.nodes_after == len(folded.graph.node)
+    assert report.nodes_after <= _polygraphy_count(model)
+    assert [o.name for o in folded.graph.output] == [o.name for o in model.graph.output]
+
+
+FLATTEN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,4] x) => (float[2,12] y) {
+  s = Shape(x)
+  zero = Constant <value = int64[1] {0}> ()
+  i0 = Constant <value = int64 {0}> ()
+  d0 = Gather <axis = 0> (s, i0)
+  u0 = Unsqueeze(d0, zero)
+  minus = Constant <value = int64[1] {-1}> ()
+  shape = Concat <axis = 0> (u0, minus)
+  y = Reshape(x, shape)
+}
+"""
+
+
+def test_flatten_shape_chain_becomes_one_reshape(rng):
+    model = parse_model(FLATTEN)
+    folded, report = fold(model)
+    assert [n.op_type for n in folded.graph.node] == ["Reshape"]
+    shape = onnx.numpy_helper.to_array(next(t for t in folded.graph.initializer))
+    assert shape.tolist() == [2, -1]
+    assert report.folded_ops.get("Shape") == 1 and report.passes >= 1
+    _assert_same_outputs(model, folded, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_shape_start_end_are_honoured():
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3,4] x) => (int64[2] y) { y = Shape <start = 1, end = -0> (x) }""".replace("-0", "3"))
+    folded, _ = fold(model)
+    assert onnx.numpy_helper.to_array(folded.graph.initializer[0]).tolist() == [3, 4]
+
+
+PLUGIN = """
+<ir_version: 8, opset_import: ["" : 17, "my.plugins" : 1]>
+g (float[4] x) => (float[4] y) <float[4] a = {1,2,3,4}, float[4] b = {10,20,30,40}> {
+  c = Add(a, b)
+  p = my.plugins.Scale(c)
+  y = Add(x, p)
+}
+"""
+
+
+def test_plugin_node_is_never_evaluated_but_its_constant_inputs_fold():
+    model = onnx.parser.parse_model(PLUGIN)
+    folded, report = fold(model)
+    ops = [(n.domain, n.op_type) for n in folded.graph.node]
+    assert ops == [("my.plugins", "Scale"), ("", "Add")]
+    plugin_input = folded.graph.node[0].input[0]
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in folded.graph.initializer}
+    np.testing.assert_array_equal(values[plugin_input], [11, 22, 33, 44])
+    assert any("plugin" in why for why in report.excluded.values())
+
+
+FAILING = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2] x) => (float[2] y) <float[2] a = {1, 2}, int64[1] bad = {5}> {
+  r = Reshape(a, bad)
+  y = Add(x, r)
+}
+"""
+
+
+def test_failed_fold_raises_unless_allow_partial():
+    model = onnx.parser.parse_model(FAILING)
+    with pytest.raises(GskitError, match="allow_partial"):
+        fold(model)
+    folded, report = fold(model, allow_partial=True)
+    assert [n.op_type for n in folded.graph.node] == ["Reshape", "Add"]
+
+
+def test_size_threshold_keeps_big_constants_unfolded():
+    graph = gs.import_onnx(parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[256,256] x) => (float[256,256] y) {
+      s = Constant <value = int64[2] {256, 256}> ()
+      big = ConstantOfShape <value = float[1] {1}> (s)
+      y = Add(x, big)
+    }"""))
+    _, report = fold(graph, size_threshold=1024)
+    assert "ConstantOfShape" in [n.op for n in graph.nodes]
+    _, report = fold(graph, size_threshold=None)
+    assert [n.op for n in graph.nodes] == ["Add"]
+
+
+def test_if_reading_outer_scope_flattens_without_breaking(rng):
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[3] x) => (float[3] y) <bool c = {1}> {
+      y = If(c) <then_branch = t () => (float[3] o) { o = Neg(x) },
+                  else_branch = e () => (float[3] o2) { o2 = Identity(x) }>
+    }""")
+    folded, _ = fold(model)
+    assert "If" not in [n.op_type for n in folded.graph.node]
+    _assert_same_outputs(model, folded, {"x": rng.standard_normal(3).astype(np.float32)})
+
+
+def test_cli_fold_writes_model_and_json(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    gsmodel.save(parse_model(FLATTEN), src)
+    assert main(["fold", str(src), "-o", str(tmp_path / "f.onnx"), "--json"]) == 0
+    assert '"nodes_after": 1' in capsys.readouterr().out
+    assert len(gsmodel.load(tmp_path / "f.onnx").graph.node) == 1
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_torch_flatten_and_view_chains_fold(tmp_path, dynamo, rng):
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            z = torch.flatten(y, 1)
+            return z.view(y.shape[0], y.shape[1], -1).sum(-1)
+
+    path = tmp_path / "net.onnx"
+    x = torch.randn(2, 3, 8, 8)
+    torch.onnx.export(Net().eval(), (x,), str(path), dynamo=dynamo, opset_version=17)
+    model = gsmodel.load(path)
+    folded, report = fold(model)
+    assert "Shape" not in [n.op_type for n in folded.graph.node]
+    assert report.nodes_after <= _polygraphy_count(model)
+    _assert_same_outputs(model, folded, {model.graph.input[0].name: x.numpy()})
