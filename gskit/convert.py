@@ -6,8 +6,7 @@ model, so ``to_fp16`` is how a model gets an fp16 engine.
 ``to_fp16`` decides per node whether it runs in fp16 or stays fp32:
 
 * fp32: ops in ``block_ops``, nodes with subgraphs (``If``/``Loop``/``Scan``), and plugin nodes, unless the
-  plugin's spec has ``supports_fp16 = True`` (a field ``gskit.plugin.PluginSpec`` would need to carry; until it
-  does, every plugin stays fp32),
+  plugin's spec has ``supports_fp16=True``,
 * fp16: every other node.
 
 Float32 tensors produced by fp16 nodes become float16; a ``Cast`` is inserted wherever a tensor crosses from one
@@ -279,7 +278,7 @@ def _fixed_float_inputs(node: gs.Node) -> set[int]:
 
 
 def _fp16_plugins(plugins: Any) -> frozenset[tuple[str, str]]:
-    return frozenset((s.namespace, s.name) for s in (plugins or ()) if getattr(s, "supports_fp16", False))
+    return frozenset((s.namespace, s.name) for s in (plugins or ()) if s.supports_fp16)
 
 
 def _check_names(label: str, names: tuple[str, ...], tensors: list[gs.Tensor]) -> None:

@@ -42,9 +42,6 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 EXTERNAL_TENSOR_MIN_BYTES = 1024
 _COPY_CHUNK = 64 * 1024 * 1024
 _TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
-#: How to give a tensor back after a save: its old external-data entries (it was on disk), a full copy
-#: (its payload was in typed fields), or None (its payload was raw bytes, re-read from the new file).
-_Record = list[tuple[str, str]] | TensorProto | None
 _BASEPATH = "basepath"
 
 ModelLike = onnx.ModelProto | gs.Graph
@@ -124,7 +121,7 @@ def save(
         tmp_model = tmp_dir / path.name
         with _ir_version_for_onnxruntime(proto):
             if external_data:
-                _write_with_external_data(proto, tensors, tmp_model, data_name)
+                _write_with_external_data(proto, tmp_model, data_name)
             else:
                 if any(uses_external_data(t) for t in tensors):
                     raise GskitError(f"{path}: model has weights on disk; save it with external_data=True")
@@ -178,7 +175,8 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
 def to_model(graph: gs.Graph) -> onnx.ModelProto:
     """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load."""
     model = gs.export_onnx(graph, do_type_check=False)
-    model.ir_version = min(model.ir_version, MAX_ORT_IR_VERSION)
+    # IR 4 is the first to allow initializers that are not graph inputs, which graphsurgeon always writes.
+    model.ir_version = max(4, min(model.ir_version, MAX_ORT_IR_VERSION))
     return model
 
 
@@ -186,7 +184,9 @@ def resolve_output(input_path: str | os.PathLike, output_path: str | os.PathLike
     """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``."""
     out = Path(output_path)
     if out.resolve() == Path(input_path).resolve() and not in_place:
-        raise GskitError(f"{out}: output would overwrite the input model; choose another -o or pass --in-place")
+        raise GskitError(
+            f"{out}: output would overwrite the input model; choose another -o or pass --in-place"
+        )
     return out
 
 
@@ -242,7 +242,9 @@ def _data_file(tensor: TensorProto, base_dir: str) -> Path:
 def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -> None:
     location = _entry(tensor, "location")
     if not location or os.path.isabs(location) or ".." in Path(location).parts:
-        raise GskitError(f"{model_path}: tensor '{tensor.name}' has an invalid external data location {location!r}")
+        raise GskitError(
+            f"{model_path}: tensor '{tensor.name}' has an invalid external data location {location!r}"
+        )
     data = _data_file(tensor, base_dir)
     if not data.is_file():
         raise GskitError(
@@ -291,64 +293,85 @@ def _ir_version_for_onnxruntime(model: onnx.ModelProto) -> Iterator[None]:
         model.ir_version = original
 
 
-def _write_with_external_data(
-    model: onnx.ModelProto, tensors: list[TensorProto], model_path: Path, data_name: str
-) -> None:
-    """Stream large tensors into one data file, serialize the stripped proto, then restore the tensors."""
-    moved: list[tuple[TensorProto, _Record]] = []
-    data_path = model_path.parent / data_name
+def _write_with_external_data(model: onnx.ModelProto, model_path: Path, data_name: str) -> None:
+    """Write weights to one data file and a light copy of the model that points at them.
+
+    The caller's model is only read: large tensors are never copied into a second proto, and nothing has
+    to be put back afterwards (protobuf does not return the memory of a cleared field, so stripping and
+    restoring the caller's tensors would double the process's memory).
+    """
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip=("graph",))
+    _copy_fields(model.graph, light.graph, skip=("initializer",))
+    with open(model_path.parent / data_name, "wb") as data:
+        # Tensors outside the initializer list (Constant attributes, subgraphs, functions) are rare and
+        # small; they were copied above and are moved out of the light copy itself.
+        for tensor in _get_all_tensors(light):
+            if uses_external_data(tensor) or tensor_nbytes(tensor) >= EXTERNAL_TENSOR_MIN_BYTES:
+                _externalize(tensor, tensor, data, data_name)
+        for source in model.graph.initializer:
+            target = light.graph.initializer.add()
+            if uses_external_data(source) or tensor_nbytes(source) >= EXTERNAL_TENSOR_MIN_BYTES:
+                _copy_header(source, target)
+                _externalize(source, target, data, data_name)
+            else:
+                target.CopyFrom(source)
     try:
-        with open(data_path, "wb") as data:
-            for tensor in tensors:
-                on_disk = uses_external_data(tensor)
-                if not on_disk and tensor_nbytes(tensor) < EXTERNAL_TENSOR_MIN_BYTES:
-                    continue
-                offset = _align(data)
-                if on_disk:
-                    record = [(e.key, e.value) for e in tensor.external_data]
-                    length = _copy_external(tensor, data)
-                else:
-                    record = None
-                    if not tensor.HasField("raw_data"):
-                        # Typed fields (float_data, ...) are rare for big tensors: keep a copy to give back.
-                        record = TensorProto()
-                        record.CopyFrom(tensor)
-                        tensor.raw_data = onnx.numpy_helper.to_array(tensor).tobytes()
-                        for name in _TYPED_FIELDS:
-                            tensor.ClearField(name)
-                    length = len(tensor.raw_data)
-                    data.write(tensor.raw_data)
-                    tensor.ClearField("raw_data")
-                moved.append((tensor, record))
-                tensor.data_location = TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
-                    _set_entry(tensor, key, value)
-        try:
-            model_path.write_bytes(model.SerializeToString())
-        except ValueError as err:
-            raise GskitError(f"{model_path.name}: graph itself exceeds protobuf's 2 GB limit") from err
-    finally:
-        _restore(moved, data_path)
+        model_path.write_bytes(light.SerializeToString())
+    except ValueError as err:
+        raise GskitError(f"{model_path.name}: graph itself exceeds protobuf's 2 GB limit") from err
 
 
-def _restore(moved: list[tuple[TensorProto, _Record]], data_path: Path) -> None:
-    """Give each tensor back to the caller as it was: its old disk record, or its bytes in memory."""
-    for tensor, record in moved:
-        if isinstance(record, TensorProto):
-            tensor.CopyFrom(record)
+def _copy_fields(source, target, *, skip: tuple[str, ...]) -> None:
+    for field_desc, value in source.ListFields():
+        if field_desc.name in skip:
             continue
-        if record is not None:
-            del tensor.external_data[:]
-            for key, value in record:
-                _set_entry(tensor, key, value)
-            continue
-        offset, length = int(_entry(tensor, "offset") or 0), int(_entry(tensor, "length") or 0)
-        with open(data_path, "rb") as f:
-            f.seek(offset)
-            tensor.raw_data = f.read(length)
-        tensor.ClearField("data_location")
-        del tensor.external_data[:]
+        if _is_repeated(field_desc):
+            getattr(target, field_desc.name).extend(value)
+        elif field_desc.type == field_desc.TYPE_MESSAGE:
+            getattr(target, field_desc.name).CopyFrom(value)
+        else:
+            setattr(target, field_desc.name, value)
+
+
+def _is_repeated(field_desc) -> bool:
+    # protobuf 7 dropped FieldDescriptor.label in favour of is_repeated.
+    if hasattr(field_desc, "is_repeated"):
+        return bool(field_desc.is_repeated)
+    return field_desc.label == field_desc.LABEL_REPEATED
+
+
+def _copy_header(source: TensorProto, target: TensorProto) -> None:
+    """Everything of a tensor but its payload."""
+    target.name = source.name
+    target.data_type = source.data_type
+    target.dims.extend(source.dims)
+    if source.doc_string:
+        target.doc_string = source.doc_string
+    if source.HasField("segment"):
+        target.segment.CopyFrom(source.segment)
+    target.metadata_props.extend(source.metadata_props)
+
+
+def _externalize(source: TensorProto, target: TensorProto, data, data_name: str) -> None:
+    """Append ``source``'s payload to ``data`` and make ``target`` point at it."""
+    offset = _align(data)
+    if uses_external_data(source):
+        length = _copy_external(source, data)
+    elif source.HasField("raw_data"):
+        payload = source.raw_data
+        data.write(payload)
+        length = len(payload)
+    else:  # typed fields (float_data, ...)
+        payload = onnx.numpy_helper.to_array(source).tobytes()
+        data.write(payload)
+        length = len(payload)
+    for name in ("raw_data", *_TYPED_FIELDS):
+        target.ClearField(name)
+    del target.external_data[:]
+    target.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
+        _set_entry(target, key, value)
 
 
 def _align(data) -> int:

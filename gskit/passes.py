@@ -177,9 +177,10 @@ def run_sanitize(state: RunState, options: SanitizeOptions) -> tuple[str, Any]:
     from gskit.sanitize import sanitize
 
     outputs = [t.name for t in state.graph.outputs]
-    report = sanitize(state.graph, skip=options.skip, extra=options.extra)
+    state.graph, report = sanitize(state.graph, skip=options.skip, extra=options.extra)
     _ensure([t.name for t in state.graph.outputs] == outputs, "sanitize", "graph outputs changed")
-    return _counted(report), report
+    changed = ", ".join(f"{step} {n}" for step, n in report.changes.items() if n) or "nothing to tidy"
+    return f"{report.nodes_before} -> {report.nodes_after} nodes ({changed})", report
 
 
 def run_edit(state: RunState, options: EditOptions) -> tuple[str, Any]:
@@ -275,10 +276,10 @@ def run_convert(state: RunState, options: ConvertOptions) -> tuple[str, Any]:
         state.graph = gsmodel.to_graph(proto)
         done.append(f"opset {options.opset}")
     if options.int32:
-        convert.int64_to_int32(state.graph)
+        state.graph, _ = convert.int64_to_int32(state.graph)
         done.append("int64 -> int32")
     if options.fp16:
-        state.graph = convert.to_fp16(
+        state.graph, _ = convert.to_fp16(
             state.graph,
             keep_io_types=options.keep_io_fp32,
             clamp_min=options.clamp_min,
@@ -371,7 +372,3 @@ def _ensure(condition: bool, step: str, message: str) -> None:
     if not condition:
         raise StepError(f"step '{step}' broke its promise: {message}")
 
-
-def _counted(report: Any) -> str:
-    summary = getattr(report, "summary", None)
-    return summary() if callable(summary) else "done"

@@ -127,6 +127,8 @@ class PluginSpec:
         patterns: what this plugin replaces (objects from ``gskit.patterns``), tried in order.
         doc: one paragraph for people.
         source: file the spec was loaded from (set by the loader).
+        supports_fp16: the plugin takes float16 inputs; otherwise ``gskit convert --fp16`` keeps its node in
+            float32 with Casts around it.
     """
 
     name: str
@@ -140,6 +142,7 @@ class PluginSpec:
     patterns: tuple[Any, ...] = ()
     doc: str = ""
     source: Path | None = None
+    supports_fp16: bool = False
 
     @property
     def domain(self) -> str:

@@ -1,4 +1,4 @@
-"""``gskit plugin new``: a new plugin folder (spec, reference stub, kernel stub, TensorRT plugin, README, test).
+"""``gskit plugin new``: a new plugin folder: spec, reference and kernel stubs, TensorRT plugin, README, test.
 
 With ``from_node`` the spec's op name, namespace, attributes (kinds and values as defaults), input and
 output counts and dtypes come from a custom node of an existing model; the dtypes of the node's tensors
@@ -120,8 +120,12 @@ def read_node(model_path: str | os.PathLike, node_name: str) -> NodeSignature:
         inputs.append(types[name])
     first = next((i[0] for i in inputs if i is not None), "float32")
     outputs = tuple(types[name][0] if name in types else first for name in node.output)
-    attributes = tuple(_node_attribute(model_path, node, a) for a in node.attribute if a.name not in ROUTING_ATTRIBUTES)
-    return NodeSignature(node.op_type, node.domain, node.name or node.op_type, tuple(inputs), outputs, attributes)
+    attributes = tuple(
+        _node_attribute(model_path, node, a) for a in node.attribute if a.name not in ROUTING_ATTRIBUTES
+    )
+    return NodeSignature(
+        node.op_type, node.domain, node.name or node.op_type, tuple(inputs), outputs, attributes
+    )
 
 
 def new_plugin(
@@ -149,7 +153,9 @@ def new_plugin(
     folder_name = _folder_name(name)
     target = Path(directory) / folder_name
     if target.exists():
-        raise GskitError(f"{target} already exists; pick another name or remove it first (nothing overwritten)")
+        raise GskitError(
+            f"{target} already exists; pick another name or remove it first (nothing overwritten)"
+        )
     if from_node:
         model_path, sep, node_name = from_node.rpartition(":")
         if not sep or not model_path or not node_name:
@@ -161,7 +167,9 @@ def new_plugin(
     target.mkdir(parents=True)
     written = []
     for file_name, template in FILES.items():
-        text = "" if not template else string.Template((TEMPLATE_DIR / template).read_text()).substitute(values)
+        text = (
+            "" if not template else string.Template((TEMPLATE_DIR / template).read_text()).substitute(values)
+        )
         path = target / file_name
         path.write_text(text)
         written.append(path)
@@ -169,11 +177,13 @@ def new_plugin(
     return written
 
 
-def _template_values(sig: NodeSignature, folder: str, namespace: str, from_node: str | None) -> dict[str, str]:
+def _template_values(
+    sig: NodeSignature, folder: str, namespace: str, from_node: str | None
+) -> dict[str, str]:
     inputs = _tensor_names(len(sig.inputs), "x")
-    inputs = [f"{n}?" if info is None else n for n, info in zip(inputs, sig.inputs)]
+    inputs = [f"{n}?" if info is None else n for n, info in zip(inputs, sig.inputs, strict=True)]
     outputs = _tensor_names(len(sig.outputs), "y")
-    present = [(n, info) for n, info in zip(inputs, sig.inputs) if info is not None]
+    present = [(n, info) for n, info in zip(inputs, sig.inputs, strict=True) if info is not None]
     first_optional = next((i for i, n in enumerate(inputs) if n.endswith("?")), len(inputs))
     params = [
         f"{n.rstrip('?')}: np.ndarray | None = None" if i >= first_optional else f"{n}: np.ndarray"
@@ -199,7 +209,9 @@ def _template_values(sig: NodeSignature, folder: str, namespace: str, from_node:
         "outputs": _tuple_repr(outputs),
         "attributes": "".join(f"        {_attribute_code(a, sig.node)},\n" for a in sig.attributes),
         "signature": signature,
-        "returns": "np.ndarray" if len(outputs) == 1 else f"tuple[{', '.join(['np.ndarray'] * len(outputs))}]",
+        "returns": "np.ndarray"
+        if len(outputs) == 1
+        else f"tuple[{', '.join(['np.ndarray'] * len(outputs))}]",
         "kernel_signature": ", ".join(
             [f"{n.rstrip('?')}: Any" for n in inputs] + ["*", "outputs: Any", "**attrs: Any"]
         ),
@@ -272,7 +284,7 @@ def _tensor_names(count: int, stem: str) -> list[str]:
 
 
 def _tuple_repr(items: Sequence[Any]) -> str:
-    return "(" + "".join(f"{item!r}, " for item in items).rstrip(" ") + ")"
+    return repr(tuple(items))
 
 
 def _folder_name(name: str) -> str:

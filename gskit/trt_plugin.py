@@ -5,10 +5,13 @@ functions (names, order, type annotations). gskit already knows all of that from
 ``trt_plugin.py`` writes only what is specific to it, and :func:`register_from_spec` builds functions with
 the signatures TensorRT expects::
 
-    from gskit.trt_plugin import register_from_spec
-    from .spec import SPEC
+    from gskit.trt_plugin import load_plugin_folder, register_from_spec
 
+    SPEC, kernel = load_plugin_folder(__file__)
     register_from_spec(SPEC, shape=lambda inputs, attrs: [inputs[0].like()], impl=my_impl)
+
+``load_plugin_folder`` imports ``spec.py`` and ``kernel.py`` through gskit's plugin loader, so the module
+works however TensorRT's loaders import it (as a package member, or as a plain file without a package).
 
 Callback shapes (``attrs`` maps the spec's attribute names to values as TensorRT passes them: ``int``,
 ``float``, ``str``, numpy arrays for lists):
@@ -25,17 +28,21 @@ Callback shapes (``attrs`` maps the spec's attribute names to values as TensorRT
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from gskit.errors import PluginError
-from gskit.plugin import AttrType, PluginSpec
+from gskit.plugin import PLUGIN_PACKAGE, AttrType, PluginSpec, load_spec_file
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,9 @@ DEFAULT_TYPES: tuple[str, ...] = ("FP32", "FP16")
 ShapeFn = Callable[[list[Any], Mapping[str, Any]], Sequence[Any]]
 ImplFn = Callable[[list[Any], list[Any], Mapping[str, Any], int], None]
 AotImplFn = Callable[[list[Any], list[Any], Mapping[str, Any]], tuple[Any, Any, Any, Any]]
+
+#: Plugin ids this process registered (TensorRT refuses a second registration of an id).
+_REGISTERED: set[str] = set()
 
 _SCALAR_ANNOTATIONS: Mapping[AttrType, Any] = {
     AttrType.INT: int,
@@ -123,6 +133,27 @@ def autotune_signature(spec: PluginSpec) -> inspect.Signature:
     return inspect.Signature([_param(n) for n in [*input_names(spec), "outputs"]])
 
 
+def load_plugin_folder(module_file: str | os.PathLike) -> tuple[PluginSpec, ModuleType]:
+    """The spec and the kernel module of the plugin folder holding ``module_file`` (its ``trt_plugin.py``).
+
+    ``spec.py`` is imported by :func:`gskit.plugin.load_spec_file` as the package
+    ``gskit_plugins.<folder>``; ``kernel.py`` is imported as a member of that package.
+
+    Raises:
+        PluginError: the folder's spec or kernel cannot be imported, or it defines several specs.
+    """
+    folder = Path(module_file).resolve().parent
+    package = f"{PLUGIN_PACKAGE}.trt_{folder.name}"
+    specs = load_spec_file(folder / "spec.py", package)
+    if len(specs) != 1:
+        raise PluginError(f"{folder / 'spec.py'}: a TensorRT Python plugin folder needs exactly one SPEC")
+    try:
+        kernel = importlib.import_module(f"{package}.kernel")
+    except Exception as err:  # user code: name the file
+        raise PluginError(f"{folder / 'kernel.py'}: cannot import: {type(err).__name__}: {err}") from err
+    return specs[0], kernel
+
+
 def register_from_spec(
     spec: PluginSpec,
     *,
@@ -143,7 +174,8 @@ def register_from_spec(
         formats: tensor formats for autotune.
 
     Returns:
-        The plugin id (``namespace::name``).
+        The plugin id (``namespace::name``). Registering an id again in the same process is a no-op
+        (TensorRT's loaders may import a plugin module more than once).
 
     Raises:
         PluginError: full TensorRT (>= 10.6, >= 10.9 with ``aot_impl``) is not importable, the spec's
@@ -156,6 +188,9 @@ def register_from_spec(
             "for other versions"
         )
     pid = plugin_id(spec)
+    if pid in _REGISTERED:
+        log.debug("tensorrt.plugin %s is already registered in this process", pid)
+        return pid
     tensors = input_names(spec)
     attr_names = [a.name for a in spec.attributes]
 
@@ -200,6 +235,7 @@ def register_from_spec(
 
         compile_kernel.__signature__ = aot_sig  # type: ignore[attr-defined]
         trtp.aot_impl(pid)(compile_kernel)
+    _REGISTERED.add(pid)
     log.debug("registered tensorrt.plugin %s (aot=%s)", pid, aot_impl is not None)
     return pid
 
@@ -279,15 +315,24 @@ def triton_ptx(
     except ImportError as err:
         raise PluginError("ahead-of-time kernels need Triton: pip install triton") from err
     signature = {
-        name: "constexpr" if name in constexprs else f"*{pointer_types[name]}" if name in pointer_types else "i32"
+        name: "constexpr"
+        if name in constexprs
+        else f"*{pointer_types[name]}"
+        if name in pointer_types
+        else "i32"
         for name in kernel.arg_names
     }
     try:
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs)), target=target)
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs)), target=target
+        )
     except Exception as err:  # Triton raises many types; name the kernel
         raise PluginError(f"Triton cannot compile {getattr(kernel, '__name__', kernel)}: {err}") from err
     return TritonPtx(
-        compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.num_warps * 32, compiled.metadata.shared
+        compiled.metadata.name,
+        compiled.asm["ptx"],
+        compiled.metadata.num_warps * 32,
+        compiled.metadata.shared,
     )
 
 
@@ -304,7 +349,7 @@ def launch(ptx: TritonPtx, grid: Sequence[Any], scalars: Sequence[Any]) -> tuple
     """
     trtp = _import_trtp(aot=True)
     params = trtp.KernelLaunchParams()
-    for axis, dim in zip(("grid_x", "grid_y", "grid_z"), grid):
+    for axis, dim in zip(("grid_x", "grid_y", "grid_z")[: len(grid)], grid, strict=True):
         setattr(params, axis, dim)
     params.block_x = ptx.block_x
     params.shared_mem = ptx.shared_mem
@@ -324,5 +369,7 @@ def _import_trtp(*, aot: bool) -> Any:
             "TensorRT Python plugins need full TensorRT >= 10.6: pip install 'gskit[trt]' (or docker/)"
         ) from err
     if aot and not hasattr(trtp, "aot_impl"):
-        raise PluginError("ahead-of-time TensorRT Python plugins need TensorRT >= 10.9 (tensorrt.plugin.aot_impl)")
+        raise PluginError(
+            "ahead-of-time TensorRT Python plugins need TensorRT >= 10.9 (tensorrt.plugin.aot_impl)"
+        )
     return trtp

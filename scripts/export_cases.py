@@ -30,7 +30,17 @@ from gskit.patterns import replace
 from gskit.plugin import PluginRegistry, load_plugins
 from gskit.report import console, table
 from gskit.shapes import infer_shapes
-from gskit.torch_export import Call, ModulePlugin, as_plugin, export, export_as_plugins, register_symbolic, torch_op, translation, validate
+from gskit.torch_export import (
+    Call,
+    ModulePlugin,
+    as_plugin,
+    export,
+    export_as_plugins,
+    register_symbolic,
+    torch_op,
+    translation,
+    validate,
+)
 
 PLUGINS = load_plugins([Path(__file__).resolve().parent.parent / "plugins"], entry_points=False)
 CLAMP_SWISH = PLUGINS.get("gskit", "ClampSwish")
@@ -44,7 +54,9 @@ class CaseResult:
 
     final: onnx.ModelProto
     exported: onnx.ModelProto
-    stages: list[tuple[str, int, int, float]] = field(default_factory=list)  # name, nodes, plugin nodes, error
+    stages: list[tuple[str, int, int, float]] = field(
+        default_factory=list
+    )  # name, nodes, plugin nodes, error
 
 
 # ----------------------------------------------------------------------------------------- the models
@@ -77,22 +89,42 @@ class UsesFunction(torch.nn.Module):
         return self.function.apply(x) * 2.0
 
 
-def _deform_conv2d_torch(x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask):  # noqa: ANN001, ANN202
+def _deform_conv2d_torch(
+    x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask
+):  # noqa: ANN001, ANN202
     """torchvision's deform_conv2d in plain torch ops (bilinear taps, zero outside), for machines without it."""
     n, c, h, w = x.shape
     c_out, _, kh, kw = weight.shape
     oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     k, og = kh * kw, offset_groups
     off = offset.reshape(n, og, k, 2, oh, ow)
-    ys = (torch.arange(oh) * sh - ph).view(1, 1, 1, oh, 1) + (torch.arange(kh) * dh).repeat_interleave(kw).view(1, 1, k, 1, 1) + off[:, :, :, 0]
-    xs = (torch.arange(ow) * sw - pw).view(1, 1, 1, 1, ow) + (torch.arange(kw) * dw).repeat(kh).view(1, 1, k, 1, 1) + off[:, :, :, 1]
+    ys = (
+        (torch.arange(oh) * sh - ph).view(1, 1, 1, oh, 1)
+        + (torch.arange(kh) * dh).repeat_interleave(kw).view(1, 1, k, 1, 1)
+        + off[:, :, :, 0]
+    )
+    xs = (
+        (torch.arange(ow) * sw - pw).view(1, 1, 1, 1, ow)
+        + (torch.arange(kw) * dw).repeat(kh).view(1, 1, k, 1, 1)
+        + off[:, :, :, 1]
+    )
     image = x.reshape(n, og, c // og, h * w)
     y0, x0 = ys.floor(), xs.floor()
     fy, fx = ys - y0, xs - x0
     samples = torch.zeros(n, og, c // og, k * oh * ow, dtype=x.dtype)
-    for cy, cx, wt in ((y0, x0, (1 - fy) * (1 - fx)), (y0, x0 + 1, (1 - fy) * fx), (y0 + 1, x0, fy * (1 - fx)), (y0 + 1, x0 + 1, fy * fx)):
+    for cy, cx, wt in (
+        (y0, x0, (1 - fy) * (1 - fx)),
+        (y0, x0 + 1, (1 - fy) * fx),
+        (y0 + 1, x0, fy * (1 - fx)),
+        (y0 + 1, x0 + 1, fy * fx),
+    ):
         inside = (cy >= 0) & (cy < h) & (cx >= 0) & (cx < w)
-        flat = (cy.clamp(0, h - 1) * w + cx.clamp(0, w - 1)).long().reshape(n, og, 1, -1).expand(-1, -1, c // og, -1)
+        flat = (
+            (cy.clamp(0, h - 1) * w + cx.clamp(0, w - 1))
+            .long()
+            .reshape(n, og, 1, -1)
+            .expand(-1, -1, c // og, -1)
+        )
         samples = samples + image.gather(-1, flat) * (wt * inside).reshape(n, og, 1, -1)
     samples = samples.reshape(n, og, c // og, k, oh, ow)
     if use_mask:
@@ -140,9 +172,17 @@ class DeformConv(torch.nn.Module):
         return self.op(x, self.weight, offset, mask, self.bias, 1, 1, 1, 1, 1, 1, 1, 1, False)
 
 
-def bind_deform_conv2d(x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask) -> Call:  # noqa: ANN001
+def bind_deform_conv2d(
+    x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask
+) -> Call:  # noqa: ANN001
     """torchvision's argument order -> DeformConv2d's (x, weight, offset, bias, mask) and attributes."""
-    attrs = {"strides": [sh, sw], "pads": [ph, pw, ph, pw], "dilations": [dh, dw], "group": groups, "offset_group": offset_groups}
+    attrs = {
+        "strides": [sh, sw],
+        "pads": [ph, pw, ph, pw],
+        "dilations": [dh, dw],
+        "group": groups,
+        "offset_group": offset_groups,
+    }
     return Call([x, weight, offset, bias, mask if use_mask else None], attrs)
 
 
@@ -181,21 +221,45 @@ def case_asinh(out: Path, dynamo: bool = False) -> CaseResult:
     model, args = Asinh().eval(), (torch.randn(2, 5) * 3,)
     table_ = {torch.ops.aten.asinh.default: translation(onnx_op="Asinh")}
     with register_symbolic("aten::asinh", onnx_op="Asinh", opset=9):
-        result = export(model, args, out / "asinh.onnx", dynamo=dynamo, opset=18 if dynamo else 9,
-                        input_names=["x"], output_names=["y"], custom_translation_table=table_)
+        result = export(
+            model,
+            args,
+            out / "asinh.onnx",
+            dynamo=dynamo,
+            opset=18 if dynamo else 9,
+            input_names=["x"],
+            output_names=["y"],
+            custom_translation_table=table_,
+        )
     return _pipeline(result.model, model, args, PluginRegistry())
 
 
 def case_inlined(out: Path, dynamo: bool = False) -> CaseResult:
     model, args = UsesFunction(ClampSwishFunction).eval(), (torch.randn(1, 2, 5, 5),)
-    result = export(model, args, out / "inlined.onnx", dynamo=dynamo, opset=18 if dynamo else 12, input_names=["x"], output_names=["y"])
+    result = export(
+        model,
+        args,
+        out / "inlined.onnx",
+        dynamo=dynamo,
+        opset=18 if dynamo else 12,
+        input_names=["x"],
+        output_names=["y"],
+    )
     return _pipeline(result.model, model, args, PluginRegistry([CLAMP_SWISH]), replace_specs=[CLAMP_SWISH])
 
 
 def case_function(out: Path, dynamo: bool = False) -> CaseResult:
     model, args = UsesFunction(ClampSwishPlugin).eval(), (torch.randn(1, 2, 5, 5),)
-    result = export(model, args, out / "function.onnx", dynamo=dynamo, opset=18 if dynamo else 12,
-                    input_names=["x"], output_names=["y"], functions=[ClampSwishPlugin])
+    result = export(
+        model,
+        args,
+        out / "function.onnx",
+        dynamo=dynamo,
+        opset=18 if dynamo else 12,
+        input_names=["x"],
+        output_names=["y"],
+        functions=[ClampSwishPlugin],
+    )
     return _pipeline(result.model, model, args, PluginRegistry([CLAMP_SWISH]))
 
 
@@ -203,9 +267,20 @@ def case_deform_conv(out: Path, dynamo: bool = False) -> CaseResult:
     model, args = DeformConv().eval(), (torch.rand(1, 3, 7, 7),)
     op = deform_conv2d_op()
     table_ = {torch_op(op): translation(plugin=DEFORM_CONV, bind=bind_deform_conv2d)}
-    with register_symbolic(op, plugin=DEFORM_CONV, arg_types=DEFORM_ARG_TYPES, bind=bind_deform_conv2d, opset=12):
-        result = export(model, args, out / "deform_conv.onnx", dynamo=dynamo, opset=18 if dynamo else 12,
-                        input_names=["x"], output_names=["y"], plugins=[DEFORM_CONV], custom_translation_table=table_)
+    with register_symbolic(
+        op, plugin=DEFORM_CONV, arg_types=DEFORM_ARG_TYPES, bind=bind_deform_conv2d, opset=12
+    ):
+        result = export(
+            model,
+            args,
+            out / "deform_conv.onnx",
+            dynamo=dynamo,
+            opset=18 if dynamo else 12,
+            input_names=["x"],
+            output_names=["y"],
+            plugins=[DEFORM_CONV],
+            custom_translation_table=table_,
+        )
     return _pipeline(result.model, model, args, PluginRegistry([DEFORM_CONV]))
 
 
@@ -214,18 +289,34 @@ def case_modules(out: Path, dynamo: bool = False) -> CaseResult:
         raise SystemExit("modules: export_modules_as_functions exists only in the TorchScript exporter")
     model, args = TwoNorms().eval(), (torch.randn(2, 3, 16),)
     plugin = ModulePlugin(LAYER_NORM, attrs=lambda m: {"epsilon": m.eps})
-    result = export_as_plugins(model, args, out / "modules.onnx", {MyLayerNorm: plugin}, opset=17, input_names=["x"], output_names=["y"])
+    result = export_as_plugins(
+        model,
+        args,
+        out / "modules.onnx",
+        {MyLayerNorm: plugin},
+        opset=17,
+        input_names=["x"],
+        output_names=["y"],
+    )
     return _pipeline(result.model, model, args, PluginRegistry([LAYER_NORM]))
 
 
 CASES: dict[str, Callable[[Path, bool], CaseResult]] = {
-    "asinh": case_asinh, "inlined": case_inlined, "function": case_function,
-    "deform-conv": case_deform_conv, "modules": case_modules,
+    "asinh": case_asinh,
+    "inlined": case_inlined,
+    "function": case_function,
+    "deform-conv": case_deform_conv,
+    "modules": case_modules,
 }
 
 
-def _pipeline(exported: onnx.ModelProto, model: torch.nn.Module, args: tuple, registry: PluginRegistry,
-              replace_specs: list | None = None) -> CaseResult:
+def _pipeline(
+    exported: onnx.ModelProto,
+    model: torch.nn.Module,
+    args: tuple,
+    registry: PluginRegistry,
+    replace_specs: list | None = None,
+) -> CaseResult:
     """replace (optional) -> infer shapes -> fold, each stage checked against PyTorch."""
     result = CaseResult(exported, exported)
 
@@ -251,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=[*CASES, "all"])
     parser.add_argument("--dynamo", action="store_true", help="use the dynamo exporter (torch.export)")
-    parser.add_argument("-o", "--out", type=Path, help="folder for the .onnx files (default: a temporary one)")
+    parser.add_argument(
+        "-o", "--out", type=Path, help="folder for the .onnx files (default: a temporary one)"
+    )
     args = parser.parse_args(argv)
     names = list(CASES) if args.case == "all" else [args.case]
     with tempfile.TemporaryDirectory() as tmp:

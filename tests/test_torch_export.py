@@ -133,7 +133,9 @@ def test_deform_conv2d(cases, tmp_path, dynamo):
     assert attrs["group"] == (int_, 1)
     assert attrs["offset_group"] == (int_, 1)
     assert len(node.input) == 4  # x, weight, offset, bias; no mask (use_mask=False)
-    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in result.final.graph.output}
+    shapes = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in result.final.graph.output
+    }
     assert shapes["y"] == [1, 4, 7, 7]
 
 
@@ -155,7 +157,13 @@ def test_modules_as_functions_needs_opset_15(cases, tmp_path):
     from gskit.torch_export import export_as_plugins
 
     with pytest.raises(GskitError, match="opset >= 15"):
-        export_as_plugins(cases.TwoNorms(), (cases.torch.randn(1, 16),), tmp_path / "m.onnx", {cases.MyLayerNorm: cases.LAYER_NORM}, opset=13)
+        export_as_plugins(
+            cases.TwoNorms(),
+            (cases.torch.randn(1, 16),),
+            tmp_path / "m.onnx",
+            {cases.MyLayerNorm: cases.LAYER_NORM},
+            opset=13,
+        )
 
 
 @pytest.mark.torch
@@ -167,7 +175,9 @@ def test_plugin_attribute_checked_by_spec(cases, tmp_path):
         return cases.bind_deform_conv2d(*args)._replace(attrs={"group": 2**40})
 
     op = cases.deform_conv2d_op()
-    with register_symbolic(op, plugin=cases.DEFORM_CONV, arg_types=cases.DEFORM_ARG_TYPES, bind=bad, opset=12):
+    with register_symbolic(
+        op, plugin=cases.DEFORM_CONV, arg_types=cases.DEFORM_ARG_TYPES, bind=bad, opset=12
+    ):
         with pytest.raises(GskitError, match="int32"):
             export(cases.DeformConv().eval(), (cases.torch.rand(1, 3, 7, 7),), tmp_path / "d.onnx", opset=12)
     assert issubclass(PluginError, GskitError) and Call

@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gskit {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; stay quiet like other command-line tools.
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"gskit {args.command}: interrupted", file=sys.stderr)
         return 130

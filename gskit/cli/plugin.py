@@ -84,9 +84,13 @@ def _short(value: object) -> str:
 
 
 def _add_new_parser(actions: argparse._SubParsersAction) -> None:
-    new = actions.add_parser("new", help="create plugins/NAME/: spec, reference and kernel stubs, TensorRT plugin, test")
+    new = actions.add_parser(
+        "new", help="create plugins/NAME/: spec, reference and kernel stubs, TensorRT plugin, README, test"
+    )
     new.add_argument("name", metavar="NAME", help="plugin folder name (snake_case); op name = its CamelCase")
-    new.add_argument("--from-node", metavar="MODEL:NODE", help="copy op name, domain, attributes, I/O dtypes of a node")
+    new.add_argument(
+        "--from-node", metavar="MODEL:NODE", help="copy op name, domain, attributes and I/O dtypes of a node"
+    )
     new.add_argument("--dir", default="plugins", help="plugins folder to create it in (default: plugins)")
     new.add_argument("--namespace", default="gskit", help="plugin namespace when the node has no domain")
     new.add_argument("--json", action="store_true", help="print JSON")

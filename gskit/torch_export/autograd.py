@@ -75,7 +75,9 @@ def as_plugin(
     def decorate(cls: type[T]) -> type[T]:
         torch = require()
         if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
-            raise GskitError(f"@as_plugin({spec.qualified_name}) decorates torch.autograd.Function classes, not {cls!r}")
+            raise GskitError(
+                f"@as_plugin({spec.qualified_name}) decorates torch.autograd.Function classes, not {cls!r}"
+            )
 
         def symbolic(g: Any, *args: Any) -> Any:
             call = call_of(*args)
@@ -87,6 +89,7 @@ def as_plugin(
 
         cls.custom_op = op  # type: ignore[attr-defined]
         cls.translation_table = {op: translation(plugin=spec, bind=call_of)}  # type: ignore[attr-defined]
+
         def apply(klass: type, *args: Any) -> Any:
             if torch.compiler.is_exporting():  # torch.export (dynamo); the TorchScript tracer is not
                 return op(*args)

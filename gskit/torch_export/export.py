@@ -125,13 +125,15 @@ def export(
     """
     torch = require()
     functions = list(functions)
-    specs = _specs(plugins, [getattr(f, "gskit_plugin") for f in functions])
+    specs = _specs(plugins, [f.gskit_plugin for f in functions])
     table = dict(custom_translation_table or {})
     for function in functions:
         table.update(getattr(function, "translation_table", {}))
     kwargs: dict[str, Any] = dict(
-        opset_version=opset, input_names=list(input_names or []) or None,
-        output_names=list(output_names or []) or None, **export_kwargs,
+        opset_version=opset,
+        input_names=list(input_names or []) or None,
+        output_names=list(output_names or []) or None,
+        **export_kwargs,
     )
     if dynamo:
         kwargs["custom_translation_table"] = table
@@ -179,12 +181,17 @@ def export_as_plugins(
             or the result does not match PyTorch.
     """
     if opset < MIN_FUNCTION_OPSET:
-        raise GskitError(f"export_as_plugins needs opset >= {MIN_FUNCTION_OPSET} (local functions), got {opset}")
+        raise GskitError(
+            f"export_as_plugins needs opset >= {MIN_FUNCTION_OPSET} (local functions), got {opset}"
+        )
     torch = require()
     plans = {cls: p if isinstance(p, ModulePlugin) else ModulePlugin(p) for cls, p in modules.items()}
     kwargs: dict[str, Any] = dict(
-        opset_version=opset, input_names=list(input_names or []) or None,
-        output_names=list(output_names or []) or None, export_modules_as_functions=set(plans), **export_kwargs,
+        opset_version=opset,
+        input_names=list(input_names or []) or None,
+        output_names=list(output_names or []) or None,
+        export_modules_as_functions=set(plans),
+        **export_kwargs,
     )
     proto = _torch_export(torch, model, args, False, kwargs)
     graph = gsmodel.to_graph(proto)
@@ -200,7 +207,9 @@ def export_as_plugins(
             raise GskitError(
                 f"module {cls.__module__}.{cls.__qualname__} -> {plugin_report.plugin}: nothing replaced ({reasons})"
             )
-    result = _finish(gsmodel.to_model(graph), path, model, args, [p.spec for p in plans.values()], check, atol, rtol)
+    result = _finish(
+        gsmodel.to_model(graph), path, model, args, [p.spec for p in plans.values()], check, atol, rtol
+    )
     result.replace_report = report
     return result
 
@@ -258,7 +267,9 @@ def validate(
     return errors
 
 
-def _torch_export(torch: Any, model: Any, args: tuple[Any, ...], dynamo: bool, kwargs: dict[str, Any]) -> onnx.ModelProto:
+def _torch_export(
+    torch: Any, model: Any, args: tuple[Any, ...], dynamo: bool, kwargs: dict[str, Any]
+) -> onnx.ModelProto:
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     try:
         with torch.no_grad():
@@ -269,14 +280,26 @@ def _torch_export(torch: Any, model: Any, args: tuple[Any, ...], dynamo: bool, k
             torch.onnx.export(model, args, buffer, dynamo=False, **kwargs)
     except Exception as err:  # the exporters raise many types; keep their first line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        hint = " (register a symbolic with gskit.torch_export.register_symbolic)" if "not supported" in first else ""
-        raise GskitError(f"torch.onnx.export ({'dynamo' if dynamo else 'TorchScript'}) failed: {first}{hint}") from err
+        hint = (
+            " (register a symbolic with gskit.torch_export.register_symbolic)"
+            if "not supported" in first
+            else ""
+        )
+        raise GskitError(
+            f"torch.onnx.export ({'dynamo' if dynamo else 'TorchScript'}) failed: {first}{hint}"
+        ) from err
     return onnx.load_from_string(buffer.getvalue())
 
 
 def _finish(
-    proto: onnx.ModelProto, path: str | os.PathLike, model: Any, args: tuple[Any, ...],
-    specs: list[PluginSpec], check: bool, atol: float, rtol: float,
+    proto: onnx.ModelProto,
+    path: str | os.PathLike,
+    model: Any,
+    args: tuple[Any, ...],
+    specs: list[PluginSpec],
+    check: bool,
+    atol: float,
+    rtol: float,
 ) -> ExportResult:
     written = gsmodel.save(proto, path)
     result = ExportResult(Path(written), proto, plugin_nodes=_plugin_counts(proto, specs))
@@ -301,7 +324,9 @@ def _call_pattern(cls: type, plan: ModulePlugin, instances: Mapping[str, Any]) -
             )
         return plan.attrs(module)
 
-    return FunctionPattern(cls.__name__, cls.__module__, inputs=plan.inputs, attrs=attrs, name=f"module {cls.__qualname__}")
+    return FunctionPattern(
+        cls.__name__, cls.__module__, inputs=plan.inputs, attrs=attrs, name=f"module {cls.__qualname__}"
+    )
 
 
 def _specs(plugins: PluginRegistry | Iterable[PluginSpec], extra: list[PluginSpec]) -> list[PluginSpec]:

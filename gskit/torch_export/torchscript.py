@@ -124,7 +124,9 @@ def register_symbolic(
         torch.onnx.register_custom_op_symbolic(op, symbolic, opset)
     except (ValueError, RuntimeError) as err:
         raise GskitError(f"cannot register a symbolic for '{op}': {err}") from err
-    log.debug("registered symbolic %s -> %s (opset >= %d)", op, plugin.qualified_name if plugin else onnx_op, opset)
+    log.debug(
+        "registered symbolic %s -> %s (opset >= %d)", op, plugin.qualified_name if plugin else onnx_op, opset
+    )
     return SymbolicRegistration(op, opset)
 
 
@@ -142,7 +144,9 @@ def unregister_symbolic(op: str, opset: int = 9) -> None:
         del registration.registry._registry[op]
 
 
-def emit_plugin(g: Any, spec: PluginSpec, inputs: Sequence[Any], attrs: Mapping[str, Any] | None = None) -> Any:
+def emit_plugin(
+    g: Any, spec: PluginSpec, inputs: Sequence[Any], attrs: Mapping[str, Any] | None = None
+) -> Any:
     """Add a plugin node to a TorchScript export graph (call it from a symbolic).
 
     Attributes are checked and completed by :meth:`PluginSpec.node_attrs` (defaults, int32 range,
@@ -226,7 +230,9 @@ def _absent(g: Any) -> Any:
 
 def _plugin_inputs(spec: PluginSpec, inputs: Sequence[Any], g: Any) -> list[Any]:
     if len(inputs) > len(spec.inputs):
-        raise PluginError(f"{spec.qualified_name}: {len(inputs)} inputs given, the spec has {len(spec.inputs)}")
+        raise PluginError(
+            f"{spec.qualified_name}: {len(inputs)} inputs given, the spec has {len(spec.inputs)}"
+        )
     values = list(inputs)
     for port, value in zip(spec.inputs, values):
         if value is None and not port.endswith("?"):
@@ -239,7 +245,9 @@ def _plugin_inputs(spec: PluginSpec, inputs: Sequence[Any], g: Any) -> list[Any]
     return [v if v is not None else _absent(g) for v in values]
 
 
-def _set_output_types(spec: PluginSpec, inputs: Sequence[Any], outputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
+def _set_output_types(
+    spec: PluginSpec, inputs: Sequence[Any], outputs: Sequence[Any], attrs: Mapping[str, Any]
+) -> None:
     """Give plugin outputs the dtype/shape the spec infers, so the exporter's own inference continues."""
     torch = require()
     scalar = torch.onnx.JitScalarType
@@ -263,7 +271,9 @@ def _set_output_types(spec: PluginSpec, inputs: Sequence[Any], outputs: Sequence
             continue
         torch_dtype = scalar.from_onnx_type(info.dtype).dtype()
         sizes = [d if isinstance(d, int) else None for d in info.shape]
-        out.setType(torch._C.TensorType.create_from_tensor(torch.empty(0, dtype=torch_dtype)).with_sizes(sizes))
+        out.setType(
+            torch._C.TensorType.create_from_tensor(torch.empty(0, dtype=torch_dtype)).with_sizes(sizes)
+        )
 
 
 def _python_suffix(op_type: str, name: str, value: Any, torch: Any) -> str:

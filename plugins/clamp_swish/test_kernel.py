@@ -72,10 +72,13 @@ sys.path.insert(0, {str(Path(__file__).parents[1])!r})
 from triton.backends.compiler import GPUTarget
 from gskit.trt_plugin import triton_ptx
 from clamp_swish import kernel
-ptx = triton_ptx(kernel.clamp_swish_kernel, {{"x_ptr": "{dtype}", "y_ptr": "{dtype}"}}, {{"BLOCK": kernel.BLOCK}},
+types = {{"x_ptr": "{dtype}", "y_ptr": "{dtype}"}}
+ptx = triton_ptx(kernel.clamp_swish_kernel, types, {{"BLOCK": kernel.BLOCK}},
                  target=GPUTarget("cuda", 90, 32))
 assert ".entry " + ptx.name in ptx.ptx and ptx.block_x > 0, ptx.name
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]

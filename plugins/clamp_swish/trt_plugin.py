@@ -6,10 +6,17 @@ Name, namespace and attributes come from ``spec.py``; the output is the input's 
 
 from typing import Any
 
-from gskit.trt_plugin import as_torch, cuda_stream, launch, register_from_spec, triton_ptx, triton_type
+from gskit.trt_plugin import (
+    as_torch,
+    cuda_stream,
+    launch,
+    load_plugin_folder,
+    register_from_spec,
+    triton_ptx,
+    triton_type,
+)
 
-from . import kernel
-from .spec import SPEC
+SPEC, kernel = load_plugin_folder(__file__)
 
 
 def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:

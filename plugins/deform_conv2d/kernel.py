@@ -161,7 +161,9 @@ def deform_conv2d(
     _check(geo, x, weight, offset, bias, mask, group, offset_group)
     out = x.new_empty((geo.n, geo.c_out, geo.oh, geo.ow)) if out is None else out
     if tuple(out.shape) != (geo.n, geo.c_out, geo.oh, geo.ow) or out.dtype != x.dtype:
-        raise ValueError(f"out is {tuple(out.shape)} {out.dtype}, expected {(geo.n, geo.c_out, geo.oh, geo.ow)}")
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype}, expected {(geo.n, geo.c_out, geo.oh, geo.ow)}"
+        )
     if out.numel():
         meta = constexprs(
             geo.kh, geo.kw, strides, pads, dilations, group, offset_group,
@@ -189,14 +191,18 @@ def geometry(
     return Geometry(n, c, h, w, c_out, kh, kw, oh, ow)
 
 
-def _check(geo: Geometry, x: Any, weight: Any, offset: Any, bias: Any, mask: Any, group: int, og: int) -> None:
+def _check(
+    geo: Geometry, x: Any, weight: Any, offset: Any, bias: Any, mask: Any, group: int, og: int
+) -> None:
     tensors = [t for t in (x, weight, offset, bias, mask) if t is not None]
     if not all(t.is_contiguous() for t in tensors):
         raise ValueError("deform_conv2d needs contiguous tensors")
     k = geo.kh * geo.kw
     if geo.c % group or geo.c_out % group or weight.shape[1] != geo.c // group or geo.c % og:
-        raise ValueError(f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)} with group={group}, "
-                         f"offset_group={og}")
+        raise ValueError(
+            f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)} with group={group}, "
+            f"offset_group={og}"
+        )
     if tuple(offset.shape) != (geo.n, og * k * 2, geo.oh, geo.ow):
         raise ValueError(f"offset is {tuple(offset.shape)}, expected {(geo.n, og * k * 2, geo.oh, geo.ow)}")
     if mask is not None and tuple(mask.shape) != (geo.n, og * k, geo.oh, geo.ow):

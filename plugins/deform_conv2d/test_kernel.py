@@ -32,7 +32,14 @@ from .reference import output_size  # noqa: E402
 CASES = [
     ((1, 2, 5, 5), (3, 2, 3, 3), {}, True, True, 0.5),
     ((2, 4, 7, 9), (6, 2, 3, 3), {"pads": [1, 1, 1, 1], "group": 2, "offset_group": 2}, True, True, 2.0),
-    ((1, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [2, 1]}, False, True, 1.0),
+    (
+        (1, 3, 9, 8),
+        (5, 3, 3, 2),
+        {"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [2, 1]},
+        False,
+        True,
+        1.0,
+    ),
     ((2, 2, 6, 7), (4, 1, 1, 3), {"group": 2, "pads": [0, 1, 0, 1]}, True, False, 8.0),
     ((1, 3, 4, 4), (33, 3, 2, 2), {"strides": [1, 2], "offset_group": 3}, False, False, 1.5),
 ]
@@ -41,12 +48,23 @@ TOLERANCE = {np.float32: (1e-4, 1e-4), np.float16: (3e-3, 3e-3)}
 
 def _inputs(case: tuple, dtype: type) -> tuple[list[np.ndarray | None], dict]:
     x_shape, w_shape, attrs, with_bias, with_mask, scale = case
-    attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1, "offset_group": 1, **attrs}
+    attrs = {
+        "strides": [1, 1],
+        "pads": [0, 0, 0, 0],
+        "dilations": [1, 1],
+        "group": 1,
+        "offset_group": 1,
+        **attrs,
+    }
     rng = np.random.default_rng(x_shape[2] * 31 + w_shape[0])
     n, _, h, w = x_shape
     k = w_shape[2] * w_shape[3]
-    oh = output_size(h, w_shape[2], attrs["strides"][0], attrs["pads"][0], attrs["pads"][2], attrs["dilations"][0])
-    ow = output_size(w, w_shape[3], attrs["strides"][1], attrs["pads"][1], attrs["pads"][3], attrs["dilations"][1])
+    oh = output_size(
+        h, w_shape[2], attrs["strides"][0], attrs["pads"][0], attrs["pads"][2], attrs["dilations"][0]
+    )
+    ow = output_size(
+        w, w_shape[3], attrs["strides"][1], attrs["pads"][1], attrs["pads"][3], attrs["dilations"][1]
+    )
     og = attrs["offset_group"]
     arrays = [
         rng.standard_normal(x_shape),
@@ -99,9 +117,12 @@ from gskit.trt_plugin import triton_ptx
 from deform_conv2d import kernel
 names = ("x_ptr", "w_ptr", "off_ptr", "b_ptr", "m_ptr", "y_ptr")
 meta = kernel.constexprs(3, 3, [1, 1], [1, 1, 1, 1], [1, 1], 2, 1, True, True, 16)
-ptx = triton_ptx(kernel.deform_conv2d_kernel, dict.fromkeys(names, "{dtype}"), meta, target=GPUTarget("cuda", 90, 32))
+types = dict.fromkeys(names, "{dtype}")
+ptx = triton_ptx(kernel.deform_conv2d_kernel, types, meta, target=GPUTarget("cuda", 90, 32))
 assert ".entry " + ptx.name in ptx.ptx and ptx.block_x > 0, ptx.name
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -9,13 +9,21 @@ needs the weight shape fixed at build time.
 
 from typing import Any
 
+import numpy as np
 import tensorrt.plugin as trtp
 
 from gskit.errors import PluginError
-from gskit.trt_plugin import as_torch, cuda_stream, launch, register_from_spec, triton_ptx, triton_type
+from gskit.trt_plugin import (
+    as_torch,
+    cuda_stream,
+    launch,
+    load_plugin_folder,
+    register_from_spec,
+    triton_ptx,
+    triton_type,
+)
 
-from . import kernel
-from .spec import SPEC
+SPEC, kernel = load_plugin_folder(__file__)
 
 
 def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
@@ -45,8 +53,9 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     a = _attrs(attrs)
     block_co = kernel.Geometry(1, 1, 1, 1, c_out, kh, kw, 1, 1).block_co(a["group"])
     dtype = triton_type(x.dtype)
-    meta = kernel.constexprs(kh, kw, a["strides"], a["pads"], a["dilations"], a["group"], a["offset_group"],
-                             True, True, block_co)
+    meta = kernel.constexprs(
+        kh, kw, a["strides"], a["pads"], a["dilations"], a["group"], a["offset_group"], True, True, block_co
+    )
     names = ("x_ptr", "w_ptr", "off_ptr", "b_ptr", "m_ptr", "y_ptr")
     ptx = triton_ptx(kernel.deform_conv2d_kernel, dict.fromkeys(names, dtype), meta)
     n, c, h, w = (x.shape_expr[i] for i in range(4))
@@ -54,6 +63,14 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     co_blocks = -(-(c_out // a["group"]) // block_co)
     grid = [trtp.cdiv(oh * ow, kernel.BLOCK_P), n * (a["group"] * co_blocks)]
     return launch(ptx, grid=grid, scalars=[n, c, h, w, c_out, oh, ow])
+
+
+def example_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    """Inputs for a one-node test model with the default attributes (tests/test_trt_gpu.py uses them)."""
+    shapes = [(1, 4, 6, 7), (4, 4, 3, 3), (1, 18, 4, 5), (4,), (1, 9, 4, 5)]
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    arrays[4] = rng.random(shapes[4]).astype(np.float32)
+    return arrays
 
 
 def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,17 @@ needs x's last dim fixed at build time (it sets the kernel's chunk length).
 from typing import Any
 
 from gskit.errors import PluginError
-from gskit.trt_plugin import as_torch, cuda_stream, launch, register_from_spec, triton_ptx, triton_type
+from gskit.trt_plugin import (
+    as_torch,
+    cuda_stream,
+    launch,
+    load_plugin_folder,
+    register_from_spec,
+    triton_ptx,
+    triton_type,
+)
 
-from . import kernel
-from .spec import SPEC
+SPEC, kernel = load_plugin_folder(__file__)
 
 
 def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:

@@ -64,9 +64,7 @@ def rms_norm(x: Any, weight: Any, out: Any | None = None, *, epsilon: float = 1e
     _check(x, weight, out, cols)
     rows = x.numel() // cols if cols else 0
     if rows:
-        rms_norm_kernel[(rows,)](
-            x, weight, cols, out, EPS=epsilon_constant(epsilon), BLOCK=block_size(cols)
-        )
+        rms_norm_kernel[(rows,)](x, weight, cols, out, EPS=epsilon_constant(epsilon), BLOCK=block_size(cols))
     return out
 
 

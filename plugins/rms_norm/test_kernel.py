@@ -74,5 +74,7 @@ ptx = triton_ptx(kernel.rms_norm_kernel, types, {{"EPS": 1e-5, "BLOCK": kernel.b
 assert ".entry " + ptx.name in ptx.ptx and ptx.block_x > 0, ptx.name
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]

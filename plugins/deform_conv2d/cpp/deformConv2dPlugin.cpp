@@ -314,6 +314,22 @@ IPluginV3* DeformConv2dPluginCreator::createPlugin(
     return nullptr;
 }
 
-REGISTER_TENSORRT_PLUGIN(DeformConv2dPluginCreator);
+namespace
+{
+//! Registers the creator under namespace "gskit" when the library is loaded (ctypes.CDLL / dlopen), with the
+//! namespace given explicitly so that the registry key and the creator's getPluginNamespace() agree.
+struct CreatorRegistration
+{
+    CreatorRegistration()
+    {
+        static DeformConv2dPluginCreator creator;
+        if (!getPluginRegistry()->registerCreator(creator, kPLUGIN_NAMESPACE))
+        {
+            logError("registration with the TensorRT plugin registry failed (loaded twice?)");
+        }
+    }
+};
+CreatorRegistration const kCREATOR_REGISTRATION{};
+} // namespace
 
 } // namespace gskit

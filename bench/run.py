@@ -1,0 +1,252 @@
+"""gskit against the tools people use today, on the same models in one run.
+
+Usage::
+
+    python bench/run.py [--quick] [--json PATH] [--only fold,replace,large] [--timeout S] [--large-gb GB]
+
+Suites (each measurement runs in its own child process, see ``bench/peers.py``):
+
+* ``fold``: gskit fold vs ``polygraphy surgeon sanitize --fold-constants`` vs onnxsim vs onnxslim on onnx's
+  light models, PyTorch exports (ExampleNet, tests/exported_models.py) and transformer-like graphs of about
+  10k/50k/100k nodes: median wall time, peak RSS, nodes before/after, outputs on onnxruntime.
+* ``replace``: gskit replace (every plugin in plugins/) on transformer-like graphs of 400/2000/4000 blocks
+  (10.4k/52k/104k nodes, one LayerNorm instance per block).
+* ``large``: gskit prepare (transform steps of the default recipe) and folding by each tool on a model with
+  2.5 GB of external weights, against a bare ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``.
+
+``--quick`` (about a minute or two): two light models, ExampleNet, a 1k-node transformer, replace on 1k and 10k
+nodes, and a 200 MB stand-in for the large model (labelled as such). Generated models go to a temporary
+folder; the JSON goes to ``bench/results/`` (git-ignored) unless ``--json`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import models  # noqa: E402
+from bench.peers import ATOL, FOLD_TOOLS, PREPARE_STEPS, RTOL, Row, measure  # noqa: E402
+
+log = logging.getLogger("bench")
+
+SUITES = ("fold", "replace", "large")
+QUICK_LIGHT = ("light_squeezenet", "light_zfnet512")
+#: Blocks of the transformer-like graphs (26 nodes each): about 10k, 50k and 100k nodes.
+FULL_BLOCKS = (400, 2000, 4000)
+QUICK_BLOCKS = (40, 400)
+MB, GB = 1e6, 1e9
+
+
+def _fold_suite(work: Path, quick: bool, timeout: float) -> list[Row]:
+    sources: list[tuple[str, Path, int]] = []  # (label, path, runs)
+    light = models.light_models()
+    if quick:
+        light = [p for p in light if p.stem in QUICK_LIGHT]
+    sources += [(p.stem, p, 1 if quick else 3) for p in light]
+    exported = models.exported_models(work / "exported")
+    if quick:
+        exported = exported[:1]  # ExampleNet
+    sources += [(p.stem, p, 1 if quick else 3) for p in exported]
+    for blocks in QUICK_BLOCKS[:1] if quick else FULL_BLOCKS:
+        path = models.write_transformer_like(work / "transformer" / f"t{blocks}.onnx", blocks=blocks)
+        sources.append((f"transformer {blocks * models.NODES_PER_BLOCK // 1000}k", path, 1))
+    rows = []
+    for label, path, runs in sources:
+        scale = 3 if "transformer" in label and not quick else 1
+        for tool in FOLD_TOOLS:
+            rows.append(measure("fold", label, tool, path, work / "out", runs=runs, timeout=timeout * scale))
+    return rows
+
+
+def _replace_suite(work: Path, quick: bool, timeout: float) -> list[Row]:
+    rows = []
+    for blocks in QUICK_BLOCKS if quick else FULL_BLOCKS:
+        label = f"transformer {blocks * models.NODES_PER_BLOCK / 1000:.1f}k ({blocks} instances)"
+        runs = 3 if blocks <= 400 else 1
+        rows.append(measure("replace", label, "gskit-replace", work / "none.onnx", work / "out", runs=runs,
+                            timeout=timeout * 3, compare=blocks <= 400, extra={"blocks": blocks}))
+    return rows
+
+
+def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tuple[list[Row], dict[str, Any]]:
+    size = 0.2 if quick else size_gb
+    path = work / "large" / "big.onnx"
+    info = models.large_model(path, int(size * GB))
+    label = f"{info['weight_bytes'] / GB:.2f} GB MatMul chain" + (" (quick stand-in for >2 GB)" if quick else "")
+    rows = []
+    for tool in ("onnx-floor", "gskit-prepare", *FOLD_TOOLS):
+        runs = 1 if not quick else 3
+        rows.append(measure("large", label, tool, path, work / "out", runs=runs, timeout=timeout * 3,
+                            compare=tool != "onnx-floor"))
+    shutil.rmtree(path.parent, ignore_errors=True)
+    return rows, {"weight_bytes": info["weight_bytes"], "stand_in": quick}
+
+
+# -- goals -------------------------------------------------------------------------------------------------
+
+
+def _ok(row: Row) -> bool:
+    return row.status == "ok" and row.match is not False
+
+
+def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[dict[str, Any]]:
+    """Each goal with its measured value and whether it is met (None: not measured in this run)."""
+    result = []
+    fold_rows = [r for r in rows if r.suite == "fold"]
+    if fold_rows:
+        by_model: dict[str, dict[str, Row]] = {}
+        for r in fold_rows:
+            by_model.setdefault(r.model, {})[r.tool] = r
+        nodes_met, time_ratios = 0, []
+        for tools in by_model.values():
+            g = tools.get("gskit")
+            peers = [r.nodes_after for t, r in tools.items() if t != "gskit" and _ok(r)]
+            if g and _ok(g) and (not peers or g.nodes_after <= min(peers)):
+                nodes_met += 1
+            p = tools.get("polygraphy")
+            if g and p and _ok(g) and _ok(p) and p.seconds:
+                time_ratios.append(g.seconds / p.seconds)
+        result.append(_goal("fold removes >= nodes of the best peer", f"{nodes_met}/{len(by_model)} models",
+                            nodes_met == len(by_model)))
+        worst = max(time_ratios) if time_ratios else None
+        result.append(_goal("fold time <= 1.0x Polygraphy (worst model)",
+                            f"{worst:.2f}x (median {statistics.median(time_ratios):.2f}x)" if worst else "n/a",
+                            worst <= 1.0 if worst else None))
+    rep = sorted((r for r in rows if r.suite == "replace" and r.status == "ok"), key=lambda r: r.nodes_before)
+    if len(rep) >= 2:
+        lo, hi = rep[0], rep[-1]
+        ratio, size_ratio = hi.seconds / lo.seconds, hi.nodes_before / lo.nodes_before
+        limit = 12 * size_ratio / 10
+        result.append(_goal(f"replace t({hi.nodes_before // 1000}k)/t({lo.nodes_before / 1000:.0f}k) <= {limit:.0f}",
+                            f"{ratio:.1f} for {size_ratio:.0f}x nodes", ratio <= limit))
+    four_hundred = [r for r in rows if r.suite == "replace" and r.detail.get("instances") == 400]
+    if four_hundred:
+        r = four_hundred[0]
+        result.append(_goal("400 instances in ~10k nodes < 1 s", f"{r.seconds:.2f} s" if r.seconds else r.status,
+                            bool(r.seconds and r.seconds < 1.0 and r.match is not False)))
+    big = {r.tool: r for r in rows if r.suite == "large"}
+    if big and large:
+        weights, tag = large["weight_bytes"], " (stand-in)" if large["stand_in"] else ""
+        g = big.get("gskit")
+        if g:
+            ratio = g.peak_rss / weights if g.peak_rss else None
+            result.append(_goal(f"fold large{tag}: peak RSS <= 1.5x model", f"{ratio:.2f}x" if ratio else g.status,
+                                bool(ratio and ratio <= 1.5 and _ok(g))))
+        p, floor = big.get("gskit-prepare"), big.get("onnx-floor")
+        if p:
+            ratio = p.peak_rss / weights if p.peak_rss else None
+            result.append(_goal(f"prepare large{tag}: peak RSS <= 1.3x weights",
+                                f"{ratio:.2f}x" if ratio else p.status, bool(ratio and ratio <= 1.3 and _ok(p))))
+        if p and floor and p.seconds and floor.seconds:
+            ratio = p.seconds / floor.seconds
+            result.append(_goal(f"prepare large{tag}: wall <= 2x I/O floor", f"{ratio:.2f}x", ratio <= 2.0))
+    return result
+
+
+def _goal(name: str, value: str, met: bool | None) -> dict[str, Any]:
+    return {"goal": name, "value": value, "met": met}
+
+
+# -- output ------------------------------------------------------------------------------------------------
+
+
+def _fmt_row(r: Row) -> tuple[str, ...]:
+    match = {True: "yes", False: "NO", None: "-"}[r.match]
+    if r.match is not None and r.max_abs_err is not None:
+        match += f" ({r.max_abs_err:.1e})"
+    return (
+        r.suite,
+        r.model,
+        r.tool,
+        r.status if r.status == "ok" else f"[red]{r.status}[/red] {r.note[:60]}",
+        f"{r.seconds:.3f}" if r.seconds is not None else "-",
+        str(r.runs),
+        f"{r.peak_rss / MB:.0f}" if r.peak_rss else "-",
+        f"{r.nodes_before}" if r.nodes_before is not None else "-",
+        f"{r.nodes_after}" if r.nodes_after is not None else "-",
+        match,
+    )
+
+
+def render(rows: list[Row], goal_rows: list[dict[str, Any]], quick: bool) -> None:
+    from gskit.report import console, table
+
+    out = console()
+    cols = ("suite", "model", "tool", "status", "wall s (median)", "runs", "peak RSS MB", "nodes before",
+            "nodes after", f"outputs match (atol {ATOL:g}, rtol {RTOL:g})")
+    out.print(table("gskit vs peers" + (" (--quick)" if quick else ""), cols, [_fmt_row(r) for r in rows]))
+    marks = {True: "[green]met[/green]", False: "[red]not met[/red]", None: "not measured"}
+    out.print(table("goals", ("goal", "measured", "status"),
+                    [(g["goal"], g["value"], marks[g["met"]]) for g in goal_rows]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small models only (about a minute or two)")
+    parser.add_argument("--json", type=Path, default=None, help="write results here (default bench/results/)")
+    parser.add_argument("--only", default=",".join(SUITES), help=f"comma-separated suites of {','.join(SUITES)}")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per measurement (default 60 quick, "
+                        "120 full; x3 for the big graphs)")
+    parser.add_argument("--large-gb", type=float, default=2.5, help="weights of the large model in GB (full run)")
+    parser.add_argument("--dir", type=Path, default=None, help="folder for generated models (default: temporary)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each measurement")
+    args = parser.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(only) - set(SUITES)
+    if unknown:
+        parser.error(f"--only: unknown suite(s) {sorted(unknown)}; choose from {','.join(SUITES)}")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    timeout = args.timeout or (60.0 if args.quick else 120.0)
+    json_path = args.json or REPO / "bench" / "results" / f"bench-{'quick' if args.quick else 'full'}.json"
+
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="gskit-bench-", dir=args.dir))
+    rows: list[Row] = []
+    large = None
+    try:
+        if "fold" in only:
+            rows += _fold_suite(work, args.quick, timeout)
+        if "replace" in only:
+            rows += _replace_suite(work, args.quick, timeout)
+        if "large" in only:
+            large_rows, large = _large_suite(work, args.quick, timeout, args.large_gb)
+            rows += large_rows
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    goal_rows = goals(rows, large, args.quick)
+    render(rows, goal_rows, args.quick)
+    result = {
+        "quick": args.quick,
+        "suites": only,
+        "seconds": round(time.perf_counter() - started, 1),
+        "tolerance": {"atol": ATOL, "rtol": RTOL},
+        "prepare_steps": list(PREPARE_STEPS),
+        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
+                    "platform": platform.platform()},
+        "large_model": large,
+        "rows": [r.as_dict() for r in rows],
+        "goals": goal_rows,
+    }
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=2))
+    from gskit.report import console
+
+    console().print(f"wrote {json_path} ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

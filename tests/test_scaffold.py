@@ -1,0 +1,147 @@
+"""``gskit plugin new``: the generated plugin loads, its test fails until the reference is written and
+passes once it is (run with pytest in a subprocess), and ``--from-node`` copies a custom node's signature."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import parse_model
+
+from gskit import model as gmodel
+from gskit.cli import main
+from gskit.errors import GskitError
+from gskit.plugin import AttrType, load_spec_file
+from gskit.scaffold import new_plugin, read_node
+
+CUSTOM_NODE_MODEL = """
+<ir_version: 10, opset_import: ["" : 17, "custom" : 1]>
+g (float[N, 4] x, int64[4] idx) => (float[N, 4] y) {
+    t = Relu (x)
+    y, aux = custom.GatherTwo <axis = 1, scale = 0.5, mode = "wrap", sizes = [2, 3], weights = [0.25, 0.75],
+                               table = float[2] {1.0, 2.0}, plugin_version = "1"> (t, idx)
+}
+"""
+
+
+def _fill_reference(folder: Path, body: str) -> None:
+    path = folder / "reference.py"
+    text, count = re.subn(r"    raise NotImplementedError\(.*\)\n", body, path.read_text())
+    assert count == 1
+    path.write_text(text)
+
+
+def _run_generated_tests(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(folder), "-q", "-p", "no:cacheprovider"],
+        cwd=folder.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_generated_plugin_passes_its_test_once_the_reference_is_written(tmp_path: Path) -> None:
+    files = new_plugin("soft_sign", tmp_path)
+    folder = tmp_path / "soft_sign"
+    assert sorted(f.name for f in files) == sorted(
+        [
+            "__init__.py",
+            "spec.py",
+            "reference.py",
+            "kernel.py",
+            "trt_plugin.py",
+            "README.md",
+            "test_reference.py",
+        ]
+    )
+    (spec,) = load_spec_file(folder / "spec.py", "gskit_plugins.scaffold_soft_sign")
+    assert (spec.name, spec.namespace, spec.inputs, spec.outputs) == ("SoftSign", "gskit", ("x",), ("y",))
+    with pytest.raises(NotImplementedError):
+        spec.run_reference([np.zeros(3, np.float32)], {})
+
+    before = _run_generated_tests(folder)
+    assert before.returncode == 1, before.stdout[-2000:]
+    assert "NotImplementedError" in before.stdout
+
+    _fill_reference(folder, "    return (x / (1 + np.abs(x))).astype(x.dtype)\n")
+    after = _run_generated_tests(folder)
+    assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-2000:]
+    assert "3 passed" in after.stdout
+
+
+def test_wrong_reference_dtype_fails_the_generated_test(tmp_path: Path) -> None:
+    new_plugin("soft_sign", tmp_path)
+    _fill_reference(tmp_path / "soft_sign", "    return (x / (1 + np.abs(x))).astype(np.float64)\n")
+    done = _run_generated_tests(tmp_path / "soft_sign")
+    assert done.returncode == 1 and "test_reference_follows_the_output_rule" in done.stdout
+
+
+def _custom_model(tmp_path: Path) -> Path:
+    path = tmp_path / "custom.onnx"
+    gmodel.save(parse_model(CUSTOM_NODE_MODEL), path)
+    return path
+
+
+def test_read_node_takes_attributes_and_dtypes(tmp_path: Path) -> None:
+    sig = read_node(_custom_model(tmp_path), "GatherTwo")  # unnamed node: found by its unique op type
+    assert (sig.op_type, sig.domain) == ("GatherTwo", "custom")
+    assert sig.inputs == (("float32", (3, 4)), ("int64", (4,)))
+    assert sig.outputs == ("float32", "float32")  # aux is unknown: the first input's dtype
+    attrs = {a.name: (a.type, a.value) for a in sig.attributes}
+    assert "plugin_version" not in attrs
+    assert attrs["axis"] == (AttrType.INT, 1)
+    assert attrs["scale"] == (AttrType.FLOAT, 0.5)
+    assert attrs["mode"] == (AttrType.STRING, "wrap")
+    assert attrs["sizes"] == (AttrType.INTS, [2, 3])
+    assert attrs["weights"] == (AttrType.FLOATS, [0.25, 0.75])
+    assert attrs["table"][0] is AttrType.TENSOR
+    np.testing.assert_array_equal(attrs["table"][1], np.array([1.0, 2.0], np.float32))
+
+
+def test_from_node_cli_writes_a_spec_with_the_node_signature(tmp_path: Path) -> None:
+    model = _custom_model(tmp_path)
+    plugins = tmp_path / "plugins"
+    assert (
+        main(["plugin", "new", "gather_two", "--from-node", f"{model}:GatherTwo", "--dir", str(plugins)]) == 0
+    )
+    folder = plugins / "gather_two"
+    (spec,) = load_spec_file(folder / "spec.py", "gskit_plugins.scaffold_gather_two")
+    assert (spec.name, spec.namespace) == ("GatherTwo", "custom")
+    assert spec.inputs == ("x0", "x1") and spec.outputs == ("y0", "y1")
+    kinds = {a.name: (a.type, a.default) for a in spec.attributes if a.type is not AttrType.TENSOR}
+    assert kinds == {
+        "axis": (AttrType.INT, 1),
+        "scale": (AttrType.FLOAT, 0.5),
+        "mode": (AttrType.STRING, "wrap"),
+        "sizes": (AttrType.INTS, [2, 3]),
+        "weights": (AttrType.FLOATS, [0.25, 0.75]),
+    }
+    table = spec.attribute("table")
+    assert table.type is AttrType.TENSOR and np.dtype(table.tensor_dtype) == np.float32
+    np.testing.assert_array_equal(table.default, [1.0, 2.0])
+    module = sys.modules["gskit_plugins.scaffold_gather_two"]
+    assert module.INPUT_DTYPES == ("float32", "int64") and module.OUTPUT_DTYPES == ("float32", "float32")
+
+    _fill_reference(folder, "    return (x0 * scale).astype(x0.dtype), (x0 + table[0]).astype(x0.dtype)\n")
+    done = _run_generated_tests(folder)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_refuses_to_overwrite_and_bad_arguments(tmp_path: Path) -> None:
+    new_plugin("soft_sign", tmp_path)
+    with pytest.raises(GskitError, match="already exists"):
+        new_plugin("soft_sign", tmp_path)
+    assert main(["plugin", "new", "soft_sign", "--dir", str(tmp_path)]) == 2
+    with pytest.raises(GskitError, match="Python identifier"):
+        new_plugin("3-bad", tmp_path)
+    model = _custom_model(tmp_path)
+    with pytest.raises(GskitError, match="no node named"):
+        new_plugin("other", tmp_path, from_node=f"{model}:Missing")
+    with pytest.raises(GskitError, match="MODEL:NODE"):
+        new_plugin("other", tmp_path, from_node="no_colon")
+    assert not (tmp_path / "other").exists()
