@@ -120,7 +120,7 @@ def register_schemas(registry: PluginRegistry) -> None:
                     f"rename the plugin or its namespace"
                 )
             entry = _Registered(signature)
-            schema = _schema(domain, op, specs)
+            schema = plugin_schema(domain, op, specs)
             schema.set_type_and_shape_inference_function(_inference_function(domain, op, entry))
             onnx.defs.register_schema(schema)
             _REGISTERED[(domain, op)] = entry
@@ -276,7 +276,8 @@ def _signature(specs: list[PluginSpec]) -> tuple[Any, ...]:
     return (longest_in.inputs, longest_out.outputs, tuple(attrs))
 
 
-def _schema(domain: str, op: str, specs: list[PluginSpec]) -> OpSchema:
+def plugin_schema(domain: str, op: str, specs: list[PluginSpec]) -> OpSchema:
+    """The onnx OpSchema of a plugin op (all versions of ``domain::op`` in ``specs``), with gskit's inference."""
     inputs_of, outputs_of, attrs = _signature(specs)
     min_in = min(sum(1 for n in s.inputs if not n.endswith("?")) for s in specs)
     inputs = [

@@ -96,8 +96,9 @@ class PluginFiles:
 def find_plugin_files(paths: Sequence[str | os.PathLike]) -> PluginFiles:
     """Collect plugin libraries and Python plugin modules from files and plugin folders.
 
-    A path may be a ``.so`` file, a ``trt_plugin.py`` file, one plugin folder (``<dir>/trt_plugin.py`` and
-    libraries matching ``PLUGIN_LIBRARY_GLOBS``) or a folder of plugin folders (the same one level down).
+    A path may be a ``.so`` file, a ``trt_plugin.py`` file, one plugin folder (libraries matching
+    ``PLUGIN_LIBRARY_GLOBS`` if built, else ``<dir>/trt_plugin.py``) or a folder of plugin folders (the same
+    one level down).
 
     Raises:
         GskitError: a path does not exist or is a file of another kind.
@@ -117,10 +118,13 @@ def find_plugin_files(paths: Sequence[str | os.PathLike]) -> PluginFiles:
         if not path.is_dir():
             raise GskitError(f"{path}: no such plugin file or folder")
         for folder in (path, *sorted(p for p in path.iterdir() if p.is_dir())):
-            if (folder / TRT_PLUGIN_MODULE).is_file():
+            built = [lib for pattern in PLUGIN_LIBRARY_GLOBS for lib in sorted(folder.glob(pattern))]
+            # One implementation per plugin: a built C++ library (no Python at run time) wins over
+            # trt_plugin.py, since both register the same namespace::name and version.
+            if built:
+                libraries.extend(built)
+            elif (folder / TRT_PLUGIN_MODULE).is_file():
                 modules.append(folder / TRT_PLUGIN_MODULE)
-            for pattern in PLUGIN_LIBRARY_GLOBS:
-                libraries.extend(sorted(folder.glob(pattern)))
     return PluginFiles(tuple(dict.fromkeys(libraries)), tuple(dict.fromkeys(modules)))
 
 

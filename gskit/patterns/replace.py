@@ -242,6 +242,7 @@ def _apply(
     calls_before = _local_calls(root)
     replacement: dict[int, gs.Node] = {}  # id(anchor) -> plugin node
     removed: set[int] = set()
+    detached: dict[int, gs.Tensor] = {}
     changed: dict[int, gs.Graph] = {}
     accepted.sort(key=lambda c: (c.rank[3], c.rank[4]))
     for cand in accepted:
@@ -267,7 +268,9 @@ def _apply(
             tuple(t.name for t in rewrite.inputs if t is not None), tuple(t.name for t in match.outputs),
         )
         for node in match.nodes:
-            node.inputs.clear()
+            for tensor in node.inputs:
+                detached[id(tensor)] = tensor
+            list.clear(node.inputs)  # consumer lists are filtered once per batch below (shared constants)
             node.outputs.clear()
             removed.add(id(node))
         inputs = list(rewrite.inputs)
@@ -277,10 +280,14 @@ def _apply(
             [t if t is not None else gs.Variable.empty() for t in inputs], list(match.outputs), rewrite.attrs, name=name
         )
         replacement[id(ordered[-1])] = plugin
-        _drop_dead_constants(match, index, removed)
+        _drop_dead_constants(match, index, removed, detached)
         changed[id(match.graph)] = match.graph
         cand.report.replaced += 1
         report.regions.append(region)
+    for tensor in detached.values():
+        kept = [c for c in tensor.outputs if id(c) not in removed]
+        list.clear(tensor.outputs)
+        list.extend(tensor.outputs, kept)
     for g in changed.values():
         g.nodes = [replacement.get(id(n), n) for n in g.nodes if id(n) not in removed or id(n) in replacement]
         g.toposort(recurse_subgraphs=False, recurse_functions=False)
@@ -297,13 +304,13 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _drop_dead_constants(match: Match, index: GraphIndex, removed: set[int]) -> None:
-    """Remove Constant nodes that only fed the replaced nodes."""
+def _drop_dead_constants(match: Match, index: GraphIndex, removed: set[int], detached: dict[int, gs.Tensor]) -> None:
+    """Remove Constant nodes that only fed replaced nodes."""
     for tensor in match.constants:
         node = tensor.inputs[0] if tensor.inputs else None
         if node is None or id(node) in removed or op_key(node) != ("", "Constant"):
             continue
-        if not tensor.outputs and index.external_use(tensor, set()) is None:
+        if all(id(c) in removed for c in tensor.outputs) and index.external_use(tensor, {id(c) for c in tensor.outputs}) is None:
             node.outputs.clear()
             removed.add(id(node))
 

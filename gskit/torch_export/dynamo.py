@@ -55,9 +55,9 @@ def plugin_op(spec: PluginSpec) -> Any:
     require("onnxscript")
     from onnxscript.values import Op, Opset
 
-    from gskit.shapes import _schema  # the same schema gskit registers for shape inference
+    from gskit.shapes import plugin_schema  # the same schema gskit registers for shape inference
 
-    return Op(Opset(spec.domain, 1), spec.name, _schema(spec.domain, spec.name, [spec]))
+    return Op(Opset(spec.domain, 1), spec.name, plugin_schema(spec.domain, spec.name, [spec]))
 
 
 def translation(
