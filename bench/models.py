@@ -11,7 +11,7 @@ Nothing here is committed: generators write into a folder the caller gives (a te
   ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` chain on the dynamic batch dim, and a residual Add;
   :data:`NODES_PER_BLOCK` nodes per block, weights shared between blocks so 100k nodes stay small.
 * :func:`large_model`: a model whose weights total ``size_bytes`` (external data), built by
-  ``bench/large_model_memory.py``'s ``build``.
+  ``bench/large_model_memory.py``'s ``build`` (in a child process).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def light_models() -> list[Path]:
 
 
 def exported_models(directory: Path) -> list[Path]:
-    """Export ExampleNet and every ``tests/exported_models.py`` case (TorchScript exporter) into ``directory``.
+    """Export ExampleNet and the ``tests/exported_models.py`` cases (TorchScript exporter) into ``directory``.
 
     Returns an empty list when torch is not installed.
     """
@@ -89,17 +89,22 @@ def transformer_like(
         return gs.Constant(name, np.asarray(value, dtype=dtype))
 
     axes, two, eps = const("axes", [-1], np.int64), const("two", 2.0), const("eps", 1e-5)
-    gamma, beta = const("gamma", 1 + 0.1 * rng.standard_normal(width)), const("beta", 0.1 * rng.standard_normal(width))
+    gamma, beta = (
+        const("gamma", 1 + 0.1 * rng.standard_normal(width)),
+        const("beta", 0.1 * rng.standard_normal(width)),
+    )
     wq = const("wq", rng.standard_normal((width, width)) / np.sqrt(width))
     wk = const("wk", rng.standard_normal((width, width)) / np.sqrt(width))
     idx_batch, idx_width = const("idx0", 0, np.int64), const("idx2", 2, np.int64)
     zero_axis, rest = const("unsq_axes", [0], np.int64), const("rest", [-1, width], np.int64)
     x = gs.Variable("x", np.float32, ("batch", seq, width))
-    graph = gs.Graph(inputs=[x], opset=18, name="transformer_like")
+    nodes: list[gs.Node] = []
     h = x
 
     def op(name: str, op_type: str, inputs: list, **attrs) -> gs.Variable:
-        return graph.layer(op=op_type, name=name, inputs=inputs, outputs=[name], attrs=attrs)[0]
+        out = gs.Variable(name)
+        nodes.append(gs.Node(op_type, name, attrs, inputs, [out]))  # graph.layer is quadratic in graph size
+        return out
 
     for i in range(count):
         p = f"b{i}_"
@@ -131,8 +136,7 @@ def transformer_like(
         h = op(p + "residual", "Add", [h, flat])
     h.name = "y"
     h.dtype, h.shape = np.float32, ("batch", seq, width)
-    graph.outputs = [h]
-    return graph
+    return gs.Graph(nodes=nodes, inputs=[x], outputs=[h], opset=18, name="transformer_like")
 
 
 def write_transformer_like(path: Path, num_nodes: int | None = None, *, blocks: int | None = None) -> Path:
@@ -146,10 +150,10 @@ def large_model(path: Path, size_bytes: int) -> dict:
 
     Reuses ``bench/large_model_memory.py``'s ``build``. Returns its info (``weights``, ``weight_bytes``).
     """
-    from bench.large_model_memory import build
+    from bench.large_model_memory import _run_stage
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    return build(path, size_bytes)
+    return _run_stage("build", str(path), str(size_bytes))  # in a child: keeps this process small
 
 
 def node_count(model: onnx.ModelProto | onnx.GraphProto) -> int:

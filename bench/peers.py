@@ -1,18 +1,21 @@
-"""Run one tool on one model in a child process and measure it: wall time, peak RSS, nodes, outputs on onnxruntime.
+"""Run one tool on one model in a child process: wall time, peak RSS, nodes, outputs on onnxruntime.
 
-Tools (``TOOLS``): constant folding by ``gskit`` (``gskit.fold.fold``), ``polygraphy`` (``polygraphy surgeon
-sanitize --fold-constants``, run in-process through polygraphy's CLI entry point), ``onnxsim``
-(``onnxsim.simplify``) and ``onnxslim`` (``onnxslim.slim``); ``gskit-replace`` (``gskit.patterns.replace`` with
-every plugin of ``plugins/``), ``gskit-prepare`` (``gskit.prepare.prepare`` with the transform steps of the
-default recipe) and ``onnx-floor`` (bare ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``).
+Tools (``TOOLS``): constant folding by ``gskit`` (``gskit.fold.fold``; ``gskit-nolimit`` without its
+16 MiB cap on new constants), ``polygraphy`` (``polygraphy surgeon sanitize --fold-constants``, run
+in-process through polygraphy's CLI entry point), ``onnxsim`` (``onnxsim.simplify``) and ``onnxslim``
+(``onnxslim.slim``); ``gskit-replace`` (``gskit.patterns.replace`` with every plugin of ``plugins/``),
+``gskit-prepare`` (``gskit.prepare.prepare`` with the transform steps of the default recipe) and
+``onnx-floor`` (bare ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``).
 
-Each measurement is one child interpreter (``python bench/peers.py --worker ...``): it imports the tool, then
-runs it ``runs`` times (load, transform, save; imports excluded from the time), reads its own
-``ru_maxrss`` (peak RSS of that child, imports included; ``rss_after_imports`` says how much of it was there
-before the first run), then compares the written model's outputs with the original's on onnxruntime (CPU, graph
-optimizations off, ``gskit.feeds.random_feeds`` with seed 0, symbolic dims = 2). Outputs match when
-``|a - b| <= ATOL + RTOL * |b|`` everywhere (NaN equal to NaN). The parent kills the child after ``timeout`` s;
-a child that dies is reported as ``crashed``, ``out of memory`` (killed by SIGKILL) or ``timeout``.
+Each measurement is one child interpreter (``python bench/peers.py --worker ...``): it imports the tool,
+then runs it ``runs`` times (load, transform, save; imports excluded from the time), reads its own peak
+RSS (``VmHWM``, imports included; ``ru_maxrss`` is not used since Linux carries it over fork + exec from
+the parent; ``rss_after_imports`` says how much was there before the first run), then compares the
+written model's outputs with the original's on onnxruntime (CPU, graph optimizations off,
+``gskit.feeds.random_feeds`` with seed 0, symbolic dims = 2). Outputs match when
+``|a - b| <= ATOL + RTOL * |b|`` everywhere (NaN equal to NaN). The parent kills the child after
+``timeout`` s; a child that dies is reported as ``crashed``, ``out of memory`` (killed by SIGKILL) or
+``timeout``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ if str(REPO) not in sys.path:
 log = logging.getLogger(__name__)
 
 FOLD_TOOLS = ("gskit", "polygraphy", "onnxsim", "onnxslim")
-TOOLS = (*FOLD_TOOLS, "gskit-replace", "gskit-prepare", "onnx-floor")
+#: gskit fold without its 16 MiB limit on new constants (the peers have none).
+NOLIMIT = "gskit-nolimit"
+TOOLS = (*FOLD_TOOLS, NOLIMIT, "gskit-replace", "gskit-prepare", "onnx-floor")
 ATOL = 1e-4
 RTOL = 1e-3
 #: Steps of ``gskit prepare`` measured on the large model: the default recipe without its check steps.
@@ -88,11 +93,19 @@ def measure(
     """
     row = Row(suite, model, tool)
     out_dir.mkdir(parents=True, exist_ok=True)
-    job = {"tool": tool, "source": str(source), "out_dir": str(out_dir), "runs": runs, "compare": compare,
-           "extra": extra or {}}
+    job = {
+        "tool": tool,
+        "source": str(source),
+        "out_dir": str(out_dir),
+        "runs": runs,
+        "compare": compare,
+        "extra": extra or {},
+    }
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -127,7 +140,11 @@ def _emit(**values: Any) -> None:
 
 
 def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # ru_maxrss survives fork + exec, so a child of a big parent would report the parent's size; VmHWM belongs
+    # to this process's own address space (same figure as ru_maxrss for a process started small).
+    with open("/proc/self/status") as f:
+        hwm = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), None)
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _current_rss() -> int:
@@ -136,11 +153,12 @@ def _current_rss() -> int:
 
 
 def _run_fold_tool(tool: str, source: Path, out: Path) -> None:
-    if tool == "gskit":
+    if tool in ("gskit", "gskit-nolimit"):
         from gskit import model as gsmodel
         from gskit.fold import fold
 
-        folded, _ = fold(gsmodel.load(source, load_weights=False))
+        limit = {} if tool == "gskit" else {"size_threshold": None}
+        folded, _ = fold(gsmodel.load(source, load_weights=False), **limit)
         gsmodel.save(folded, out)
     elif tool == "polygraphy":
         from polygraphy.tools._main import main as polygraphy_main
@@ -174,7 +192,9 @@ def _save_plain(model, out: Path) -> None:
 
 
 def _total_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file() and p.name.startswith(path.stem))
+    return sum(
+        p.stat().st_size for p in path.parent.iterdir() if p.is_file() and p.name.startswith(path.stem)
+    )
 
 
 def _import_tool(tool: str) -> None:
@@ -183,9 +203,16 @@ def _import_tool(tool: str) -> None:
 
     import gskit.model  # noqa: F401
 
-    modules = {"gskit": ["gskit.fold"], "polygraphy": ["polygraphy.tools._main", "onnx_graphsurgeon"],
-               "onnxsim": ["onnxsim"], "onnxslim": ["onnxslim"], "gskit-replace": ["gskit.patterns", "bench.models"],
-               "gskit-prepare": ["gskit.prepare"], "onnx-floor": []}
+    modules = {
+        "gskit": ["gskit.fold"],
+        NOLIMIT: ["gskit.fold"],
+        "polygraphy": ["polygraphy.tools._main", "onnx_graphsurgeon"],
+        "onnxsim": ["onnxsim"],
+        "onnxslim": ["onnxslim"],
+        "gskit-replace": ["gskit.patterns", "bench.models"],
+        "gskit-prepare": ["gskit.prepare"],
+        "onnx-floor": [],
+    }
     for name in modules[tool]:
         __import__(name)
 
@@ -204,11 +231,11 @@ def _worker(job: dict[str, Any]) -> None:
     _emit(nodes_before=node_count(onnx.load(str(source), load_external_data=False)))
     times = []
     out = out_dir / "out.onnx"
-    for i in range(job["runs"]):
+    for _ in range(job["runs"]):
         for p in out_dir.iterdir():
             p.unlink() if p.is_file() else shutil.rmtree(p)
         start = time.perf_counter()
-        if tool in FOLD_TOOLS:
+        if tool in FOLD_TOOLS or tool == NOLIMIT:
             _run_fold_tool(tool, source, out)
         elif tool == "gskit-prepare":
             from gskit.prepare import prepare
@@ -222,9 +249,14 @@ def _worker(job: dict[str, Any]) -> None:
             onnx_floor(source, out)
         times.append(time.perf_counter() - start)
     written = sum(p.stat().st_size for p in out.parent.iterdir() if p.is_file())
-    _emit(seconds=statistics.median(times), runs=len(times), peak_rss=_peak_rss(),
-          nodes_after=node_count(onnx.load(str(out), load_external_data=False)), written_bytes=written,
-          all_seconds=[round(t, 4) for t in times])
+    _emit(
+        seconds=statistics.median(times),
+        runs=len(times),
+        peak_rss=_peak_rss(),
+        nodes_after=node_count(onnx.load(str(out), load_external_data=False)),
+        written_bytes=written,
+        all_seconds=[round(t, 4) for t in times],
+    )
     if job["compare"]:
         _emit(**_compare(source, out))
 
@@ -275,8 +307,15 @@ def _replace_worker(job: dict[str, Any]) -> None:
         start = time.perf_counter()
         report = replace(graph, list(registry))
         times.append(time.perf_counter() - start)
-    _emit(seconds=statistics.median(times), runs=len(times), peak_rss=_peak_rss(), nodes_before=nodes_before,
-          nodes_after=len(graph.nodes), instances=report.replaced, all_seconds=[round(t, 4) for t in times])
+    _emit(
+        seconds=statistics.median(times),
+        runs=len(times),
+        peak_rss=_peak_rss(),
+        nodes_before=nodes_before,
+        nodes_after=len(graph.nodes),
+        instances=report.replaced,
+        all_seconds=[round(t, 4) for t in times],
+    )
     if job["compare"]:
         out_dir = Path(job["out_dir"])
         source, result = out_dir / "original.onnx", out_dir / "replaced.onnx"

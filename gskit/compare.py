@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,7 +88,7 @@ class CompareReport:
 
 def compare(
     original: ModelSource,
-    prepared: ModelSource,
+    prepared: ModelSource | None,
     *,
     feeds: Mapping[str, np.ndarray] | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -94,41 +96,57 @@ def compare(
     atol: float = 1e-5,
     rtol: float = 1e-5,
     plugins: PluginRegistry | None = None,
+    backend: str = "onnxruntime",
+    engine: str | os.PathLike | None = None,
+    trt_plugins: Sequence[str | os.PathLike] = (),
 ) -> CompareReport:
-    """Run both models on onnxruntime with the same inputs and compare their outputs by name.
+    """Run the original on onnxruntime and the prepared model on ``backend``; compare outputs by name.
 
     Args:
         original: the reference model (a ModelProto or a path).
-        prepared: the model under test; it must have every output of ``original`` (by name).
+        prepared: the model under test; it must have every output of ``original`` (by name). May be
+            ``None`` when ``engine`` is given.
         feeds: inputs by name; ``None`` draws random inputs (``gskit.feeds.random_feeds``) from ``seed``.
         shapes: input shapes for random inputs, overriding symbolic dims.
         seed: seed of the random inputs.
         atol: absolute tolerance.
         rtol: relative tolerance.
-        plugins: specs of plugin nodes in either model; they run through their numpy references.
+        plugins: specs of plugin nodes in either model; on onnxruntime they run through their numpy
+            references.
+        backend: what runs ``prepared``: ``"onnxruntime"`` (CPU) or ``"trt"`` (full TensorRT on a GPU,
+            through Polygraphy's ``TrtRunner``; the original still runs on onnxruntime).
+        engine: a serialized TensorRT engine to run instead of building ``prepared`` (implies ``"trt"``).
+        trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
 
     Raises:
-        GskitError: a model cannot be loaded or run, or ``prepared`` lacks an output of ``original``.
+        GskitError: a model cannot be loaded or run, ``prepared`` lacks an output of ``original``, or
+            ``"trt"`` is asked for without full TensorRT and a GPU.
     """
-    original_proto, prepared_proto = _proto(original), _proto(prepared)
+    backend = check_backend(backend, engine)
+    if prepared is None and engine is None:
+        raise GskitError("compare needs a prepared model or an engine")
+    original_proto = _proto(original)
+    prepared_proto = _proto(prepared) if prepared is not None else None
     expected = [o.name for o in original_proto.graph.output]
-    have = {o.name for o in prepared_proto.graph.output}
+    have = {o.name for o in prepared_proto.graph.output} if prepared_proto is not None else set(expected)
     missing = [name for name in expected if name not in have]
-    if missing:
+    if missing and engine is None:
         raise GskitError(
             f"{_label(prepared)} lacks output(s) {missing} of {_label(original)}; outputs are matched by name"
         )
     if feeds is None:
         feeds = random_feeds(original_proto, shapes, seed=seed)
-    runners = (
-        onnxrt_runner(
-            original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
-        ),
-        onnxrt_runner(
-            prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
-        ),
+    reference = onnxrt_runner(
+        original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
     )
-    return compare_runners(runners[0], runners[1], feeds, outputs=expected, atol=atol, rtol=rtol)
+    if backend == "onnxruntime":
+        under_test = onnxrt_runner(
+            prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
+        )
+        return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+    with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
+        under_test = trt_runner(path, feeds, trt_plugins, name="tensorrt")
+        return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
 
 
 def onnxrt_runner(model: ModelSource, plugins: PluginRegistry | None, name: str) -> Any:
@@ -185,6 +203,157 @@ def compare_runners(
         reference=reference.name,
         under_test=under_test.name,
     )
+
+
+def compare_arrays(
+    reference: Mapping[str, np.ndarray],
+    under_test: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+) -> list[OutputComparison]:
+    """Compare arrays already computed, with the same rule as :func:`compare_runners` (Polygraphy's).
+
+    Raises:
+        GskitError: a name is missing from one side.
+    """
+    from polygraphy.comparator import SimpleCompareFunc
+    from polygraphy.comparator.struct import IterationResult
+
+    for side, values in (("reference", reference), ("run under test", under_test)):
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise GskitError(f"the {side} lacks tensor(s) {missing}; tensors are matched by name")
+    ref = {n: np.asarray(reference[n]) for n in names}
+    test = {n: np.asarray(under_test[n]) for n in names}
+    with _quiet_polygraphy():
+        verdicts = SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)(
+            IterationResult(ref, runner_name="reference"), IterationResult(test, runner_name="under test")
+        )
+    return [_row(n, ref[n], test[n], verdicts.get(n)) for n in names]
+
+
+# -- TensorRT (full TensorRT and a GPU) ------------------------------------------------------------------
+
+#: Backends of the run under test.
+COMPARE_BACKENDS = ("onnxruntime", "trt")
+#: What to do when TensorRT or the GPU is missing.
+TRT_HINT = "run in docker/ (docker/run-gpu-tests.sh) or on a GPU machine with pip install 'gskit[trt]'"
+
+
+def check_backend(backend: str, engine: str | os.PathLike | None = None) -> str:
+    """The backend of the run under test (``engine`` implies ``"trt"``); checks TensorRT and a GPU for it.
+
+    Raises:
+        GskitError: an unknown backend, or ``"trt"`` without full TensorRT or without a GPU.
+    """
+    if backend not in COMPARE_BACKENDS:
+        raise GskitError(f"unknown compare backend {backend!r}; choose one of {', '.join(COMPARE_BACKENDS)}")
+    if engine is not None:
+        backend = "trt"
+    if backend == "trt":
+        require_trt()
+    return backend
+
+
+def require_trt() -> None:
+    """Raise unless full TensorRT imports and CUDA sees a GPU.
+
+    Raises:
+        GskitError: full TensorRT is not installed (TensorRT-RTX runs no plugins), or no GPU.
+    """
+    from gskit.backends.trt import full_tensorrt_available
+
+    if not full_tensorrt_available():
+        raise GskitError(
+            f"--backend trt needs TensorRT and a GPU (full TensorRT is not installed); {TRT_HINT}"
+        )
+    if _gpu_count() < 1:
+        raise GskitError(f"--backend trt needs TensorRT and a GPU (CUDA sees no GPU); {TRT_HINT}")
+
+
+def _gpu_count() -> int:
+    import ctypes
+
+    from polygraphy import cuda
+
+    try:
+        with _quiet_polygraphy():
+            handle = cuda.wrapper().handle
+        count = ctypes.c_int(0)
+        status = handle.cudaGetDeviceCount(ctypes.byref(count))
+    except Exception:  # no CUDA runtime library, or Polygraphy's critical log raising
+        return 0
+    return count.value if status == 0 else 0
+
+
+@contextmanager
+def model_file(model: ModelSource) -> Iterator[Path]:
+    """A path for ``model``: the file itself, or an in-memory model saved to a temporary folder."""
+    if not isinstance(model, onnx.ModelProto):
+        path = Path(model)
+        if not path.is_file():
+            raise GskitError(f"{path}: no such model or engine file")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:
+        yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
+
+
+def trt_runner(
+    path: str | os.PathLike,
+    feeds: Mapping[str, np.ndarray],
+    plugins: Sequence[str | os.PathLike] = (),
+    *,
+    name: str = "tensorrt",
+    debug_unfused: bool = False,
+    mark_debug: Sequence[str] = (),
+) -> Any:
+    """A Polygraphy ``TrtRunner`` for an engine file or an ONNX model (built for the shapes of ``feeds``).
+
+    Args:
+        path: ``.onnx`` (built on activation, strongly typed, one profile min = opt = max = the fed
+            shapes) or a serialized engine.
+        feeds: the inputs the runner will get (their shapes fix the profile).
+        plugins: plugin libraries / folders (``gskit.backends.trt.find_plugin_files``), loaded now.
+        name: the runner's name in reports.
+        debug_unfused: mark every tensor that survives TensorRT's fusions as a debug tensor, so the engine
+            is the one TensorRT would build anyway (ONNX models only, TensorRT >= 10.x with the API).
+        mark_debug: tensors to mark as debug tensors (ONNX models only); may prevent fusions.
+
+    Raises:
+        GskitError: full TensorRT or a GPU is missing, or a plugin file cannot be loaded.
+    """
+    require_trt()
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineFromBytes,
+        EngineFromNetwork,
+        MarkDebug,
+        NetworkFromOnnxPath,
+        Profile,
+        TrtRunner,
+    )
+
+    from gskit.backends import trt as trt_backend
+
+    trt_backend.load_plugin_files(trt_backend.find_plugin_files(plugins))
+    path = Path(path)
+    if path.suffix != ".onnx":
+        return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=name)
+    profile = Profile()
+    for input_name, value in feeds.items():
+        shape = tuple(np.asarray(value).shape)
+        profile.add(input_name, shape, shape, shape)
+    options: dict[str, Any] = {"strongly_typed": True}
+    if debug_unfused:
+        options["mark_unfused_tensors_as_debug_tensors"] = True
+    network = NetworkFromOnnxPath(str(path), **options)
+    if mark_debug:
+        network = MarkDebug(network, list(mark_debug))
+    return TrtRunner(EngineFromNetwork(network, config=CreateConfig(profiles=[profile])), name=name)
 
 
 def _verdicts(accuracy: Any) -> dict[str, Any]:

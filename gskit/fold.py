@@ -11,6 +11,16 @@
 
 then cleans up and sorts the graph and gives graph outputs back the dtype and shape they had.
 
+Models whose constants exceed ``_PARTITION_BYTES`` (1.5 GB; protobuf cannot serialize 2 GB) are never serialized
+whole: step 3 becomes gskit's batched evaluation instead. The nodes whose inputs are all constant are grouped, in
+topological order, into batches reading at most ``_BATCH_BYTES`` of constants; each batch becomes a small model
+(those nodes only) whose large constants are fed as inputs, read from disk just for that batch when the model was
+loaded with ``load_weights=False``. Folded constants of ``_SPILL_BYTES`` or more go to a temporary data file and
+stay on disk as lazy values, so ``gskit.model.save`` streams them and peak memory stays near one batch.
+A batch that onnxruntime cannot evaluate is evaluated node by node, so the error (or, with ``allow_partial``, the
+failure recorded in the report) names the node. Nodes with subgraphs are not evaluated in this mode (constant
+``If`` nodes are still flattened).
+
 Why not graphsurgeon's defaults (each found with onnx's backend node tests, ``tests/test_fold_conformance.py``):
 
 * its shape folding ignores ``Shape``'s ``start``/``end`` attributes (opset 15) and folds the whole shape;
@@ -28,18 +38,27 @@ are sequences or optionals. Constants around them still fold.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import shutil
+import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx.external_data_helper import uses_external_data
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_import_domains
 
 from gskit import model as gsmodel
+from gskit.backends import ort as gsort
 from gskit.errors import GskitError
 
 log = logging.getLogger(__name__)
@@ -59,6 +78,20 @@ NEVER_FOLD_OPS = frozenset(
 _INFER_VALUE_BYTES = 64 * 1024
 #: Above this many bytes of constants, evaluate foldable nodes partition by partition (protobuf's 2 GB limit).
 _PARTITION_BYTES = 1_500_000_000
+#: Batched folding: most bytes of constants (read) plus known results (written) one onnxruntime run handles.
+_BATCH_BYTES = 512 * 2**20
+#: Batched folding: folded constants at least this large are written to a data file instead of kept in memory.
+_SPILL_BYTES = 2**20
+#: Batched folding: in-memory constants up to this size go into a batch model as initializers, others are fed.
+_FEED_BYTES = 64 * 1024
+#: Element types read from data files with numpy directly (one copy, no protobuf round trip).
+_PLAIN_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
+        onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+    }
+)
 
 ModelT = TypeVar("ModelT", onnx.ModelProto, gs.Graph)
 
@@ -75,6 +108,11 @@ class FoldReport:
         excluded: nodes that were never evaluated although their inputs were constant, with the reason.
         failures: folds that failed and were skipped (only with ``allow_partial``).
         restored_outputs: graph outputs whose dtype or shape was restored after folding.
+        mode: how constant nodes were evaluated: ``"graphsurgeon"`` (whole graph at once) or ``"batched"``
+            (models over ``_PARTITION_BYTES`` of constants: batch by batch, weights read from disk per batch).
+        evaluated_nodes: batched mode: nodes evaluated on onnxruntime and replaced by their results.
+        batches: batched mode: onnxruntime runs.
+        spilled_bytes: batched mode: bytes of folded constants written to a data file instead of kept in memory.
     """
 
     nodes_before: int = 0
@@ -84,6 +122,10 @@ class FoldReport:
     excluded: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     restored_outputs: list[str] = field(default_factory=list)
+    mode: str = "graphsurgeon"
+    evaluated_nodes: int = 0
+    batches: int = 0
+    spilled_bytes: int = 0
 
 
 def fold(
@@ -94,6 +136,7 @@ def fold(
     size_threshold: int | None = 16 * 2**20,
     allow_partial: bool = False,
     plugins: Any = None,
+    spill_dir: str | os.PathLike | None = None,
 ) -> tuple[ModelT, FoldReport]:
     """Fold constants to a fixed point without changing what the model computes.
 
@@ -107,6 +150,10 @@ def fold(
             instead of raising.
         plugins: a ``gskit.plugin.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never evaluated,
             in addition to every node of a custom domain.
+        spill_dir: batched mode (models over 1.5 GB of constants): folder for the data file holding large
+            folded constants until the model is saved; it must outlive the returned model and is left in place.
+            ``None``: a temporary folder, removed when the returned graph is collected (a returned ModelProto:
+            when the interpreter exits).
 
     Returns:
         ``(folded, report)``: the folded graph or model, same kind as given, and a FoldReport.
@@ -129,15 +176,17 @@ def fold(
     report.nodes_before = sum(ops_before.values())
     outputs_before = {t.name: (t.dtype, t.shape) for t in graph.outputs}
     exclude = _Exclusion(_plugin_keys(plugins), report)
-    partitioning = "basic" if _constant_bytes(graph) > _PARTITION_BYTES else None
-    if partitioning:
-        log.info("constants exceed %d bytes: folding partition by partition", _PARTITION_BYTES)
+    spill = None
+    if _constant_bytes(graph) > _PARTITION_BYTES:
+        log.info("constants exceed %d bytes: folding batch by batch", _PARTITION_BYTES)
+        report.mode = "batched"
+        spill = _Spill(spill_dir)
 
     state = _signature(graph)
     for index in range(max_passes):
         report.passes = index + 1
         infer_tensor_types(graph, odd_types)
-        _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, partitioning, report)
+        _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, spill, report)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         new_state = _signature(graph)
         if new_state == state:
@@ -151,7 +200,12 @@ def fold(
     report.folded_ops = dict(removed.most_common())
     log.info("folded %d -> %d nodes in %d passes", report.nodes_before, report.nodes_after, report.passes)
     if is_model:
-        return _with_model_fields(_export(graph, odd_types), graph_or_model), report
+        folded = _with_model_fields(_export(graph, odd_types), graph_or_model)
+        if spill is not None:
+            spill.keep_until_exit()
+        return folded, report
+    if spill is not None:
+        spill.keep_while(graph)
     return graph, report
 
 
@@ -170,17 +224,33 @@ def _fold_graph(
     fold_shapes: bool,
     size_threshold: int | None,
     allow_partial: bool,
-    partitioning: str | None,
+    spill: _Spill | None,
     report: FoldReport,
 ) -> None:
     if fold_shapes:
         _fold_shape_nodes(graph)
+    if spill is not None:
+        _fold_batched(graph, exclude, size_threshold, allow_partial, spill, report)
+    else:
+        _fold_with_graphsurgeon(graph, exclude, size_threshold, allow_partial)
+    _drop_non_tensor_constants(graph)
+    _flatten_constant_ifs(graph)
+    for node in graph.nodes:
+        for sub in _node_subgraphs(node):
+            sub.ir_version = graph.ir_version  # else graphsurgeon exports its sub-models with onnx's newest IR
+            _fold_graph(sub, exclude, fold_shapes, size_threshold, allow_partial, None, report)
+            sub.cleanup(remove_unused_graph_inputs=False).toposort()
+
+
+def _fold_with_graphsurgeon(
+    graph: gs.Graph, exclude: _Exclusion, size_threshold: int | None, allow_partial: bool
+) -> None:
     with _quiet_graphsurgeon():
         try:
             graph.fold_constants(
                 fold_shapes=False,  # gskit folds shapes itself; gs's pass also runs the unsafe cast elision
                 recurse_subgraphs=False,  # gs's recursion forgets should_exclude_node
-                partitioning="recursive" if allow_partial else partitioning,
+                partitioning="recursive" if allow_partial else None,
                 error_ok=allow_partial,
                 flatten_subgraphs=False,  # gs's flattening corrupts outer-scope tensors
                 size_threshold=size_threshold,
@@ -193,13 +263,6 @@ def _fold_graph(
                 f"fold: onnxruntime could not evaluate constant nodes in graph '{graph.name}': {first}; "
                 f"pass allow_partial=True (--allow-partial) to keep those nodes unfolded"
             ) from err
-    _drop_non_tensor_constants(graph)
-    _flatten_constant_ifs(graph)
-    for node in graph.nodes:
-        for sub in _node_subgraphs(node):
-            sub.ir_version = graph.ir_version  # else graphsurgeon exports its sub-models with onnx's newest IR
-            _fold_graph(sub, exclude, fold_shapes, size_threshold, allow_partial, None, report)
-            sub.cleanup(remove_unused_graph_inputs=False).toposort()
 
 
 class _Exclusion:
@@ -208,6 +271,8 @@ class _Exclusion:
     def __init__(self, plugin_keys: frozenset[tuple[str, str]], report: FoldReport) -> None:
         self.plugin_keys = plugin_keys
         self.report = report
+        #: batched mode: nodes onnxruntime failed to evaluate (``allow_partial``), not retried in later passes
+        self.failed: set[int] = set()
 
     def __call__(self, node: gs.Node) -> bool:
         reason = self.reason(node)
@@ -226,6 +291,248 @@ class _Exclusion:
             if kind not in (None, "tensor_type"):
                 return f"output '{tensor.name}' is a {kind.replace('_type', '')}"
         return None
+
+
+# --- batched evaluation (models over 2 GB) -----------------------------------------------------------------
+
+
+def _fold_batched(
+    graph: gs.Graph,
+    exclude: _Exclusion,
+    size_threshold: int | None,
+    allow_partial: bool,
+    spill: _Spill,
+    report: FoldReport,
+) -> None:
+    """Evaluate the constant nodes of ``graph`` batch by batch and replace their used results by constants."""
+    graph.toposort()
+    context = _BatchContext(graph, size_threshold, allow_partial, spill, report, exclude.failed)
+    for batch in _batches(_foldable_nodes(graph, exclude, size_threshold, report)):
+        context.evaluate(batch)
+
+
+def _foldable_nodes(
+    graph: gs.Graph, exclude: _Exclusion, size_threshold: int | None, report: FoldReport
+) -> list[gs.Node]:
+    """Nodes (topological order) whose inputs are constants or results of earlier foldable nodes."""
+    produced: set[int] = set()
+    foldable = []
+    for node in graph.nodes:
+        if not node.outputs or id(node) in exclude.failed or not all(_is_available(t, produced) for t in node.inputs):
+            continue
+        if exclude(node):
+            continue
+        key = _node_key(node)
+        if any(True for _ in _node_subgraphs(node)):
+            report.excluded[key] = "has a subgraph (not evaluated when folding batch by batch)"
+            continue
+        too_big = [t.name for t in node.outputs if _over(_known_nbytes(t), size_threshold)]
+        if too_big:
+            report.excluded[key] = f"result '{too_big[0]}' is larger than size_threshold ({size_threshold} bytes)"
+            continue
+        foldable.append(node)
+        produced.update(id(t) for t in node.outputs)
+    return foldable
+
+
+def _batches(nodes: list[gs.Node]) -> Iterator[list[gs.Node]]:
+    """Consecutive groups of ``nodes`` reading and writing at most about ``_BATCH_BYTES`` (one node may exceed it)."""
+    batch: list[gs.Node] = []
+    seen: set[int] = set()
+    size = 0
+    for node in nodes:
+        reads = [t for t in node.inputs if isinstance(t, gs.Constant) and id(t) not in seen]
+        cost = sum(_nbytes(t) for t in reads) + sum(_known_nbytes(t) or 0 for t in node.outputs)
+        if batch and size + cost > _BATCH_BYTES:
+            yield batch
+            batch, seen, size = [], set(), 0
+            reads = [t for t in node.inputs if isinstance(t, gs.Constant)]
+        batch.append(node)
+        seen.update(id(t) for t in reads)
+        size += cost
+    if batch:
+        yield batch
+
+
+class _BatchContext:
+    """Evaluates batches of constant nodes of one graph on onnxruntime and folds their results."""
+
+    def __init__(
+        self,
+        graph: gs.Graph,
+        size_threshold: int | None,
+        allow_partial: bool,
+        spill: _Spill,
+        report: FoldReport,
+        failed: set[int],
+    ) -> None:
+        self.graph = graph
+        self.failed = failed
+        self.size_threshold = size_threshold
+        self.allow_partial = allow_partial
+        self.spill = spill
+        self.report = report
+        self.graph_outputs = {id(t) for t in graph.outputs}
+        self.opsets = list(update_import_domains(graph))
+
+    def evaluate(self, batch: list[gs.Node]) -> None:
+        """Evaluate ``batch``; on failure evaluate its nodes one by one to name the culprit."""
+        produced: set[int] = set()
+        nodes = []
+        for node in batch:  # an input may have stayed unfolded (a failure, a result over the size threshold)
+            if all(_is_available(t, produced) for t in node.inputs):
+                nodes.append(node)
+                produced.update(id(t) for t in node.outputs)
+        if not nodes:
+            return
+        in_batch = {id(n) for n in nodes}
+        outputs = [
+            t for n in nodes for t in n.outputs
+            if not t.is_empty() and (id(t) in self.graph_outputs or any(id(c) not in in_batch for c in t.outputs))
+        ]
+        if not outputs:
+            return
+        try:
+            values = self._run(nodes, outputs)
+        except GskitError as err:
+            if len(nodes) > 1:
+                log.info("fold: a batch of %d nodes failed (%s); evaluating node by node", len(nodes), err)
+                for node in nodes:
+                    self.evaluate([node])
+                return
+            message = f"fold: onnxruntime could not evaluate node '{_node_key(nodes[0])}' ({nodes[0].op}): {err}"
+            if not self.allow_partial:
+                raise GskitError(f"{message}; pass allow_partial=True (--allow-partial) to keep it unfolded") from err
+            log.warning("%s; left unfolded", message)
+            self.report.failures.append(message)
+            self.failed.add(id(nodes[0]))
+            return
+        self.report.batches += 1
+        self.report.evaluated_nodes += len(nodes)
+        for tensor, value in zip(outputs, values, strict=True):
+            self._fold_tensor(tensor, value)
+
+    def _run(self, nodes: list[gs.Node], outputs: list[gs.Tensor]) -> list[np.ndarray]:
+        consts: dict[int, gs.Constant] = {}
+        for node in nodes:
+            for tensor in node.inputs:
+                if isinstance(tensor, gs.Constant):
+                    consts.setdefault(id(tensor), tensor)
+        fed = [t for t in consts.values() if isinstance(t._values, gs.ir.tensor.LazyValues) or _nbytes(t) > _FEED_BYTES]
+        fed_ids = {id(t) for t in fed}
+        graph = onnx.helper.make_graph(
+            [OnnxExporter.export_node(n) for n in nodes],
+            "gskit_fold_batch",
+            [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), t.shape) for t in fed],
+            [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in outputs],
+            initializer=[OnnxExporter.export_tensor_proto(t) for t in consts.values() if id(t) not in fed_ids],
+        )
+        model = onnx.helper.make_model(graph, opset_imports=self.opsets, ir_version=self.graph.ir_version)
+        feeds = {t.name: _read_values(t) for t in fed}
+        results = gsort.run(gsort.session(model), feeds, [t.name for t in outputs])
+        return [results[t.name] for t in outputs]
+
+    def _fold_tensor(self, tensor: gs.Tensor, value: Any) -> None:
+        if not isinstance(value, np.ndarray):
+            log.warning("fold: '%s' evaluated to a non-tensor value; left unfolded", tensor.name)
+            return
+        if _over(value.nbytes, self.size_threshold):
+            self.report.excluded[tensor.name] = (
+                f"result of {value.nbytes} bytes is larger than size_threshold ({self.size_threshold} bytes)"
+            )
+            return
+        _make_constant(tensor, value)
+        if value.nbytes >= _SPILL_BYTES and value.dtype.kind in "biuf" and value.dtype.isnative:
+            tensor._values = self.spill.write(tensor.name, value)
+            self.report.spilled_bytes += value.nbytes
+
+
+class _Spill:
+    """A data file holding large folded constants until the model is saved; constants read it lazily."""
+
+    def __init__(self, folder: str | os.PathLike | None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.temporary = folder is None
+        self.path: Path | None = None
+
+    def write(self, name: str, value: np.ndarray) -> gs.ir.tensor.LazyValues:
+        """Append ``value`` to the data file; return lazy values reading it back from there."""
+        if self.path is None:
+            if self.folder is None:
+                self.folder = Path(tempfile.mkdtemp(prefix="gskit-fold-"))
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle, path = tempfile.mkstemp(prefix="folded-", suffix=".data", dir=self.folder)
+            os.close(handle)
+            self.path = Path(path)
+        with open(self.path, "ab") as data:
+            offset = data.tell()
+            pad = (-offset) % 4096
+            data.write(b"\0" * pad)
+            offset += pad
+            data.write(memoryview(np.ascontiguousarray(value)).cast("B"))
+        tensor = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
+                                  dims=value.shape, data_location=onnx.TensorProto.EXTERNAL)
+        for key, entry in (("location", self.path.name), ("offset", str(offset)), ("length", str(value.nbytes)),
+                           ("basepath", str(self.path.parent))):
+            tensor.external_data.add(key=key, value=entry)
+        return gsmodel._DiskValues(tensor)
+
+    def keep_while(self, owner: object) -> None:
+        """Remove a temporary folder once ``owner`` is collected (or at exit)."""
+        if self.temporary and self.folder is not None:
+            weakref.finalize(owner, shutil.rmtree, str(self.folder), True)
+
+    def keep_until_exit(self) -> None:
+        """Remove a temporary folder when the interpreter exits."""
+        if self.temporary and self.folder is not None:
+            atexit.register(shutil.rmtree, str(self.folder), True)
+
+
+def _is_available(tensor: gs.Tensor, produced: set[int]) -> bool:
+    return isinstance(tensor, gs.Constant) or tensor.is_empty() or id(tensor) in produced
+
+
+def _node_key(node: gs.Node) -> str:
+    return node.name or f"{node.op}:{node.outputs[0].name if node.outputs else ''}"
+
+
+def _known_nbytes(tensor: gs.Tensor) -> int | None:
+    if tensor.dtype is None or tensor.shape is None or not _static(tensor.shape):
+        return None
+    try:
+        itemsize = np.dtype(tensor.dtype).itemsize
+    except TypeError:
+        return None
+    return int(np.prod(tensor.shape, dtype=np.int64)) * itemsize
+
+
+def _over(nbytes: int | None, size_threshold: int | None) -> bool:
+    return nbytes is not None and size_threshold is not None and nbytes > size_threshold
+
+
+def _onnx_dtype(tensor: gs.Constant) -> int:
+    values = tensor._values
+    if isinstance(values, gs.ir.tensor.LazyValues):
+        return values.tensor.data_type
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.export_dtype or values.dtype))
+
+
+def _read_values(tensor: gs.Constant) -> np.ndarray:
+    """A constant's values without caching them on the tensor (so they are freed after the batch)."""
+    values = tensor._values
+    if not isinstance(values, gs.ir.tensor.LazyValues):
+        return values
+    proto = values.tensor
+    if uses_external_data(proto) and proto.data_type in _PLAIN_TYPES:
+        entries = {e.key: e.value for e in proto.external_data}
+        path = Path(entries.get("basepath", ".")) / entries["location"]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)
+        count = int(np.prod(proto.dims, dtype=np.int64))
+        array = np.fromfile(path, dtype=dtype, count=count, offset=int(entries.get("offset", 0)))
+        if array.size != count:
+            raise GskitError(f"{path}: external data ends early for tensor '{proto.name}'; the file is truncated")
+        return array.reshape(tuple(proto.dims))
+    return values.load()
 
 
 # --- shape folding -----------------------------------------------------------------------------------------

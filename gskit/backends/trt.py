@@ -198,7 +198,7 @@ def run_engine(
     )
 
     files = find_plugin_files(plugins)
-    _load_in_process(files)
+    load_plugin_files(files)
     path = Path(engine_or_model)
     if not path.is_file():
         raise GskitError(f"{path}: no such engine or model file")
@@ -221,7 +221,8 @@ def run_engine(
     return {name: np.array(value) for name, value in outputs.items()}
 
 
-def _load_in_process(files: PluginFiles) -> None:
+def load_plugin_files(files: PluginFiles) -> None:
+    """Load plugin libraries and import Python plugin modules into this process (full TensorRT)."""
     import ctypes
 
     for library in files.libraries:

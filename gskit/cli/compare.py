@@ -1,25 +1,57 @@
-"""``gskit compare ORIGINAL PREPARED``: run both on the same inputs and compare outputs by name."""
+"""``gskit compare ORIGINAL PREPARED``: run both on the same inputs and compare outputs by name, or every
+shared tensor (``--layerwise``), or each plugin node against the region it replaced (``--per-plugin``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from gskit import report
-from gskit.compare import CompareReport, compare
+from gskit.compare import COMPARE_BACKENDS, CompareReport, compare
+from gskit.compare_layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
+from gskit.compare_plugins import PluginCompareReport, compare_plugins
+from gskit.errors import GskitError
 from gskit.feeds import load_feeds, parse_shape_arg
-from gskit.plugin import load_plugins
+from gskit.plugin import default_plugin_dirs, load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "compare",
-        help="compare two models' outputs on the same inputs (onnxruntime)",
-        description="Run ORIGINAL and PREPARED on onnxruntime with the same inputs (plugin nodes through "
-        "their "
-        "numpy references) and compare every output of ORIGINAL by name. Exit 0 if all match, 1 if not.",
+        help="compare two models' outputs on the same inputs (onnxruntime or TensorRT)",
+        description="Run ORIGINAL on onnxruntime and PREPARED on onnxruntime (plugin nodes through their "
+        "numpy references) or TensorRT (--backend trt / --engine) with the same inputs, and compare every "
+        "output of ORIGINAL by name; --layerwise finds the first tensor that differs, --per-plugin checks "
+        "each plugin node against the original region it replaced. Exit 0 if all match, 1 if not.",
     )
     parser.add_argument("original", help="reference .onnx")
-    parser.add_argument("prepared", help=".onnx under test")
+    parser.add_argument("prepared", nargs="?", help=".onnx under test (optional with --engine)")
+    parser.add_argument(
+        "--backend",
+        choices=COMPARE_BACKENDS,
+        default="onnxruntime",
+        help="what runs PREPARED (default onnxruntime; trt needs full TensorRT and a GPU)",
+    )
+    parser.add_argument(
+        "--engine", metavar="ENGINE", help="TensorRT engine to run instead of PREPARED (implies trt)"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="compare every tensor both models compute, in PREPARED's order; report the first that differs",
+    )
+    mode.add_argument(
+        "--per-plugin",
+        action="store_true",
+        help="compare each plugin node of PREPARED with the region of ORIGINAL between its tensors",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=DEFAULT_CHUNK,
+        metavar="N",
+        help=f"--layerwise: tensors marked per run (default {DEFAULT_CHUNK})",
+    )
     parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
     parser.add_argument(
@@ -44,18 +76,42 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = compare(
-        args.original,
-        args.prepared,
+    if args.prepared is None and args.engine is None:
+        raise GskitError("give PREPARED (an .onnx) or --engine ENGINE")
+    if args.engine and (args.layerwise or args.per_plugin):
+        raise GskitError(
+            "--layerwise and --per-plugin build their own TensorRT engines from PREPARED: "
+            "give PREPARED with --backend trt instead of --engine"
+        )
+    common = dict(
         feeds=load_feeds(args.inputs) if args.inputs else None,
         shapes=dict(parse_shape_arg(text) for text in args.shape),
         seed=args.seed,
         atol=args.atol,
         rtol=args.rtol,
         plugins=load_plugins(args.plugins),
+        trt_plugins=_trt_plugins(args),
     )
+    if args.layerwise:
+        layers = compare_layerwise(
+            args.original, args.prepared, chunk=args.chunk, backend=args.backend, **common
+        )
+        print_layerwise(layers, as_json=args.json)
+        return 0 if layers.passed else 1
+    if args.per_plugin:
+        per_plugin = compare_plugins(args.original, args.prepared, backend=args.backend, **common)
+        print_plugins(per_plugin, as_json=args.json)
+        return 0 if per_plugin.passed else 1
+    result = compare(args.original, args.prepared, backend=args.backend, engine=args.engine, **common)
     print_report(result, as_json=args.json)
     return 0 if result.passed else 1
+
+
+def _trt_plugins(args: argparse.Namespace) -> list[str]:
+    """TensorRT plugin files come from the same folders as the specs (only read with --backend trt)."""
+    if args.backend != "trt" and not args.engine:
+        return []
+    return list(args.plugins) if args.plugins else [str(d) for d in default_plugin_dirs()]
 
 
 def print_report(result: CompareReport, *, as_json: bool) -> None:
@@ -85,3 +141,100 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
         else f"{len(result.failed)} of {len(result.outputs)} outputs differ"
     )
     out.print(("[green]" if result.passed else "[red]") + verdict + "[/]")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _title(kind: str, reference: str, under_test: str, atol: float, rtol: float, shapes: dict) -> str:
+    inputs = ", ".join(f"{n}: {_shape(s)}" for n, s in shapes.items())
+    return f"{kind}: {reference} vs {under_test} (atol={atol:g}, rtol={rtol:g}; inputs {inputs})"
+
+
+def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
+    """The tensors checked up to the first failure, and the verdict (or JSON)."""
+    if as_json:
+        report.print_json(result)
+        return
+    rows = [
+        (
+            index,
+            c.tensor.name,
+            _shape(c.tensor.shape),
+            f"{c.tensor.max_abs_err:.3g}",
+            f"{c.tensor.max_rel_err:.3g}",
+            "[green]pass[/]" if c.tensor.passed else "[red]FAIL[/]",
+            f"{c.original_node.name} ({c.original_node.op})",
+            f"{c.prepared_node.name} ({c.prepared_node.op})",
+        )
+        for index, c in enumerate(result.checked, 1)
+    ]
+    columns = (
+        "#",
+        "tensor",
+        "shape",
+        "max abs err",
+        "max rel err",
+        "result",
+        "original node",
+        "prepared node",
+    )
+    title = _title(
+        "Layerwise", result.reference, result.under_test, result.atol, result.rtol, result.input_shapes
+    )
+    out = report.console()
+    out.print(report.table(title, columns, rows))
+    first = result.first_failure
+    if first is None:
+        out.print(
+            f"[green]all {result.candidates} shared tensors match[/] "
+            f"({result.runs} run(s) of up to {result.chunk})"
+        )
+        return
+    out.print(
+        f"[red]first mismatch: tensor '{first.tensor.name}'[/], made by '{first.prepared_node.name}' "
+        f"({first.prepared_node.op}) in the prepared model and '{first.original_node.name}' "
+        f"({first.original_node.op}) in the original; "
+        f"{len(result.checked)} of {result.candidates} tensors checked"
+    )
+
+
+def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
+    """One row per plugin node and the verdict (or JSON)."""
+    if as_json:
+        report.print_json(result)
+        return
+    rows = [
+        (
+            p.node,
+            p.op,
+            ", ".join(f"{n}: {_shape(s)}" for n, s in p.inputs.items()),
+            f"{p.max_abs_err:.3g}",
+            f"{p.max_rel_err:.3g}",
+            "[green]pass[/]" if p.passed else "[red]FAIL[/]",
+            len(p.original_nodes) or "-",
+            p.note,
+        )
+        for p in result.plugins
+    ]
+    columns = (
+        "plugin node",
+        "op",
+        "inputs",
+        "max abs err",
+        "max rel err",
+        "result",
+        "original nodes",
+        "note",
+    )
+    title = _title(
+        "Per plugin", "original region", result.under_test, result.atol, result.rtol, result.input_shapes
+    )
+    out = report.console()
+    out.print(report.table(title, columns, rows))
+    if result.passed:
+        out.print(f"[green]all {len(result.plugins)} plugin nodes match their original regions[/]")
+        return
+    names = ", ".join(f"'{p.node}' ({p.op})" for p in result.failed)
+    out.print(f"[red]{len(result.failed)} of {len(result.plugins)} plugin nodes differ: {names}[/]")

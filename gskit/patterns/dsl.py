@@ -27,6 +27,7 @@ pattern's output value(s)::
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 from collections.abc import Callable, Sequence
@@ -95,6 +96,11 @@ class PNode:
     @property
     def commutative(self) -> bool:
         return (self.domain, self.op_type) in COMMUTATIVE and len(self.inputs) == 2
+
+    @functools.cached_property
+    def orders(self) -> tuple[tuple[Value | None, ...], ...]:
+        """The input orders to try: both for a two-input commutative op."""
+        return tuple(input_orders(self))
 
 
 @dataclass(frozen=True, eq=False)

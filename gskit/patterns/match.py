@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.patterns.dsl import ATTRIBUTE_INPUTS, Capture, ConstValue, NodeOutput, PatternGraph, PNode, Value, Var, input_orders
+from gskit.patterns.dsl import ATTRIBUTE_INPUTS, Capture, ConstValue, NodeOutput, PatternGraph, PNode, Value, Var
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,6 @@ class Matcher:
             return
         b = b.with_node(pn, node)
         table = ATTRIBUTE_INPUTS.get(key, {})
-        rank = _rank(node.inputs[0]) if node.inputs else None
         for name, want in pn.attrs.items():
             idx = table.get(name)
             if idx is not None and name not in node.attrs and idx >= len(pn.inputs):
@@ -296,7 +295,7 @@ class Matcher:
                     return
             if isinstance(want, Capture):
                 b = b.with_capture(want.name, have)
-            elif not _same_value(name, want, have, rank):
+            elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
                 self._fail(b, node, f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}")
                 return
         for name, idx in table.items():
@@ -309,7 +308,7 @@ class Matcher:
                 self._fail(b, node, f"node '{label(node)}' has an extra input {i} ('{node.inputs[i].name}')")
                 return
         actual = [node.inputs[i] if present(node, i) else None for i in range(len(pn.inputs))]
-        for order in input_orders(pn):
+        for order in pn.orders:
             yield from self._inputs(order, actual, b)
 
     def _inputs(self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding) -> Iterator[Binding]:
@@ -354,6 +353,9 @@ class Matcher:
                 yield b
             else:
                 self._fail(b, node, f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'")
+            return
+        if node.op != pv.node.op_type:  # cheap rejection before the generator of _node
+            self._fail(b, node, f"node '{label(node)}' is {node.op}, pattern wants {pv.node.op_type}")
             return
         yield from self._node(pv.node, node, b)
 
