@@ -11,15 +11,16 @@
 
 then cleans up and sorts the graph and gives graph outputs back the dtype and shape they had.
 
-Models whose constants exceed ``_PARTITION_BYTES`` (1.5 GB; protobuf cannot serialize 2 GB) are never serialized
-whole: step 3 becomes gskit's batched evaluation instead. The nodes whose inputs are all constant are grouped, in
-topological order, into batches reading at most ``_BATCH_BYTES`` of constants; each batch becomes a small model
-(those nodes only) whose large constants are fed as inputs, read from disk just for that batch when the model was
-loaded with ``load_weights=False``. Folded constants of ``_SPILL_BYTES`` or more go to a temporary data file and
-stay on disk as lazy values, so ``gskit.model.save`` streams them and peak memory stays near one batch.
-A batch that onnxruntime cannot evaluate is evaluated node by node, so the error (or, with ``allow_partial``, the
-failure recorded in the report) names the node. Nodes with subgraphs are not evaluated in this mode (constant
-``If`` nodes are still flattened).
+Models whose constants exceed ``_PARTITION_BYTES`` (1.5 GB; protobuf cannot serialize 2 GB) or whose
+weights are still on disk (``gskit.model.load(path, load_weights=False)``) are never serialized whole: step 3
+becomes gskit's batched evaluation. The nodes whose inputs are all constant are grouped, in topological
+order, into batches reading and writing at most ``_BATCH_BYTES``; each batch becomes a small model (those
+nodes only) whose large constants are fed as inputs, read from disk just for that batch. Folded constants of
+``_SPILL_BYTES`` or more go to a temporary data file and stay on disk as lazy values, so
+``gskit.model.save`` streams them and peak memory stays near one batch. A batch that onnxruntime cannot
+evaluate is evaluated node by node, so the error (or, with ``allow_partial``, the failure recorded in the
+report) names the node. Nodes with subgraphs are not evaluated in this mode (constant ``If`` nodes are still
+flattened).
 
 Why not graphsurgeon's defaults (each found with onnx's backend node tests, ``tests/test_fold_conformance.py``):
 
@@ -109,10 +110,11 @@ class FoldReport:
         failures: folds that failed and were skipped (only with ``allow_partial``).
         restored_outputs: graph outputs whose dtype or shape was restored after folding.
         mode: how constant nodes were evaluated: ``"graphsurgeon"`` (whole graph at once) or ``"batched"``
-            (models over ``_PARTITION_BYTES`` of constants: batch by batch, weights read from disk per batch).
+            (over ``_PARTITION_BYTES`` of constants, or weights on disk: batch by batch, weights read per
+            batch).
         evaluated_nodes: batched mode: nodes evaluated on onnxruntime and replaced by their results.
         batches: batched mode: onnxruntime runs.
-        spilled_bytes: batched mode: bytes of folded constants written to a data file instead of kept in memory.
+        spilled_bytes: batched mode: bytes of folded constants written to a data file, not kept in memory.
     """
 
     nodes_before: int = 0
@@ -150,10 +152,10 @@ def fold(
             instead of raising.
         plugins: a ``gskit.plugin.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never evaluated,
             in addition to every node of a custom domain.
-        spill_dir: batched mode (models over 1.5 GB of constants): folder for the data file holding large
-            folded constants until the model is saved; it must outlive the returned model and is left in place.
-            ``None``: a temporary folder, removed when the returned graph is collected (a returned ModelProto:
-            when the interpreter exits).
+        spill_dir: batched mode (over 1.5 GB of constants, or weights on disk): folder for the data file
+            holding large folded constants until the model is saved; it must outlive the returned model and
+            is left in place. ``None``: a temporary folder, removed when the returned graph is collected (a
+            returned ModelProto: when the interpreter exits).
 
     Returns:
         ``(folded, report)``: the folded graph or model, same kind as given, and a FoldReport.
@@ -177,8 +179,8 @@ def fold(
     outputs_before = {t.name: (t.dtype, t.shape) for t in graph.outputs}
     exclude = _Exclusion(_plugin_keys(plugins), report)
     spill = None
-    if _constant_bytes(graph) > _PARTITION_BYTES:
-        log.info("constants exceed %d bytes: folding batch by batch", _PARTITION_BYTES)
+    if _constant_bytes(graph) > _PARTITION_BYTES or _has_disk_weights(graph):
+        log.info("constants exceed %d bytes or are on disk: folding batch by batch", _PARTITION_BYTES)
         report.mode = "batched"
         spill = _Spill(spill_dir)
 
@@ -318,7 +320,9 @@ def _foldable_nodes(
     produced: set[int] = set()
     foldable = []
     for node in graph.nodes:
-        if not node.outputs or id(node) in exclude.failed or not all(_is_available(t, produced) for t in node.inputs):
+        if not node.outputs or id(node) in exclude.failed:
+            continue
+        if not all(_is_available(t, produced) for t in node.inputs):
             continue
         if exclude(node):
             continue
@@ -328,7 +332,9 @@ def _foldable_nodes(
             continue
         too_big = [t.name for t in node.outputs if _over(_known_nbytes(t), size_threshold)]
         if too_big:
-            report.excluded[key] = f"result '{too_big[0]}' is larger than size_threshold ({size_threshold} bytes)"
+            report.excluded[key] = (
+                f"result '{too_big[0]}' is larger than size_threshold ({size_threshold} bytes)"
+            )
             continue
         foldable.append(node)
         produced.update(id(t) for t in node.outputs)
@@ -336,7 +342,7 @@ def _foldable_nodes(
 
 
 def _batches(nodes: list[gs.Node]) -> Iterator[list[gs.Node]]:
-    """Consecutive groups of ``nodes`` reading and writing at most about ``_BATCH_BYTES`` (one node may exceed it)."""
+    """Consecutive groups of ``nodes`` reading and writing about ``_BATCH_BYTES`` at most (or one node)."""
     batch: list[gs.Node] = []
     seen: set[int] = set()
     size = 0
@@ -386,9 +392,10 @@ class _BatchContext:
         if not nodes:
             return
         in_batch = {id(n) for n in nodes}
-        outputs = [
+        outputs = [  # results read outside the batch; the others are never materialized
             t for n in nodes for t in n.outputs
-            if not t.is_empty() and (id(t) in self.graph_outputs or any(id(c) not in in_batch for c in t.outputs))
+            if not t.is_empty()
+            and (id(t) in self.graph_outputs or any(id(c) not in in_batch for c in t.outputs))
         ]
         if not outputs:
             return
@@ -400,12 +407,15 @@ class _BatchContext:
                 for node in nodes:
                     self.evaluate([node])
                 return
-            message = f"fold: onnxruntime could not evaluate node '{_node_key(nodes[0])}' ({nodes[0].op}): {err}"
+            node = nodes[0]
+            message = f"fold: onnxruntime could not evaluate node '{_node_key(node)}' ({node.op}): {err}"
             if not self.allow_partial:
-                raise GskitError(f"{message}; pass allow_partial=True (--allow-partial) to keep it unfolded") from err
+                raise GskitError(
+                    f"{message}; pass allow_partial=True (--allow-partial) to keep it unfolded"
+                ) from err
             log.warning("%s; left unfolded", message)
             self.report.failures.append(message)
-            self.failed.add(id(nodes[0]))
+            self.failed.add(id(node))
             return
         self.report.batches += 1
         self.report.evaluated_nodes += len(nodes)
@@ -418,14 +428,18 @@ class _BatchContext:
             for tensor in node.inputs:
                 if isinstance(tensor, gs.Constant):
                     consts.setdefault(id(tensor), tensor)
-        fed = [t for t in consts.values() if isinstance(t._values, gs.ir.tensor.LazyValues) or _nbytes(t) > _FEED_BYTES]
+        fed = [
+            t for t in consts.values()
+            if isinstance(t._values, gs.ir.tensor.LazyValues) or _nbytes(t) > _FEED_BYTES
+        ]
         fed_ids = {id(t) for t in fed}
+        kept = [t for t in consts.values() if id(t) not in fed_ids]
         graph = onnx.helper.make_graph(
             [OnnxExporter.export_node(n) for n in nodes],
             "gskit_fold_batch",
             [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), t.shape) for t in fed],
             [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in outputs],
-            initializer=[OnnxExporter.export_tensor_proto(t) for t in consts.values() if id(t) not in fed_ids],
+            initializer=[OnnxExporter.export_tensor_proto(t) for t in kept],
         )
         model = onnx.helper.make_model(graph, opset_imports=self.opsets, ir_version=self.graph.ir_version)
         feeds = {t.name: _read_values(t) for t in fed}
@@ -470,11 +484,16 @@ class _Spill:
             data.write(b"\0" * pad)
             offset += pad
             data.write(memoryview(np.ascontiguousarray(value)).cast("B"))
-        tensor = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
-                                  dims=value.shape, data_location=onnx.TensorProto.EXTERNAL)
-        for key, entry in (("location", self.path.name), ("offset", str(offset)), ("length", str(value.nbytes)),
-                           ("basepath", str(self.path.parent))):
-            tensor.external_data.add(key=key, value=entry)
+        tensor = onnx.TensorProto(
+            name=name,
+            data_type=onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
+            dims=value.shape,
+            data_location=onnx.TensorProto.EXTERNAL,
+        )
+        entries = {"location": self.path.name, "offset": offset, "length": value.nbytes,
+                   "basepath": self.path.parent}
+        for key, entry in entries.items():
+            tensor.external_data.add(key=key, value=str(entry))
         return gsmodel._DiskValues(tensor)
 
     def keep_while(self, owner: object) -> None:
@@ -512,7 +531,7 @@ def _over(nbytes: int | None, size_threshold: int | None) -> bool:
 
 def _onnx_dtype(tensor: gs.Constant) -> int:
     values = tensor._values
-    if isinstance(values, gs.ir.tensor.LazyValues):
+    if isinstance(values, gs.ir.tensor.LazyValues) and isinstance(values.tensor, onnx.TensorProto):
         return values.tensor.data_type
     return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.export_dtype or values.dtype))
 
@@ -530,7 +549,9 @@ def _read_values(tensor: gs.Constant) -> np.ndarray:
         count = int(np.prod(proto.dims, dtype=np.int64))
         array = np.fromfile(path, dtype=dtype, count=count, offset=int(entries.get("offset", 0)))
         if array.size != count:
-            raise GskitError(f"{path}: external data ends early for tensor '{proto.name}'; the file is truncated")
+            raise GskitError(
+                f"{path}: external data ends early for tensor '{proto.name}'; the file is truncated"
+            )
         return array.reshape(tuple(proto.dims))
     return values.load()
 
@@ -837,6 +858,16 @@ def _nbytes(tensor: gs.Constant) -> int:
     if isinstance(values, gs.ir.tensor.LazyValues):
         return gsmodel.tensor_nbytes(values.tensor)
     return int(getattr(values, "nbytes", 0))
+
+
+def _has_disk_weights(graph: gs.Graph) -> bool:
+    """Some constant still reads its values from a data file (``load_weights=False``)."""
+    return any(
+        isinstance(t, gs.Constant)
+        and isinstance(t._values, gs.ir.tensor.LazyValues)
+        and uses_external_data(t._values.tensor)
+        for t in graph.tensors().values()
+    )
 
 
 def _constant_bytes(graph: gs.Graph) -> int:

@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-partial", action="store_true", help="skip folds onnxruntime cannot evaluate")
     parser.add_argument("--max-passes", type=int, default=10, help="most folding passes (default 10)")
     parser.add_argument("--size-threshold", type=int, default=16 * 2**20,
-                        help="largest constant folding may create, in bytes (default 16 MiB)")
+                        help="largest constant folding may create, in bytes (default 16 MiB; 0: no limit)")
     parser.add_argument("--plugins", action="append", metavar="DIR", help="plugin folder whose nodes stay unevaluated")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
         from gskit.plugin import load_plugins
 
         plugins = load_plugins(args.plugins, entry_points=False)
-    folded, report = fold(gsmodel.load(args.model), max_passes=args.max_passes, size_threshold=args.size_threshold,
+    # Weights stay on disk: folding reads only what each batch needs, so models over 2 GB fold in bounded memory.
+    model = gsmodel.load(args.model, load_weights=False)
+    folded, report = fold(model, max_passes=args.max_passes, size_threshold=args.size_threshold or None,
                           allow_partial=args.allow_partial, plugins=plugins)
     gsmodel.save(folded, out_path)
     if args.json:
@@ -38,9 +40,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = console()
     out.print(table("Fold", ("", "value"), [("nodes before", report.nodes_before), ("nodes after", report.nodes_after),
-                                           ("passes", report.passes), ("written", out_path)]))
+                                           ("passes", report.passes), ("mode", report.mode),
+                                           ("batches evaluated", report.batches), ("written", out_path)]))
     if report.folded_ops:
         out.print(table("Folded ops (nodes removed)", ("op", "count"), report.folded_ops.items()))
+    if report.excluded:
+        out.print(table("Not evaluated", ("node", "reason"), report.excluded.items()))
     if report.failures:
         out.print(table("Skipped folds", ("failure",), ((f,) for f in report.failures)))
     return 0
