@@ -32,23 +32,24 @@ def transformer_like(num_nodes: int, width: int = 16) -> gs.Graph:
     m1, m2 = c("m1", np.eye(width)), c("m2", np.eye(width))
     x = gs.Variable("x", np.float32, ("batch", width))
     graph = gs.Graph(inputs=[x], opset=18)
+    nodes = graph.nodes
+
+    def op(op_type: str, inputs: list[gs.Tensor], out: str) -> gs.Variable:
+        # gs.Graph.layer is quadratic in graph size; plain nodes keep generation linear.
+        result = gs.Variable(out)
+        nodes.append(gs.Node(op_type, name=out, inputs=inputs, outputs=[result]))
+        return result
+
     h = x
     for i in range(max(1, num_nodes // NODES_PER_BLOCK)):
-        mean = graph.layer(op="ReduceMean", inputs=[h, axes], outputs=[f"mean{i}"])[0]
-        d = graph.layer(op="Sub", inputs=[h, mean], outputs=[f"d{i}"])[0]
-        sq = graph.layer(op="Pow", inputs=[d, two], outputs=[f"sq{i}"])[0]
-        var = graph.layer(op="ReduceMean", inputs=[sq, axes], outputs=[f"var{i}"])[0]
-        ve = graph.layer(op="Add", inputs=[var, eps], outputs=[f"ve{i}"])[0]
-        std = graph.layer(op="Sqrt", inputs=[ve], outputs=[f"std{i}"])[0]
-        n = graph.layer(op="Div", inputs=[d, std], outputs=[f"n{i}"])[0]
-        nw = graph.layer(op="Mul", inputs=[n, w], outputs=[f"nw{i}"])[0]
-        ln = graph.layer(op="Add", inputs=[nw, b], outputs=[f"ln{i}"])[0]
-        f1 = graph.layer(op="MatMul", inputs=[ln, m1], outputs=[f"f1_{i}"])[0]
-        f1b = graph.layer(op="Add", inputs=[f1, b], outputs=[f"f1b{i}"])[0]
-        r = graph.layer(op="Relu", inputs=[f1b], outputs=[f"r{i}"])[0]
-        f2 = graph.layer(op="MatMul", inputs=[r, m2], outputs=[f"f2_{i}"])[0]
-        f2b = graph.layer(op="Add", inputs=[f2, b], outputs=[f"f2b{i}"])[0]
-        h = graph.layer(op="Add", inputs=[h, f2b], outputs=[f"h{i}"])[0]
+        mean = op("ReduceMean", [h, axes], f"mean{i}")
+        d = op("Sub", [h, mean], f"d{i}")
+        var = op("ReduceMean", [op("Pow", [d, two], f"sq{i}"), axes], f"var{i}")
+        std = op("Sqrt", [op("Add", [var, eps], f"ve{i}")], f"std{i}")
+        ln = op("Add", [op("Mul", [op("Div", [d, std], f"n{i}"), w], f"nw{i}"), b], f"ln{i}")
+        f1 = op("Add", [op("MatMul", [ln, m1], f"f1_{i}"), b], f"f1b{i}")
+        f2 = op("Add", [op("MatMul", [op("Relu", [f1], f"r{i}"), m2], f"f2_{i}"), b], f"f2b{i}")
+        h = op("Add", [h, f2], f"h{i}")
     h.dtype, h.shape = np.float32, ("batch", width)
     graph.outputs = [h]
     return graph
@@ -71,7 +72,9 @@ def measure(num_nodes: int) -> dict[str, float | int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[2000, 10000], help="graph sizes (default: quick)")
+    parser.add_argument(
+        "--nodes", type=int, nargs="+", default=[2000, 10000], help="graph sizes (default: quick)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     results = [measure(n) for n in args.nodes]
@@ -80,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{'nodes':>8} {'replaced':>9} {'seconds':>9} {'us/node':>9}")
         for r in results:
-            print(f"{r['nodes']:>8} {r['instances_replaced']:>9} {r['seconds']:>9.3f} {r['us_per_node']:>9.2f}")
+            print(
+                f"{r['nodes']:>8} {r['instances_replaced']:>9} {r['seconds']:>9.3f} {r['us_per_node']:>9.2f}"
+            )
     return 0
 
 

@@ -79,7 +79,11 @@ def test_layer_norm_replaced_and_numerically_equal(text: str, rng: np.random.Gen
     report = replace(graph, ALL, keep_function=True)
     assert [n.op for n in graph.nodes] == ["LayerNorm"]
     node = graph.nodes[0]
-    assert node.domain == "gskit" and node.attrs["plugin_namespace"] == "gskit" and node.attrs["plugin_version"] == "1"
+    assert (
+        node.domain == "gskit"
+        and node.attrs["plugin_namespace"] == "gskit"
+        and node.attrs["plugin_version"] == "1"
+    )
     assert node.attrs["epsilon"] == pytest.approx(1e-3 if "0.001" in text else 1e-5, rel=1e-6)
     assert [t.name for t in node.inputs] == ["x", "w", "b"]
     assert [t.name for t in node.outputs] == ["y"]  # boundary names kept
@@ -188,7 +192,9 @@ def test_nodes_inside_if_subgraphs_are_matched(rng: np.random.Generator) -> None
 
 
 def test_clip_with_max_is_not_clamp_swish() -> None:
-    text = CLAMP_SWISH_IF.replace("cl = Clip (x, zero, )", "six = Constant <value = float {6.0}> ()\n cl = Clip (x, zero, six)")
+    text = CLAMP_SWISH_IF.replace(
+        "cl = Clip (x, zero, )", "six = Constant <value = float {6.0}> ()\n cl = Clip (x, zero, six)"
+    )
     graph = to_graph(parse_model(text))
     replace(graph, ALL)
     assert "ClampSwish" not in [n.op for n in graph.nodes[0].attrs["then_branch"].nodes]
@@ -230,7 +236,9 @@ def test_local_function_calls_replaced_and_function_removed(rng: np.random.Gener
     from gskit.patterns import FunctionPattern
 
     spec = PluginSpec(
-        name="LayerNorm", namespace="gskit", inputs=("x", "weight", "bias"),
+        name="LayerNorm",
+        namespace="gskit",
+        inputs=("x", "weight", "bias"),
         attributes=(Attribute("epsilon", AttrType.FLOAT, 1e-5),),
         patterns=(FunctionPattern("Norm", "my.mods", attrs={"epsilon": "eps"}),),
     )
@@ -265,18 +273,40 @@ def test_deform_conv_single_node_attributes_mapped() -> None:
 
 def test_custom_domain_deform_conv2d_reordered() -> None:
     graph = gs.Graph(opset=17)
-    x, w, off, mask, bias = (gs.Variable(n, np.float32, s) for n, s in
-                             [("x", (1, 3, 5, 5)), ("w", (3, 3, 3, 3)), ("off", (1, 18, 3, 3)), ("m", (1, 9, 3, 3)), ("b", (3,))])
+    x, w, off, mask, bias = (
+        gs.Variable(n, np.float32, s)
+        for n, s in [
+            ("x", (1, 3, 5, 5)),
+            ("w", (3, 3, 3, 3)),
+            ("off", (1, 18, 3, 3)),
+            ("m", (1, 9, 3, 3)),
+            ("b", (3,)),
+        ]
+    )
     y = gs.Variable("y", np.float32)
     graph.inputs, graph.outputs = [x, w, off, mask, bias], [y]
-    attrs = dict(stride_h=1, stride_w=2, pad_h=0, pad_w=1, dil_h=1, dil_w=1, n_weight_grps=1, n_offset_grps=1, use_mask=1)
-    graph.nodes.append(gs.Node("deform_conv2d", domain="custom", attrs=attrs, inputs=[x, w, off, mask, bias], outputs=[y]))
+    attrs = dict(
+        stride_h=1,
+        stride_w=2,
+        pad_h=0,
+        pad_w=1,
+        dil_h=1,
+        dil_w=1,
+        n_weight_grps=1,
+        n_offset_grps=1,
+        use_mask=1,
+    )
+    graph.nodes.append(
+        gs.Node("deform_conv2d", domain="custom", attrs=attrs, inputs=[x, w, off, mask, bias], outputs=[y])
+    )
     replace(graph, [DEFORM])
     node = graph.nodes[0]
     assert node.op == "DeformConv2d" and [t.name for t in node.inputs] == ["x", "w", "off", "b", "m"]
     assert node.attrs["strides"] == [1, 2] and node.attrs["pads"] == [0, 1, 0, 1]
     # a custom domain is never implied: another domain's deform_conv2d is left alone
-    graph.nodes[0] = gs.Node("deform_conv2d", domain="other", attrs=attrs, inputs=[x, w, off, mask, bias], outputs=[y])
+    graph.nodes[0] = gs.Node(
+        "deform_conv2d", domain="other", attrs=attrs, inputs=[x, w, off, mask, bias], outputs=[y]
+    )
     assert replace(graph, [DEFORM]).replaced == 0
 
 
@@ -285,9 +315,18 @@ def test_custom_pattern_dsl_capture_and_check() -> None:
         return op.Mul(op.Relu(x), op.capture("k"))
 
     spec = PluginSpec(
-        name="ScaledRelu", namespace="demo", attributes=(Attribute("k", AttrType.FLOAT),),
-        patterns=(GraphPattern(scaled_relu, attrs={"k": "k"},
-                               check=lambda m: m.scalar("k") > 0 or __import__("gskit.patterns").patterns.MatchResult.fail("k <= 0")),),
+        name="ScaledRelu",
+        namespace="demo",
+        attributes=(Attribute("k", AttrType.FLOAT),),
+        patterns=(
+            GraphPattern(
+                scaled_relu,
+                attrs={"k": "k"},
+                check=lambda m: (
+                    m.scalar("k") > 0 or __import__("gskit.patterns").patterns.MatchResult.fail("k <= 0")
+                ),
+            ),
+        ),
     )
     text = """
     <ir_version: 8, opset_import: ["" : 17]>
@@ -304,11 +343,63 @@ def test_custom_pattern_dsl_capture_and_check() -> None:
 
 
 def test_single_op_pattern_with_explicit_domain() -> None:
-    spec = PluginSpec(name="GridSamplePlugin", namespace="demo", inputs=("x", "grid"),
-                      patterns=(OpPattern("GridSample", "com.microsoft"),))
+    spec = PluginSpec(
+        name="GridSamplePlugin",
+        namespace="demo",
+        inputs=("x", "grid"),
+        patterns=(OpPattern("GridSample", "com.microsoft"),),
+    )
     graph = gs.Graph(opset=17)
-    x, grid, y = gs.Variable("x", np.float32, (1, 1, 4, 4)), gs.Variable("g", np.float32, (1, 2, 2, 2)), gs.Variable("y", np.float32)
+    x, grid, y = (
+        gs.Variable("x", np.float32, (1, 1, 4, 4)),
+        gs.Variable("g", np.float32, (1, 2, 2, 2)),
+        gs.Variable("y", np.float32),
+    )
     graph.inputs, graph.outputs = [x, grid], [y]
     graph.nodes.append(gs.Node("GridSample", domain="com.microsoft", inputs=[x, grid], outputs=[y]))
     assert replace(graph, [spec]).replaced == 1
     assert (graph.nodes[0].op, graph.nodes[0].domain) == ("GridSamplePlugin", "demo")
+
+
+def _exported_cases() -> list:
+    from tests.exported_models import CASES
+
+    return [
+        pytest.param(name, dynamo, id=f"{name}-{'dynamo' if dynamo else 'torchscript'}")
+        for name, case in CASES.items()
+        for dynamo in case.exporters
+    ]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "dynamo"), _exported_cases())
+def test_torch_exported_models(name: str, dynamo: bool, tmp_path) -> None:
+    """Every torch-exported case: the planted plugin count, the gone ops, and (where onnxruntime runs
+    the original) numeric equality of the keep_function model."""
+    from gskit.model import load
+    from tests.exported_models import CASES, ExportUnsupported, example_input
+
+    case = CASES[name]
+    try:
+        path = export_case(name, tmp_path, dynamo)
+    except ExportUnsupported as err:
+        pytest.skip(str(err))
+    if dynamo and case.dynamo_gap:
+        pytest.xfail(case.dynamo_gap)
+    model = onnx.shape_inference.infer_shapes(load(path))
+    graph = to_graph(model)
+    replace(graph, ALL)
+    ops = [n.op for n in graph.nodes]
+    assert ops.count(case.plugin) == case.planted, ops
+    assert not set(case.gone) & set(ops)
+    if case.onnx_twin is None:
+        kept = to_graph(model)
+        report = replace(kept, ALL, keep_function=True)
+        if report.replaced == case.planted:  # bodies that differ (two epsilons) cannot share one function
+            _run_both(model, kept, {"x": example_input(name)})
+
+
+def export_case(name: str, directory, dynamo: bool):
+    from tests.exported_models import export
+
+    return export(name, directory, dynamo=dynamo)

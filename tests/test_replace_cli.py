@@ -30,7 +30,10 @@ def _main(argv: list[str]) -> int:
 def test_cli_replace_json_and_keep_function(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = save(parse_model(LN_OPSET17), tmp_path / "ln.onnx")
     out = tmp_path / "ln_plugins.onnx"
-    assert _main(["replace", str(src), "-o", str(out), "--plugins", str(PLUGINS), "--keep-function", "--json"]) == 0
+    assert (
+        _main(["replace", str(src), "-o", str(out), "--plugins", str(PLUGINS), "--keep-function", "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     by_name = {p["plugin"]: p for p in data["plugins"]}
     assert by_name["gskit::LayerNorm v1"]["replaced"] == 1 and data["replaced"] == 1
@@ -40,13 +43,30 @@ def test_cli_replace_json_and_keep_function(tmp_path: Path, capsys: pytest.Captu
     assert [n.op_type for n in model.graph.node] == ["LayerNorm"]
     assert [f.name for f in model.functions] == ["LayerNorm"]
     x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
-    np.testing.assert_allclose(gort.run(out, {"x": x})["y"], gort.run(src, {"x": x})["y"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        gort.run(out, {"x": x})["y"], gort.run(src, {"x": x})["y"], rtol=1e-6, atol=1e-6
+    )
 
 
 def test_cli_replace_table_only_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = save(parse_model(LN_OPSET17), tmp_path / "ln.onnx")
     out = tmp_path / "out.onnx"
-    assert _main(["replace", str(src), "-o", str(out), "--plugins", str(PLUGINS), "--only", "ClampSwish", "--explain"]) == 0
+    assert (
+        _main(
+            [
+                "replace",
+                str(src),
+                "-o",
+                str(out),
+                "--plugins",
+                str(PLUGINS),
+                "--only",
+                "ClampSwish",
+                "--explain",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "ClampSwish" in text and "no Div node" not in text and "Why rules did not fire" in text
     assert [n.op_type for n in load(out).graph.node].count("ReduceMean") == 2  # nothing replaced

@@ -27,13 +27,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the model")
-    parser.add_argument("--plugins", action="append", metavar="DIR", help="plugin folder (repeatable); default: plugins/")
+    parser.add_argument(
+        "--plugins", action="append", metavar="DIR", help="plugin folder (repeatable); default: plugins/"
+    )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="use only these plugins (spec names)")
     parser.add_argument(
-        "--keep-function", action="store_true",
+        "--keep-function",
+        action="store_true",
         help="also keep each replaced subgraph as a local function named like the plugin (plain onnxruntime runs it)",
     )
-    parser.add_argument("--explain", action="store_true", help="say which node or constant failed which check")
+    parser.add_argument(
+        "--explain", action="store_true", help="say which node or constant failed which check"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -75,7 +80,13 @@ def _print(report: ReplaceReport, written: str) -> None:
     for p in report.plugins:
         reasons = "; ".join(sorted({s.reason for s in p.skipped}))
         rows.append((p.plugin, p.found, p.replaced, f"{len(p.skipped)} ({reasons})" if p.skipped else 0))
-    out.print(table(f"Plugin nodes written to {written}", ("plugin", "matches found", "replaced", "skipped (reason)"), rows))
+    out.print(
+        table(
+            f"Plugin nodes written to {written}",
+            ("plugin", "matches found", "replaced", "skipped (reason)"),
+            rows,
+        )
+    )
     if report.functions_removed:
         out.print(f"local functions removed (no call left): {', '.join(report.functions_removed)}")
     if report.functions_kept:

@@ -29,10 +29,14 @@ def per_last_axis(match: Match, x: str, *names: str) -> MatchResult:
         if shape is None:
             continue
         if any(d != 1 for d in shape[:-1]) or (x_shape is not None and len(shape) > len(x_shape)):
-            return MatchResult.fail(f"{name} '{tensor.name}' has shape {list(shape)}, not one value per last axis", match.anchor)
+            return MatchResult.fail(
+                f"{name} '{tensor.name}' has shape {list(shape)}, not one value per last axis", match.anchor
+            )
         last, x_last = (shape[-1] if shape else 1), (x_shape[-1] if x_shape else None)
         if isinstance(last, int) and isinstance(x_last, int) and last not in (1, x_last):
-            return MatchResult.fail(f"{name} '{tensor.name}' has {last} elements, x's last axis {x_last}", match.anchor)
+            return MatchResult.fail(
+                f"{name} '{tensor.name}' has {last} elements, x's last axis {x_last}", match.anchor
+            )
     return MatchResult.success()
 
 

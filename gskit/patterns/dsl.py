@@ -38,7 +38,8 @@ from gskit.errors import PluginError
 
 #: Ops whose two inputs can be swapped, keyed by (domain, op_type).
 COMMUTATIVE = frozenset(
-    ("", op) for op in ("Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal", "BitwiseAnd", "BitwiseOr")
+    ("", op)
+    for op in ("Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal", "BitwiseAnd", "BitwiseOr")
 )
 
 #: Attributes that later opsets turned into inputs: (domain, op_type) -> {attribute: input index}.
@@ -46,8 +47,18 @@ ATTRIBUTE_INPUTS: dict[tuple[str, str], dict[str, int]] = {
     **{
         ("", op): {"axes": 1}
         for op in (
-            "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "Squeeze", "Unsqueeze",
+            "ReduceMean",
+            "ReduceSum",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceProd",
+            "ReduceL1",
+            "ReduceL2",
+            "ReduceLogSum",
+            "ReduceLogSumExp",
+            "ReduceSumSquare",
+            "Squeeze",
+            "Unsqueeze",
         )
     },
     ("", "Clip"): {"min": 1, "max": 2},
@@ -129,7 +140,9 @@ class OpBuilder:
             raise AttributeError(op_type)
 
         def make(*inputs: Any, _domain: str = "", _outputs: int = 1, **attrs: Any) -> Any:
-            node = PNode(op_type, _domain, tuple(_as_value(v) for v in inputs), attrs, _outputs, len(self.nodes))
+            node = PNode(
+                op_type, _domain, tuple(_as_value(v) for v in inputs), attrs, _outputs, len(self.nodes)
+            )
             self.nodes.append(node)
             outs = tuple(NodeOutput(node, i) for i in range(_outputs))
             return outs[0] if _outputs == 1 else outs

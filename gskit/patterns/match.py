@@ -18,7 +18,16 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.patterns.dsl import ATTRIBUTE_INPUTS, Capture, ConstValue, NodeOutput, PatternGraph, PNode, Value, Var
+from gskit.patterns.dsl import (
+    ATTRIBUTE_INPUTS,
+    Capture,
+    ConstValue,
+    NodeOutput,
+    PatternGraph,
+    PNode,
+    Value,
+    Var,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +58,9 @@ class GraphIndex:
     functions: Mapping[tuple[str, str], gs.Function] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, graph: gs.Graph, functions: Mapping[tuple[str, str], gs.Function] | None = None) -> GraphIndex:
+    def build(
+        cls, graph: gs.Graph, functions: Mapping[tuple[str, str], gs.Function] | None = None
+    ) -> GraphIndex:
         """Index ``graph``; ``functions`` are the model's local functions as ``(domain, name)``."""
         by_op: dict[tuple[str, str], list[gs.Node]] = {}
         position: dict[int, int] = {}
@@ -62,7 +73,14 @@ class GraphIndex:
                 for sub in attr if isinstance(attr, list) else [attr]:
                     if isinstance(sub, gs.Graph):
                         used.update(_names_read(sub))
-        return cls(graph, by_op, position, frozenset(id(t) for t in graph.outputs), frozenset(used), dict(functions or {}))
+        return cls(
+            graph,
+            by_op,
+            position,
+            frozenset(id(t) for t in graph.outputs),
+            frozenset(used),
+            dict(functions or {}),
+        )
 
     def external_use(self, tensor: gs.Tensor, inside: set[int]) -> str | None:
         """Why ``tensor`` is needed outside the nodes ``inside`` (ids), or None if it is not."""
@@ -150,7 +168,9 @@ class Binding:
     constants: tuple[gs.Tensor, ...] = ()
 
     def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
-        return Binding({**self.nodes, id(pnode): node}, self.used | {id(node)}, self.vars, self.captures, self.constants)
+        return Binding(
+            {**self.nodes, id(pnode): node}, self.used | {id(node)}, self.vars, self.captures, self.constants
+        )
 
     def with_var(self, name: str, tensor: gs.Tensor) -> Binding:
         return Binding(self.nodes, self.used, {**self.vars, name: tensor}, self.captures, self.constants)
@@ -238,7 +258,11 @@ def _same_value(name: str, want: Any, have: Any, rank: int | None) -> bool:
         return sorted(a % rank for a in want) == sorted(a % rank for a in have)
     if isinstance(want, float) or isinstance(have, float):
         try:
-            return bool(np.allclose(np.asarray(have, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=1e-6, atol=0))
+            return bool(
+                np.allclose(
+                    np.asarray(have, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=1e-6, atol=0
+                )
+            )
         except (TypeError, ValueError):
             return False
     return want == have
@@ -253,11 +277,34 @@ class Matcher:
 
     def match(self, anchor: gs.Node) -> Binding | None:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
+        if self.tracer is NULL_TRACER and not self._skeleton(self.pattern.anchor, anchor, {}):
+            return None  # op types alone rule it out; the full matcher would fail too, only slower
         for binding in self._node(self.pattern.anchor, anchor, Binding()):
             if all(id(o.node) in binding.nodes for o in self.pattern.outputs):
                 return binding
             self.tracer.fail(len(binding.nodes), anchor, "some pattern outputs are not produced by the match")
         return None
+
+    def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
+        """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
+        if node.op != pn.op_type or op_key(node) != (pn.domain, pn.op_type):
+            return False
+        key = (id(pn), id(node))
+        if key not in seen:
+            seen[key] = True  # provisional: a DAG pattern reaches a node twice
+            seen[key] = any(
+                all(
+                    not isinstance(v, NodeOutput)
+                    or (
+                        i < len(node.inputs)
+                        and bool(node.inputs[i].inputs)
+                        and self._skeleton(v.node, node.inputs[i].inputs[0], seen)
+                    )
+                    for i, v in enumerate(order)
+                )
+                for order in pn.orders
+            )
+        return seen[key]
 
     def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
         self.tracer.fail(len(binding.nodes), node, reason)
@@ -266,13 +313,21 @@ class Matcher:
         key = op_key(node)
         if key != (pn.domain, pn.op_type):
             want = f"{pn.domain}::{pn.op_type}" if pn.domain else pn.op_type
-            self._fail(b, node, f"node '{label(node)}' is {key[0] + '::' if key[0] else ''}{key[1]}, pattern wants {want}")
+            self._fail(
+                b,
+                node,
+                f"node '{label(node)}' is {key[0] + '::' if key[0] else ''}{key[1]}, pattern wants {want}",
+            )
             return
         if id(node) in b.used:
             self._fail(b, node, f"node '{label(node)}' would match two pattern nodes")
             return
         if len(node.outputs) < pn.num_outputs:
-            self._fail(b, node, f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}")
+            self._fail(
+                b,
+                node,
+                f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
+            )
             return
         b = b.with_node(pn, node)
         table = ATTRIBUTE_INPUTS.get(key, {})
@@ -285,7 +340,9 @@ class Matcher:
                 tensor = node.inputs[idx]
                 have = constant_value(tensor)
                 if have is None:
-                    self._fail(b, node, f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant")
+                    self._fail(
+                        b, node, f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant"
+                    )
                     return
                 b = b.with_constant(tensor)
             else:
@@ -296,7 +353,11 @@ class Matcher:
             if isinstance(want, Capture):
                 b = b.with_capture(want.name, have)
             elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
-                self._fail(b, node, f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}")
+                self._fail(
+                    b,
+                    node,
+                    f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}",
+                )
                 return
         for name, idx in table.items():
             if name not in pn.attrs and idx >= len(pn.inputs) and (name in node.attrs or present(node, idx)):
@@ -311,7 +372,9 @@ class Matcher:
         for order in pn.orders:
             yield from self._inputs(order, actual, b)
 
-    def _inputs(self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding) -> Iterator[Binding]:
+    def _inputs(
+        self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding
+    ) -> Iterator[Binding]:
         if not values:
             yield b
             return
@@ -323,7 +386,9 @@ class Matcher:
             if tensor is None:
                 yield b
             else:
-                self._fail(b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input")
+                self._fail(
+                    b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
+                )
             return
         if tensor is None:
             self._fail(b, None, "an input the pattern needs is absent")
@@ -335,16 +400,24 @@ class Matcher:
             elif bound is tensor:
                 yield b
             else:
-                self._fail(b, producer(tensor), f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another")
+                self._fail(
+                    b,
+                    producer(tensor),
+                    f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
+                )
             return
         if isinstance(pv, ConstValue):
             yield from self._constant(pv, tensor, b)
             return
         node = producer(tensor)
         if node is None:
-            self._fail(b, None, f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})")
+            self._fail(
+                b,
+                None,
+                f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})",
+            )
             return
-        if not any(out is tensor for out in node.outputs[pv.index:pv.index + 1]):
+        if not any(out is tensor for out in node.outputs[pv.index : pv.index + 1]):
             self._fail(b, node, f"tensor '{tensor.name}' is not output {pv.index} of node '{label(node)}'")
             return
         bound = b.nodes.get(id(pv.node))
@@ -352,7 +425,11 @@ class Matcher:
             if bound is node:
                 yield b
             else:
-                self._fail(b, node, f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'")
+                self._fail(
+                    b,
+                    node,
+                    f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
+                )
             return
         if node.op != pv.node.op_type:  # cheap rejection before the generator of _node
             self._fail(b, node, f"node '{label(node)}' is {node.op}, pattern wants {pv.node.op_type}")

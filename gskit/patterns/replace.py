@@ -135,7 +135,9 @@ def replace(
         names = {s.name for s in specs}
         unknown = sorted(set(only) - names)
         if unknown:
-            raise GskitError(f"--only {', '.join(unknown)}: no such plugin (known: {', '.join(sorted(names))})")
+            raise GskitError(
+                f"--only {', '.join(unknown)}: no such plugin (known: {', '.join(sorted(names))})"
+            )
         specs = [s for s in specs if s.name in set(only)]
     report = ReplaceReport(plugins=[PluginReport(s.qualified_name) for s in specs])
     graphs = [graph, *graph.subgraphs(recursive=True)]
@@ -168,7 +170,9 @@ def _find(
     anchors = index.by_op.get(rule.anchor, [])
     if explain and not anchors and order[2] == 0:
         what = f"{rule.anchor[0]}::{rule.anchor[1]}" if rule.anchor[0] else rule.anchor[1]
-        report.explanations.append(Explanation(spec.qualified_name, rule.name, None, 0, None, f"no {what} node in the graph"))
+        report.explanations.append(
+            Explanation(spec.qualified_name, rule.name, None, 0, None, f"no {what} node in the graph")
+        )
     found: list[_Candidate] = []
     for anchor in anchors:
         tracer = Tracer() if explain else None
@@ -177,7 +181,9 @@ def _find(
             if tracer is not None and tracer.best is not None:
                 best = tracer.best
                 report.explanations.append(
-                    Explanation(spec.qualified_name, rule.name, label(anchor), best.depth, best.node, best.reason)
+                    Explanation(
+                        spec.qualified_name, rule.name, label(anchor), best.depth, best.node, best.reason
+                    )
                 )
             continue
         preport.found += 1
@@ -193,7 +199,14 @@ def _find(
             preport.skipped.append(Skip(rule.name, label(anchor), result.reason, result.culprit))
             if explain:
                 report.explanations.append(
-                    Explanation(spec.qualified_name, rule.name, label(anchor), len(match.nodes), result.culprit, result.reason)
+                    Explanation(
+                        spec.qualified_name,
+                        rule.name,
+                        label(anchor),
+                        len(match.nodes),
+                        result.culprit,
+                        result.reason,
+                    )
                 )
             continue
         rank = (-len(match.nodes), order[0], order[1], order[2], index.position[id(anchor)])
@@ -203,11 +216,13 @@ def _find(
 
 def _check_rewrite(spec: PluginSpec, rewrite: Rewrite) -> None:
     if len(rewrite.inputs) > len(spec.inputs):
-        raise PluginError(f"{spec.qualified_name}: rewrite gives {len(rewrite.inputs)} inputs, spec has {len(spec.inputs)}")
+        raise PluginError(
+            f"{spec.qualified_name}: rewrite gives {len(rewrite.inputs)} inputs, spec has {len(spec.inputs)}"
+        )
     for name, tensor in zip(spec.inputs, rewrite.inputs):
         if tensor is None and not name.endswith("?"):
             raise PluginError(f"{spec.qualified_name}: required input '{name}' is absent")
-    for name in spec.inputs[len(rewrite.inputs):]:
+    for name in spec.inputs[len(rewrite.inputs) :]:
         if not name.endswith("?"):
             raise PluginError(f"{spec.qualified_name}: required input '{name}' is absent")
 
@@ -235,7 +250,11 @@ def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
 
 
 def _apply(
-    root: gs.Graph, indexes: list[GraphIndex], accepted: list[_Candidate], keep_function: bool, report: ReplaceReport
+    root: gs.Graph,
+    indexes: list[GraphIndex],
+    accepted: list[_Candidate],
+    keep_function: bool,
+    report: ReplaceReport,
 ) -> None:
     taken = {n.name for g in (i.graph for i in indexes) for n in g.nodes}
     bodies: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -258,14 +277,24 @@ def _apply(
                 report.functions_kept.append(f"{spec.domain}::{spec.name}")
             elif bodies[key] != body[1]:
                 cand.report.skipped.append(
-                    Skip(cand.rule.name, label(match.anchor), "body differs from the local function kept for the first "
-                         f"{spec.name} instance (keep_function)", label(match.anchor))
+                    Skip(
+                        cand.rule.name,
+                        label(match.anchor),
+                        "body differs from the local function kept for the first "
+                        f"{spec.name} instance (keep_function)",
+                        label(match.anchor),
+                    )
                 )
                 continue
         name = _unique(f"{spec.name}_{cand.report.replaced}", taken)
         region = ReplacedRegion(
-            spec.qualified_name, cand.rule.name, name, match.graph.name, tuple(label(n) for n in ordered),
-            tuple(t.name for t in rewrite.inputs if t is not None), tuple(t.name for t in match.outputs),
+            spec.qualified_name,
+            cand.rule.name,
+            name,
+            match.graph.name,
+            tuple(label(n) for n in ordered),
+            tuple(t.name for t in rewrite.inputs if t is not None),
+            tuple(t.name for t in match.outputs),
         )
         for node in match.nodes:
             for tensor in node.inputs:
@@ -277,7 +306,10 @@ def _apply(
         while inputs and inputs[-1] is None:
             inputs.pop()
         plugin = spec.make_node(
-            [t if t is not None else gs.Variable.empty() for t in inputs], list(match.outputs), rewrite.attrs, name=name
+            [t if t is not None else gs.Variable.empty() for t in inputs],
+            list(match.outputs),
+            rewrite.attrs,
+            name=name,
         )
         replacement[id(ordered[-1])] = plugin
         _drop_dead_constants(match, index, removed, detached)
@@ -304,13 +336,18 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _drop_dead_constants(match: Match, index: GraphIndex, removed: set[int], detached: dict[int, gs.Tensor]) -> None:
+def _drop_dead_constants(
+    match: Match, index: GraphIndex, removed: set[int], detached: dict[int, gs.Tensor]
+) -> None:
     """Remove Constant nodes that only fed replaced nodes."""
     for tensor in match.constants:
         node = tensor.inputs[0] if tensor.inputs else None
         if node is None or id(node) in removed or op_key(node) != ("", "Constant"):
             continue
-        if all(id(c) in removed for c in tensor.outputs) and index.external_use(tensor, {id(c) for c in tensor.outputs}) is None:
+        if (
+            all(id(c) in removed for c in tensor.outputs)
+            and index.external_use(tensor, {id(c) for c in tensor.outputs}) is None
+        ):
             node.outputs.clear()
             removed.add(id(node))
 
@@ -334,7 +371,9 @@ def _local_calls(root: gs.Graph) -> dict[tuple[str, str], int]:
     return counts
 
 
-def _remove_unused_functions(root: gs.Graph, before: dict[tuple[str, str], int], report: ReplaceReport) -> None:
+def _remove_unused_functions(
+    root: gs.Graph, before: dict[tuple[str, str], int], report: ReplaceReport
+) -> None:
     after = _local_calls(root)
     gone = {key for key, n in before.items() if n and not after.get(key)}
     if gone:
@@ -371,24 +410,46 @@ def _function_body(
             mapping[id(tensor)] = var
             value = None if id(tensor) in inside else constant_value(tensor)
             if value is None and id(tensor) not in inside:
-                raise PluginError(f"{spec.qualified_name}: tensor '{tensor.name}' enters the match but is not a plugin input")
+                raise PluginError(
+                    f"{spec.qualified_name}: tensor '{tensor.name}' enters the match but is not a plugin input"
+                )
             if value is not None:
-                nodes.append(gs.Node("Constant", attrs={"value": gs.Constant(f"t{k}_value", np.asarray(value))}, outputs=[var]))
+                nodes.append(
+                    gs.Node(
+                        "Constant",
+                        attrs={"value": gs.Constant(f"t{k}_value", np.asarray(value))},
+                        outputs=[var],
+                    )
+                )
                 key.append(("const", str(value.dtype), value.shape, value.tobytes()))
         return mapping[id(tensor)]
 
     for node in ordered:
         new = gs.Node(
-            node.op, domain=node.domain, attrs=dict(node.attrs),
-            inputs=[local(t) for t in node.inputs], outputs=[local(t) for t in node.outputs],
+            node.op,
+            domain=node.domain,
+            attrs=dict(node.attrs),
+            inputs=[local(t) for t in node.inputs],
+            outputs=[local(t) for t in node.outputs],
         )
         nodes.append(new)
-        key.append((op_key(node), tuple(t.name for t in new.inputs), tuple(t.name for t in new.outputs),
-                    tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items()))))
+        key.append(
+            (
+                op_key(node),
+                tuple(t.name for t in new.inputs),
+                tuple(t.name for t in new.outputs),
+                tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
+            )
+        )
     graph = match.graph
     function = gs.Function(
-        spec.name, domain=spec.domain, nodes=nodes, inputs=fn_inputs, outputs=fn_outputs,
-        opset=graph.opset, import_domains=None,
+        spec.name,
+        domain=spec.domain,
+        nodes=nodes,
+        inputs=fn_inputs,
+        outputs=fn_outputs,
+        opset=graph.opset,
+        import_domains=None,
     )
     return function, tuple(key)
 

@@ -24,7 +24,17 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
 from gskit.patterns.dsl import PatternGraph, trace
-from gskit.patterns.match import NULL_TRACER, GraphIndex, Matcher, MatchResult, Tracer, label, op_key, present, schema_default
+from gskit.patterns.match import (
+    NULL_TRACER,
+    GraphIndex,
+    Matcher,
+    MatchResult,
+    Tracer,
+    label,
+    op_key,
+    present,
+    schema_default,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +73,9 @@ class Match:
             raise PluginError(f"pattern '{self.rule.name}' captured no '{name}'")
         value = np.asarray(self.captures[name])
         if value.size != 1:
-            raise PluginError(f"pattern '{self.rule.name}': capture '{name}' has {value.size} elements, not 1")
+            raise PluginError(
+                f"pattern '{self.rule.name}': capture '{name}' has {value.size} elements, not 1"
+            )
         return value.reshape(()).item()
 
 
@@ -115,7 +127,11 @@ class Rule:
         result = self.check(match)
         if isinstance(result, MatchResult):
             return result
-        return MatchResult.success() if result else MatchResult.fail(f"check of '{self.name}' failed", match.anchor)
+        return (
+            MatchResult.success()
+            if result
+            else MatchResult.fail(f"check of '{self.name}' failed", match.anchor)
+        )
 
 
 class GraphPattern(Rule):
@@ -149,7 +165,9 @@ class GraphPattern(Rule):
         known = {v.name for v in self.graph.inputs}
         unknown = [n for n in self.inputs if n is not None and n not in known]
         if unknown:
-            raise PluginError(f"pattern '{self.name}': inputs {unknown} are not arguments of the pattern function")
+            raise PluginError(
+                f"pattern '{self.name}': inputs {unknown} are not arguments of the pattern function"
+            )
         self.attrs = attrs
         self.check = check
         self.anchor = (self.graph.anchor.domain, self.graph.anchor.op_type)
@@ -163,7 +181,16 @@ class GraphPattern(Rule):
             return None
         nodes = tuple(binding.nodes[id(p)] for p in self.graph.nodes)
         outputs = tuple(binding.nodes[id(o.node)].outputs[o.index] for o in self.graph.outputs)
-        return Match(self, index.graph, node, nodes, dict(binding.vars), outputs, dict(binding.captures), binding.constants)
+        return Match(
+            self,
+            index.graph,
+            node,
+            nodes,
+            dict(binding.vars),
+            outputs,
+            dict(binding.captures),
+            binding.constants,
+        )
 
     def rewrite(self, match: Match) -> Rewrite:
         inputs = tuple(match.inputs[n] if n is not None else None for n in self.inputs)
@@ -256,7 +283,14 @@ class FunctionPattern(OpPattern):
         check: CheckFn | None = None,
         name: str | None = None,
     ) -> None:
-        super().__init__(function, domain, inputs=inputs, attrs=attrs, check=check, name=name or f"function {domain}::{function}")
+        super().__init__(
+            function,
+            domain,
+            inputs=inputs,
+            attrs=attrs,
+            check=check,
+            name=name or f"function {domain}::{function}",
+        )
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         function = index.functions.get(self.anchor)

@@ -21,7 +21,9 @@ def _two_d(match: Match) -> MatchResult:
     node = match.anchor
     weight = node.inputs[1] if len(node.inputs) > 1 else None
     if weight is not None and weight.shape is not None and len(weight.shape) != 4:
-        return MatchResult.fail(f"'{node.name}' has a {len(weight.shape)}-D weight; the plugin is 2-D only", node)
+        return MatchResult.fail(
+            f"'{node.name}' has a {len(weight.shape)}-D weight; the plugin is 2-D only", node
+        )
     for name in ("strides", "dilations", "kernel_shape"):
         value = node.attrs.get(name)
         if value is not None and len(value) != 2:
@@ -52,7 +54,9 @@ def _symbolic_attrs(match: Match) -> Mapping[str, Any]:
 def _symbolic_check(match: Match) -> MatchResult:
     node = match.anchor
     if len(node.inputs) < 3:
-        return MatchResult.fail(f"'{node.name}' has {len(node.inputs)} inputs; needs input, weight, offset", node)
+        return MatchResult.fail(
+            f"'{node.name}' has {len(node.inputs)} inputs; needs input, weight, offset", node
+        )
     return _two_d(match)
 
 
@@ -67,13 +71,20 @@ def _symbolic_inputs(match: Match) -> tuple[int | None, ...]:
 
 def torchvision_symbolic(domain: str) -> OpPattern:
     """Rule for ``domain::deform_conv2d`` nodes with torchvision's argument order and attribute names."""
-    return OpPattern("deform_conv2d", domain, inputs=_symbolic_inputs, attrs=_symbolic_attrs,
-                     check=_symbolic_check, name=f"{domain}::deform_conv2d (torchvision order)")
+    return OpPattern(
+        "deform_conv2d",
+        domain,
+        inputs=_symbolic_inputs,
+        attrs=_symbolic_attrs,
+        check=_symbolic_check,
+        name=f"{domain}::deform_conv2d (torchvision order)",
+    )
 
 
 PATTERNS: tuple = (
     OpPattern(
-        "DeformConv", "",
+        "DeformConv",
+        "",
         attrs={k: k for k in ("strides", "pads", "dilations", "group", "offset_group")},
         check=_two_d,
         name="DeformConv (opset 19)",

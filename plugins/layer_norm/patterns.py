@@ -48,7 +48,9 @@ def _last_axis(match: Match) -> MatchResult:
     axis = node.attrs.get("axis", -1)
     rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
     if axis != -1 and (rank is None or axis != rank - 1):
-        return MatchResult.fail(f"LayerNormalization '{node.name}' normalizes from axis {axis}, not the last axis only", node)
+        return MatchResult.fail(
+            f"LayerNormalization '{node.name}' normalizes from axis {axis}, not the last axis only", node
+        )
     if len(node.outputs) > 1 and any(t.outputs for t in node.outputs[1:]):
         return MatchResult.fail(f"LayerNormalization '{node.name}' has its mean or inverse std used", node)
     if len(node.inputs) < 3 or not node.inputs[2].name:
@@ -68,8 +70,20 @@ def _torch_function(match: Match) -> MatchResult:
 
 PATTERNS: tuple = (
     *(_decomposed(s, n) for s in ("pow", "mul") for n in ("div", "reciprocal")),
-    OpPattern("LayerNormalization", "", attrs={"epsilon": "epsilon"}, inputs=(0, 1, 2), check=_last_axis,
-              name="LayerNormalization(axis=-1)"),
-    FunctionPattern("LayerNorm", "torch.nn.modules.normalization", attrs={"epsilon": "eps"}, inputs=(0, 1, 2),
-                    check=_torch_function, name="torch nn.LayerNorm function"),
+    OpPattern(
+        "LayerNormalization",
+        "",
+        attrs={"epsilon": "epsilon"},
+        inputs=(0, 1, 2),
+        check=_last_axis,
+        name="LayerNormalization(axis=-1)",
+    ),
+    FunctionPattern(
+        "LayerNorm",
+        "torch.nn.modules.normalization",
+        attrs={"epsilon": "eps"},
+        inputs=(0, 1, 2),
+        check=_torch_function,
+        name="torch nn.LayerNorm function",
+    ),
 )
