@@ -51,25 +51,50 @@ QUICK_BLOCKS = (40, 400)
 MB, GB = 1e6, 1e9
 
 
-def _fold_suite(work: Path, quick: bool, timeout: float) -> list[Row]:
+#: Rows measured so far, written to ``_PARTIAL_JSON`` after each measurement (a long run that is stopped
+#: still leaves its numbers).
+_DONE: list[Row] = []
+_PARTIAL_JSON: list[Path] = []
+
+
+def _measure(*args: Any, **kwargs: Any) -> Row:
+    row = measure(*args, **kwargs)
+    _DONE.append(row)
+    for path in _PARTIAL_JSON:
+        path.write_text(json.dumps({"partial": True, "rows": [r.as_dict() for r in _DONE]}, indent=2))
+    return row
+
+
+def _fold_suite(work: Path, quick: bool, timeout: float, models_filter: list[str], runs: int) -> list[Row]:
     sources: list[tuple[str, Path, int]] = []  # (label, path, runs)
     light = models.light_models()
     if quick:
         light = [p for p in light if p.stem in QUICK_LIGHT]
-    sources += [(p.stem, p, 1 if quick else 2) for p in light]
+    sources += [(p.stem, p, runs) for p in light]
     exported = models.exported_models(work / "exported")
     if quick:
         exported = exported[:1]  # ExampleNet
-    sources += [(p.stem, p, 1 if quick else 3) for p in exported]
+    sources += [(p.stem, p, runs) for p in exported]
     for blocks in QUICK_BLOCKS[:1] if quick else FULL_BLOCKS:
+        label = f"transformer {blocks * models.NODES_PER_BLOCK // 1000}k"
+        if models_filter and not any(f in label for f in models_filter):
+            continue
         path = models.write_transformer_like(work / "transformer" / f"t{blocks}.onnx", blocks=blocks)
-        sources.append((f"transformer {blocks * models.NODES_PER_BLOCK // 1000}k", path, 1))
+        sources.append((label, path, 1))
+    if models_filter:
+        sources = [s for s in sources if any(f in s[0] for f in models_filter)]
     rows = []
     for label, path, runs in sources:
         scale = 3 if "transformer" in label and not quick else 1
         # light models make > 16 MiB constants from ConstantOfShape: also show gskit without its size cap
+        # onnxruntime alone needs minutes to create a session for > 10k nodes: outputs checked up to 10k
+        check = not label.startswith("transformer") or int(label.split()[1][:-1]) <= 11
         for tool in (*FOLD_TOOLS, NOLIMIT) if label.startswith("light_") else FOLD_TOOLS:
-            rows.append(measure("fold", label, tool, path, work / "out", runs=runs, timeout=timeout * scale))
+            rows.append(
+                _measure(
+                    "fold", label, tool, path, work / "out", runs=runs, timeout=timeout * scale, compare=check
+                )
+            )
     return rows
 
 
@@ -79,7 +104,7 @@ def _replace_suite(work: Path, quick: bool, timeout: float) -> list[Row]:
         label = f"transformer {blocks * models.NODES_PER_BLOCK / 1000:.1f}k ({blocks} instances)"
         runs = 3 if blocks <= 400 else 1
         rows.append(
-            measure(
+            _measure(
                 "replace",
                 label,
                 "gskit-replace",
@@ -105,7 +130,7 @@ def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tup
     for tool in ("onnx-floor", "gskit-prepare", *FOLD_TOOLS):
         runs = 1
         rows.append(
-            measure(
+            _measure(
                 "large",
                 label,
                 tool,
@@ -294,7 +319,17 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, default=None, help="folder for generated models (default: temporary)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log each measurement")
+    parser.add_argument(
+        "--models",
+        default="",
+        help="fold suite: only models whose label contains one of "
+        "these comma-separated strings (e.g. light_,transformer)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=None, help="runs per small model (default 1 quick, 3 full)"
+    )
     args = parser.parse_args(argv)
+    models_filter = [m.strip() for m in args.models.split(",") if m.strip()]
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SUITES)
     if unknown:
@@ -303,13 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     timeout = args.timeout or (60.0 if args.quick else 120.0)
     json_path = args.json or REPO / "bench" / "results" / f"bench-{'quick' if args.quick else 'full'}.json"
 
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    _PARTIAL_JSON.append(json_path.with_suffix(".partial.json"))
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="gskit-bench-", dir=args.dir))
     rows: list[Row] = []
     large = None
     try:
         if "fold" in only:
-            rows += _fold_suite(work, args.quick, timeout)
+            rows += _fold_suite(
+                work, args.quick, timeout, models_filter, args.runs or (1 if args.quick else 3)
+            )
         if "replace" in only:
             rows += _replace_suite(work, args.quick, timeout)
         if "large" in only:

@@ -28,7 +28,7 @@ import onnx
 from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.errors import GskitError
-from gskit.feeds import random_feeds
+from gskit.feeds import feed_shapes, resolve_feeds
 from gskit.plugin import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -125,17 +125,17 @@ def compare(
     backend = check_backend(backend, engine)
     if prepared is None and engine is None:
         raise GskitError("compare needs a prepared model or an engine")
-    original_proto = _proto(original)
-    prepared_proto = _proto(prepared) if prepared is not None else None
+    original_proto = source_model(original)
+    prepared_proto = source_model(prepared) if prepared is not None else None
     expected = [o.name for o in original_proto.graph.output]
     have = {o.name for o in prepared_proto.graph.output} if prepared_proto is not None else set(expected)
     missing = [name for name in expected if name not in have]
     if missing and engine is None:
         raise GskitError(
-            f"{_label(prepared)} lacks output(s) {missing} of {_label(original)}; outputs are matched by name"
+            f"{source_label(prepared)} lacks output(s) {missing} of {source_label(original)}; "
+            "outputs are matched by name"
         )
-    if feeds is None:
-        feeds = random_feeds(original_proto, shapes, seed=seed)
+    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
     reference = onnxrt_runner(
         original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
     )
@@ -175,7 +175,7 @@ def compare_runners(
 
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
     try:
-        with _quiet_polygraphy():
+        with quiet_polygraphy():
             results = Comparator.run([reference, under_test], data_loader=[feeds])
             accuracy = Comparator.compare_accuracy(
                 results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)
@@ -197,7 +197,7 @@ def compare_runners(
     return CompareReport(
         outputs=rows,
         passed=all(r.passed for r in rows),
-        input_shapes={name: tuple(int(d) for d in value.shape) for name, value in feeds.items()},
+        input_shapes=feed_shapes(feeds),
         atol=atol,
         rtol=rtol,
         reference=reference.name,
@@ -227,7 +227,7 @@ def compare_arrays(
             raise GskitError(f"the {side} lacks tensor(s) {missing}; tensors are matched by name")
     ref = {n: np.asarray(reference[n]) for n in names}
     test = {n: np.asarray(under_test[n]) for n in names}
-    with _quiet_polygraphy():
+    with quiet_polygraphy():
         verdicts = SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)(
             IterationResult(ref, runner_name="reference"), IterationResult(test, runner_name="under test")
         )
@@ -279,7 +279,7 @@ def _gpu_count() -> int:
     from polygraphy import cuda
 
     try:
-        with _quiet_polygraphy():
+        with quiet_polygraphy():
             handle = cuda.wrapper().handle
         count = ctypes.c_int(0)
         status = handle.cudaGetDeviceCount(ctypes.byref(count))
@@ -402,11 +402,17 @@ def _errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
     )
 
 
-def _proto(model: ModelSource) -> onnx.ModelProto:
+def source_model(model: ModelSource) -> onnx.ModelProto:
+    """``model`` itself if it is a ModelProto, else the model at that path with its weights left on disk.
+
+    Raises:
+        GskitError: the file cannot be loaded (as ``gskit.model.load``).
+    """
     return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
 
 
-def _label(model: ModelSource) -> str:
+def source_label(model: ModelSource) -> str:
+    """How messages name a compared model: its path, or "prepared model" for an in-memory ModelProto."""
     return "prepared model" if isinstance(model, onnx.ModelProto) else str(model)
 
 
@@ -416,7 +422,7 @@ def _first_line(err: Exception) -> str:
 
 
 @contextmanager
-def _quiet_polygraphy() -> Iterator[None]:
+def quiet_polygraphy() -> Iterator[None]:
     """Polygraphy logs to stdout; keep it to errors (or gskit's debug level) while comparing."""
     from polygraphy.logger import G_LOGGER
 

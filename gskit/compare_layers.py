@@ -30,19 +30,19 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
-from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.compare import (
     ModelSource,
     OutputComparison,
-    _quiet_polygraphy,
     check_backend,
     compare_arrays,
     model_file,
+    quiet_polygraphy,
+    source_model,
     trt_runner,
 )
 from gskit.errors import GskitError
-from gskit.feeds import random_feeds
+from gskit.feeds import feed_shapes, resolve_feeds
 from gskit.plugin import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -150,10 +150,8 @@ def compare_layerwise(
     if chunk < 1:
         raise GskitError(f"--chunk must be at least 1 (got {chunk})")
     backend = check_backend(backend)
-    original_proto, prepared_proto = _proto(original), _proto(prepared)
-    if feeds is None:
-        feeds = random_feeds(original_proto, shapes, seed=seed)
-    feeds = {name: np.asarray(value) for name, value in feeds.items()}
+    original_proto, prepared_proto = source_model(original), source_model(prepared)
+    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
     original_nodes = producers(original_proto.graph)
     prepared_nodes = producers(prepared_proto.graph)
     candidates = [name for name in prepared_nodes if name in original_nodes]
@@ -183,7 +181,7 @@ def compare_layerwise(
         candidates=len(candidates),
         runs=runs,
         chunk=chunk,
-        input_shapes={name: tuple(int(d) for d in value.shape) for name, value in feeds.items()},
+        input_shapes=feed_shapes(feeds),
         atol=atol,
         rtol=rtol,
         reference=reference.name,
@@ -306,7 +304,7 @@ def _under_test(
             mark_debug=() if unfused else candidates,
         )
         try:
-            with _quiet_polygraphy():
+            with quiet_polygraphy():
                 runner.activate()
         except Exception as err:  # building the engine: keep the first line
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -321,7 +319,3 @@ def _trt_marks_unfused() -> bool:
     import tensorrt
 
     return hasattr(tensorrt.INetworkDefinition, "mark_unfused_tensors_as_debug_tensors")
-
-
-def _proto(model: ModelSource) -> onnx.ModelProto:
-    return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)

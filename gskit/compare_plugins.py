@@ -18,15 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
-from gskit.compare import ModelSource, OutputComparison, check_backend, compare_arrays, trt_runner
+from gskit.compare import (
+    ModelSource,
+    OutputComparison,
+    check_backend,
+    compare_arrays,
+    source_label,
+    source_model,
+    trt_runner,
+)
 from gskit.compare_layers import OrtTensors
 from gskit.errors import GskitError
-from gskit.feeds import random_feeds
+from gskit.feeds import feed_shapes, resolve_feeds
 from gskit.isolate import isolate
 from gskit.plugin import PluginRegistry
 
@@ -118,14 +125,14 @@ def compare_plugins(
     """
     backend = check_backend(backend)
     registry = plugins if plugins is not None else PluginRegistry()
-    original_proto = _proto(original)
-    prepared_graph = gsmodel.to_graph(_proto(prepared))
+    original_proto = source_model(original)
+    prepared_graph = gsmodel.to_graph(source_model(prepared))
     nodes = [n for n in prepared_graph.nodes if _is_plugin(n)]
     if not nodes:
-        raise GskitError(f"{_label(prepared)} has no plugin node (custom-domain node) in its main graph")
-    if feeds is None:
-        feeds = random_feeds(original_proto, shapes, seed=seed)
-    feeds = {name: np.asarray(value) for name, value in feeds.items()}
+        raise GskitError(
+            f"{source_label(prepared)} has no plugin node (custom-domain node) in its main graph"
+        )
+    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
     original_graph = gsmodel.to_graph(original_proto)
     original_tensors = original_graph.tensors()
     boundaries = {id(n): _boundary(n) for n in nodes}
@@ -161,7 +168,7 @@ def compare_plugins(
     return PluginCompareReport(
         plugins=checks,
         passed=all(c.passed for c in checks),
-        input_shapes={name: tuple(int(d) for d in value.shape) for name, value in feeds.items()},
+        input_shapes=feed_shapes(feeds),
         atol=atol,
         rtol=rtol,
         under_test="tensorrt" if backend == "trt" else "numpy reference",
@@ -203,7 +210,7 @@ def _check(
     return PluginCheck(
         node=node.name,
         op=_op(node),
-        inputs=_shapes(fed),
+        inputs=feed_shapes(fed),
         outputs=rows,
         original_nodes=region_nodes,
         passed=all(r.passed for r in rows),
@@ -250,7 +257,7 @@ def _unchecked(
     return PluginCheck(
         node=node.name,
         op=_op(node),
-        inputs=_shapes(inputs),
+        inputs=feed_shapes(inputs),
         outputs=[],
         original_nodes=region_nodes,
         passed=False,
@@ -267,15 +274,3 @@ def _is_plugin(node: gs.Node) -> bool:
 
 def _op(node: gs.Node) -> str:
     return f"{node.domain}::{node.op}" if node.domain else node.op
-
-
-def _shapes(values: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(int(d) for d in np.shape(value)) for name, value in values.items()}
-
-
-def _proto(model: ModelSource) -> onnx.ModelProto:
-    return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
-
-
-def _label(model: ModelSource) -> str:
-    return "prepared model" if isinstance(model, onnx.ModelProto) else str(model)

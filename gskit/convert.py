@@ -9,10 +9,11 @@ model, so ``to_fp16`` is how a model gets an fp16 engine.
   plugin's spec has ``supports_fp16=True``,
 * fp16: every other node.
 
-Float32 tensors produced by fp16 nodes become float16; a ``Cast`` is inserted wherever a tensor crosses from one
-precision to the other (once per tensor and direction). Inputs that an op's schema fixes to ``tensor(float)``
-(``Resize`` scales, for example) keep fp32. Constants read by fp16 nodes are converted after clamping into fp16's
-range: magnitudes below ``clamp_min`` become ``+-clamp_min``, above ``clamp_max`` become ``+-clamp_max``;
+Float32 tensors produced by fp16 nodes become float16; a ``Cast`` is inserted wherever a tensor crosses from
+one precision to the other (once per tensor and direction). Inputs that an op's schema fixes to
+``tensor(float)`` (``Resize`` scales, for example) keep fp32. Constants read by fp16 nodes are converted after
+clamping into fp16's range: magnitudes below ``clamp_min`` become ``+-clamp_min``, above ``clamp_max`` become
+``+-clamp_max``;
 zeros, NaN and infinities are kept. Graph inputs and outputs stay fp32 with ``keep_io_types`` (and those named
 in ``keep_inputs``/``keep_outputs``), with Casts at the boundary.
 """
@@ -29,6 +30,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit import model as gsmodel
+from gskit.edit import unique_name
 from gskit.errors import GskitError
 from gskit.fold import infer_tensor_types, is_plugin_node
 
@@ -38,8 +40,14 @@ ModelT = TypeVar("ModelT", onnx.ModelProto, gs.Graph)
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
 _STANDARD = ("", "ai.onnx")
 #: Ops whose int64 inputs may be given as int32 (their index type is a separate type parameter).
-_INT32_INDEX_INPUTS = {"Gather": (1,), "GatherElements": (1,), "GatherND": (1,), "ScatterElements": (1,),
-                       "ScatterND": (1,), "OneHot": (0, 1)}
+_INT32_INDEX_INPUTS = {
+    "Gather": (1,),
+    "GatherElements": (1,),
+    "GatherND": (1,),
+    "ScatterElements": (1,),
+    "ScatterND": (1,),
+    "OneHot": (0, 1),
+}
 
 
 @dataclass
@@ -86,7 +94,9 @@ def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
         ) from err
 
 
-def clamp_to_fp16(values: np.ndarray, clamp_min: float = 1e-7, clamp_max: float = 1e4) -> tuple[np.ndarray, int]:
+def clamp_to_fp16(
+    values: np.ndarray, clamp_min: float = 1e-7, clamp_max: float = 1e4
+) -> tuple[np.ndarray, int]:
     """Clamp magnitudes into ``[clamp_min, clamp_max]`` (keeping sign, 0, NaN and inf), then cast to float16.
 
     Returns:
@@ -228,11 +238,21 @@ class _Fp16:
     def cast(self, tensor: gs.Tensor, dtype: np.dtype) -> gs.Variable:
         key = (id(tensor), dtype.name)
         if key not in self.casts:
-            out = gs.Variable(self.unique(f"{tensor.name}_{'fp16' if dtype == _F16 else 'fp32'}"), dtype=dtype,
-                              shape=tensor.shape)
+            out = gs.Variable(
+                self.unique(f"{tensor.name}_{'fp16' if dtype == _F16 else 'fp32'}"),
+                dtype=dtype,
+                shape=tensor.shape,
+            )
             to = onnx.TensorProto.FLOAT16 if dtype == _F16 else onnx.TensorProto.FLOAT
-            self.new_nodes.append(gs.Node("Cast", name=self.unique(f"{out.name}_cast"), attrs={"to": to},
-                                          inputs=[tensor], outputs=[out]))
+            self.new_nodes.append(
+                gs.Node(
+                    "Cast",
+                    name=self.unique(f"{out.name}_cast"),
+                    attrs={"to": to},
+                    inputs=[tensor],
+                    outputs=[out],
+                )
+            )
             self.report.casts_inserted += 1
             self.casts[key] = out
         return self.casts[key]
@@ -242,18 +262,20 @@ class _Fp16:
         name = tensor.name
         tensor.name = self.unique(f"{name}_fp16")
         out = gs.Variable(name, dtype=_F32, shape=tensor.shape)
-        self.new_nodes.append(gs.Node("Cast", name=self.unique(f"{name}_cast"), attrs={"to": onnx.TensorProto.FLOAT},
-                                      inputs=[tensor], outputs=[out]))
+        self.new_nodes.append(
+            gs.Node(
+                "Cast",
+                name=self.unique(f"{name}_cast"),
+                attrs={"to": onnx.TensorProto.FLOAT},
+                inputs=[tensor],
+                outputs=[out],
+            )
+        )
         self.report.casts_inserted += 1
         return out
 
     def unique(self, name: str) -> str:
-        candidate, n = name, 0
-        while candidate in self.names:
-            n += 1
-            candidate = f"{name}_{n}"
-        self.names.add(candidate)
-        return candidate
+        return unique_name(name, self.names)
 
 
 def _produces_float(node: gs.Node) -> bool:
@@ -335,15 +357,16 @@ def int64_to_int32(
                     bad = values[(values < info.min) | (values > info.max)]
                     if bad.size:
                         raise GskitError(
-                            f"int64_to_int32: constant '{tensor.name}' (input of {node.op} '{node.name}') holds "
-                            f"values outside int32: {bad[:5].tolist()}; leave constants as int64 (constants=False)"
+                            f"int64_to_int32: constant '{tensor.name}' (input of {node.op} '{node.name}') "
+                            f"holds values outside int32: {bad[:5].tolist()}; leave constants as int64 "
+                            "(constants=False)"
                         )
                     converted[id(tensor)] = gs.Constant(f"{tensor.name}_int32", values.astype(np.int32))
                     report.constants.append(tensor.name)
                 node.inputs[index] = converted[id(tensor)]
     if inputs:
         names = set(graph.tensors())
-        for position, tensor in enumerate(list(graph.inputs)):
+        for tensor in list(graph.inputs):
             if tensor.dtype != np.int64 or not isinstance(tensor, gs.Variable):
                 continue
             inner_name = f"{tensor.name}_int64"
@@ -356,8 +379,15 @@ def int64_to_int32(
                         consumer.inputs[i] = inner
             graph.outputs = [inner if t is tensor else t for t in graph.outputs]
             tensor.dtype = np.int32
-            graph.nodes.append(gs.Node("Cast", name=f"{inner_name}_cast", attrs={"to": onnx.TensorProto.INT64},
-                                       inputs=[tensor], outputs=[inner]))
+            graph.nodes.append(
+                gs.Node(
+                    "Cast",
+                    name=f"{inner_name}_cast",
+                    attrs={"to": onnx.TensorProto.INT64},
+                    inputs=[tensor],
+                    outputs=[inner],
+                )
+            )
             report.inputs.append(tensor.name)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     if is_model:

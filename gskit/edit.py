@@ -143,11 +143,11 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
         return graph
     names = _all_tensor_names(graph)
     casted = gs.Variable(
-        _unique(f"{name}_{_dtype_name(old)}", names), dtype=_gs_dtype(old), shape=tensor.shape
+        unique_name(f"{name}_{_dtype_name(old)}", names), dtype=_gs_dtype(old), shape=tensor.shape
     )
     node = gs.Node(
         "Cast",
-        name=_unique(f"{name}_cast", _node_names(graph)),
+        name=unique_name(f"{name}_cast", _node_names(graph)),
         attrs={"to": old},
         inputs=[tensor],
         outputs=[casted],
@@ -255,7 +255,7 @@ def insert_after(
     if not tensor.outputs and not is_output:
         raise GskitError(f"insert after: nothing uses tensor '{tensor_name}'; expose it as an output first")
     names = _all_tensor_names(graph)
-    node_name = name or _unique(f"{tensor_name}_{op}", _node_names(graph))
+    node_name = name or unique_name(f"{tensor_name}_{op}", _node_names(graph))
     inputs: list[gs.Tensor] = [tensor]
     for i, extra in enumerate(extra_inputs):
         if isinstance(extra, str):
@@ -268,16 +268,16 @@ def insert_after(
                     f"insert after: extra input '{extra}' of node '{node_name}' is not a tensor of the graph"
                 )
         else:
-            inputs.append(gs.Constant(_unique(f"{node_name}_input{i + 1}", names), np.asarray(extra)))
+            inputs.append(gs.Constant(unique_name(f"{node_name}_input{i + 1}", names), np.asarray(extra)))
             names.add(inputs[-1].name)
 
     checked = _checked_attrs(_schema(graph, op, domain), op, node_name, attrs or {}, force=force)
     consumers = list(tensor.outputs)
     if any(t is tensor for t in graph.inputs):
-        output = gs.Variable(_unique(f"{tensor_name}_{op.lower()}", names))
+        output = gs.Variable(unique_name(f"{tensor_name}_{op.lower()}", names))
     else:
         output = gs.Variable(tensor_name)
-        tensor.name = _unique(f"{tensor_name}_before_{op.lower()}", names)
+        tensor.name = unique_name(f"{tensor_name}_before_{op.lower()}", names)
     node = gs.Node(op, name=node_name, attrs=checked, inputs=inputs, outputs=[output], domain=domain)
     for consumer in consumers:
         _replace_input(consumer, tensor, output)
@@ -447,7 +447,7 @@ def initializers_to_constants(graph: gs.Graph, names: Iterable[str] | None = Non
         new_nodes.append(
             gs.Node(
                 "Constant",
-                name=_unique(f"{const.name}_constant", node_names),
+                name=unique_name(f"{const.name}_constant", node_names),
                 attrs={"value": const},
                 outputs=[var],
             )
@@ -658,7 +658,8 @@ def _node_names(graph: gs.Graph) -> set[str]:
     return {n.name for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes if n.name}
 
 
-def _unique(base: str, taken: set[str]) -> str:
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or else the first of ``base_1``, ``base_2``... not in ``taken``; added to ``taken``."""
     name, i = base, 1
     while name in taken:
         name, i = f"{base}_{i}", i + 1

@@ -42,7 +42,9 @@ def random_feeds(
     known = {t.name for t in graph.inputs}
     unknown = set(shapes) - known
     if unknown:
-        raise GskitError(f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}")
+        raise GskitError(
+            f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}"
+        )
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for tensor in graph.inputs:
@@ -53,6 +55,28 @@ def random_feeds(
         shape = shapes.get(tensor.name) or _concrete_shape(tensor, dim_values)
         feeds[tensor.name] = random_array(rng, np.dtype(_np_dtype(tensor.dtype)), shape)
     return feeds
+
+
+def resolve_feeds(
+    model: onnx.ModelProto | gs.Graph,
+    feeds: Mapping[str, np.ndarray] | None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """The caller's ``feeds`` as numpy arrays, or ``random_feeds(model, shapes, seed=seed)`` when None.
+
+    Raises:
+        GskitError: as ``random_feeds`` (only when ``feeds`` is None).
+    """
+    if feeds is None:
+        return random_feeds(model, shapes, seed=seed)
+    return {name: np.asarray(value) for name, value in feeds.items()}
+
+
+def feed_shapes(feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """The shape of each input in ``feeds``, as plain ints (what reports record)."""
+    return {name: tuple(int(d) for d in np.shape(value)) for name, value in feeds.items()}
 
 
 def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -70,7 +94,9 @@ def load_feeds(path: str | os.PathLike) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
     except (OSError, ValueError) as err:
-        raise GskitError(f"{path}: cannot read inputs (expected an .npz written by numpy.savez): {err}") from err
+        raise GskitError(
+            f"{path}: cannot read inputs (expected an .npz written by numpy.savez): {err}"
+        ) from err
 
 
 def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
@@ -87,7 +113,9 @@ def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 
 def _concrete_shape(tensor: gs.Variable, dim_values: Mapping[str, int]) -> tuple[int, ...]:
     if tensor.shape is None:
-        raise GskitError(f"input '{tensor.name}' has unknown rank; give its shape with --shape {tensor.name}:DIMS")
+        raise GskitError(
+            f"input '{tensor.name}' has unknown rank; give its shape with --shape {tensor.name}:DIMS"
+        )
     dims = []
     for dim in tensor.shape:
         if isinstance(dim, int) and dim >= 0:

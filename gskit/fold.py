@@ -1,4 +1,4 @@
-"""Constant folding that keeps the model's meaning: graphsurgeon's ``fold_constants``, with its unsafe parts replaced.
+"""Constant folding that keeps the model's meaning: graphsurgeon's ``fold_constants``, unsafe parts replaced.
 
 ``fold(model)`` repeats, up to ``max_passes`` times or until nothing changes:
 
@@ -22,7 +22,8 @@ evaluate is evaluated node by node, so the error (or, with ``allow_partial``, th
 report) names the node. Nodes with subgraphs are not evaluated in this mode (constant ``If`` nodes are still
 flattened).
 
-Why not graphsurgeon's defaults (each found with onnx's backend node tests, ``tests/test_fold_conformance.py``):
+Why not graphsurgeon's defaults (each found with onnx's backend node tests,
+``tests/test_fold_conformance.py``):
 
 * its shape folding ignores ``Shape``'s ``start``/``end`` attributes (opset 15) and folds the whole shape;
 * its cast elision turns ``Cast(int->float) -> op -> Cast(->int)`` into the integer op, which changes results
@@ -33,8 +34,8 @@ Why not graphsurgeon's defaults (each found with onnx's backend node tests, ``te
 * it hands sequences and optionals returned by onnxruntime to ``Constant``.
 
 Never evaluated: plugin nodes (a domain other than ``""``, ``ai.onnx``, ``ai.onnx.ml`` and onnxruntime's
-``com.microsoft``, a ``plugin_namespace`` attribute, or a loaded plugin spec), random ops, and nodes whose outputs
-are sequences or optionals. Constants around them still fold.
+``com.microsoft``, a ``plugin_namespace`` attribute, or a loaded plugin spec), random ops, and nodes whose
+outputs are sequences or optionals. Constants around them still fold.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_impor
 
 from gskit import model as gsmodel
 from gskit.backends import ort as gsort
+from gskit.edit import unique_name
 from gskit.errors import GskitError
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,20 @@ EVALUABLE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 #: Ops that must not be folded: a new sample per run, or values that are not plain tensors.
 NEVER_FOLD_OPS = frozenset(
     {
-        ("", "RandomNormal"), ("", "RandomUniform"), ("", "RandomNormalLike"), ("", "RandomUniformLike"),
-        ("", "Multinomial"), ("", "Bernoulli"),
-        ("", "SequenceConstruct"), ("", "SequenceEmpty"), ("", "SequenceInsert"), ("", "SequenceErase"),
-        ("", "SplitToSequence"), ("", "SequenceMap"), ("", "Optional"), ("", "OptionalGetElement"),
+        ("", "RandomNormal"),
+        ("", "RandomUniform"),
+        ("", "RandomNormalLike"),
+        ("", "RandomUniformLike"),
+        ("", "Multinomial"),
+        ("", "Bernoulli"),
+        ("", "SequenceConstruct"),
+        ("", "SequenceEmpty"),
+        ("", "SequenceInsert"),
+        ("", "SequenceErase"),
+        ("", "SplitToSequence"),
+        ("", "SequenceMap"),
+        ("", "Optional"),
+        ("", "OptionalGetElement"),
     }
 )
 #: Constants larger than this are given to shape inference as typed inputs instead of values.
@@ -88,9 +100,18 @@ _FEED_BYTES = 64 * 1024
 #: Element types read from data files with numpy directly (one copy, no protobuf round trip).
 _PLAIN_TYPES = frozenset(
     {
-        onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
-        onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
-        onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BOOL,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
     }
 )
 
@@ -146,12 +167,13 @@ def fold(
         graph_or_model: a gs.Graph (folded in place and returned) or a ModelProto (left as it is; a new
             ModelProto is returned).
         max_passes: most folding passes; folding stops earlier when a pass changes nothing.
-        fold_shapes: turn ``Shape`` (and ``Shape -> Gather/Slice``) of tensors with static dims into constants.
+        fold_shapes: turn ``Shape`` (and ``Shape -> Gather/Slice``) of tensors with static dims into
+            constants.
         size_threshold: do not create constants larger than this many bytes (``None``: no limit).
         allow_partial: skip folds that onnxruntime cannot evaluate (recorded in ``FoldReport.failures``)
             instead of raising.
-        plugins: a ``gskit.plugin.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never evaluated,
-            in addition to every node of a custom domain.
+        plugins: a ``gskit.plugin.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never
+            evaluated, in addition to every node of a custom domain.
         spill_dir: batched mode (over 1.5 GB of constants, or weights on disk): folder for the data file
             holding large folded constants until the model is saved; it must outlive the returned model and
             is left in place. ``None``: a temporary folder, removed when the returned graph is collected (a
@@ -161,8 +183,8 @@ def fold(
         ``(folded, report)``: the folded graph or model, same kind as given, and a FoldReport.
 
     Raises:
-        GskitError: a fold failed (onnxruntime could not evaluate a constant subgraph) and ``allow_partial`` is
-            False; the message names the node or op onnxruntime reported.
+        GskitError: a fold failed (onnxruntime could not evaluate a constant subgraph) and ``allow_partial``
+            is False; the message names the node or op onnxruntime reported.
     """
     if max_passes < 1:
         raise GskitError(f"fold: max_passes must be at least 1, got {max_passes}")
@@ -212,9 +234,13 @@ def fold(
 
 
 def is_plugin_node(node: gs.Node, plugin_keys: frozenset[tuple[str, str]] = frozenset()) -> bool:
-    """True for nodes onnxruntime cannot evaluate by itself: custom domains, ``plugin_namespace``, known plugins."""
+    """True for nodes onnxruntime must not evaluate: custom domains, ``plugin_namespace``, known plugins."""
     domain = node.domain or ""
-    return domain not in EVALUABLE_DOMAINS or "plugin_namespace" in node.attrs or (domain, node.op) in plugin_keys
+    return (
+        domain not in EVALUABLE_DOMAINS
+        or "plugin_namespace" in node.attrs
+        or (domain, node.op) in plugin_keys
+    )
 
 
 # --- one pass over one graph -------------------------------------------------------------------------------
@@ -239,7 +265,9 @@ def _fold_graph(
     _flatten_constant_ifs(graph)
     for node in graph.nodes:
         for sub in _node_subgraphs(node):
-            sub.ir_version = graph.ir_version  # else graphsurgeon exports its sub-models with onnx's newest IR
+            sub.ir_version = (
+                graph.ir_version
+            )  # else graphsurgeon exports its sub-models with onnx's newest IR
             _fold_graph(sub, exclude, fold_shapes, size_threshold, allow_partial, None, report)
             sub.cleanup(remove_unused_graph_inputs=False).toposort()
 
@@ -279,7 +307,9 @@ class _Exclusion:
     def __call__(self, node: gs.Node) -> bool:
         reason = self.reason(node)
         if reason:
-            self.report.excluded[node.name or f"{node.op}:{node.outputs[0].name if node.outputs else ''}"] = reason
+            self.report.excluded[node.name or f"{node.op}:{node.outputs[0].name if node.outputs else ''}"] = (
+                reason
+            )
             return True
         return False
 
@@ -393,7 +423,9 @@ class _BatchContext:
             return
         in_batch = {id(n) for n in nodes}
         outputs = [  # results read outside the batch; the others are never materialized
-            t for n in nodes for t in n.outputs
+            t
+            for n in nodes
+            for t in n.outputs
             if not t.is_empty()
             and (id(t) in self.graph_outputs or any(id(c) not in in_batch for c in t.outputs))
         ]
@@ -429,7 +461,8 @@ class _BatchContext:
                 if isinstance(tensor, gs.Constant):
                     consts.setdefault(id(tensor), tensor)
         fed = [
-            t for t in consts.values()
+            t
+            for t in consts.values()
             if isinstance(t._values, gs.ir.tensor.LazyValues) or _nbytes(t) > _FEED_BYTES
         ]
         fed_ids = {id(t) for t in fed}
@@ -490,11 +523,15 @@ class _Spill:
             dims=value.shape,
             data_location=onnx.TensorProto.EXTERNAL,
         )
-        entries = {"location": self.path.name, "offset": offset, "length": value.nbytes,
-                   "basepath": self.path.parent}
+        entries = {
+            "location": self.path.name,
+            "offset": offset,
+            "length": value.nbytes,
+            "basepath": self.path.parent,
+        }
         for key, entry in entries.items():
             tensor.external_data.add(key=key, value=str(entry))
-        return gsmodel._DiskValues(tensor)
+        return gsmodel.DiskValues(tensor)
 
     def keep_while(self, owner: object) -> None:
         """Remove a temporary folder once ``owner`` is collected (or at exit)."""
@@ -610,7 +647,13 @@ def _fold_shape_user(user: gs.Node, shape_out: gs.Tensor, dims: list) -> np.ndar
         starts, ends = (np.ravel(t.values) for t in consts[:2])
         axes = np.ravel(consts[2].values) if len(consts) > 2 and not consts[2].is_empty() else np.array([0])
         steps = np.ravel(consts[3].values) if len(consts) > 3 and not consts[3].is_empty() else np.array([1])
-        if starts.size != 1 or ends.size != 1 or axes.size != 1 or int(axes[0]) not in (0, -1) or steps[0] == 0:
+        if (
+            starts.size != 1
+            or ends.size != 1
+            or axes.size != 1
+            or int(axes[0]) not in (0, -1)
+            or steps[0] == 0
+        ):
             return None
         picked = dims[_onnx_slice(len(dims), int(starts[0]), int(ends[0]), int(steps[0]))]
         return np.array(picked, dtype=np.int64) if _static(picked) else None
@@ -619,6 +662,7 @@ def _fold_shape_user(user: gs.Node, shape_out: gs.Tensor, dims: list) -> np.ndar
 
 def _onnx_slice(length: int, start: int, end: int, step: int) -> slice:
     """A Python slice with ONNX Slice's clamping (ends past the range, INT64 sentinels, negative steps)."""
+
     def clamp(value: int, low: int, high: int) -> int:
         value = value + length if value < 0 else value
         return min(max(value, low), high)
@@ -638,12 +682,16 @@ def _make_constant(tensor: gs.Tensor, values: np.ndarray) -> None:
 
 
 def _flatten_constant_ifs(graph: gs.Graph) -> None:
-    """Inline the taken branch of each ``If`` with a constant condition, keeping outer-scope tensors intact."""
+    """Inline the taken branch of each ``If`` with a constant condition; outer-scope tensors stay intact."""
     index = 0
     used_names = set(graph.tensors())
     while index < len(graph.nodes):
         node = graph.nodes[index]
-        if node.op != "If" or (node.domain or "") not in ("", "ai.onnx") or not isinstance(node.inputs[0], gs.Constant):
+        if (
+            node.op != "If"
+            or (node.domain or "") not in ("", "ai.onnx")
+            or not isinstance(node.inputs[0], gs.Constant)
+        ):
             index += 1
             continue
         cond = np.asarray(node.inputs[0].values)
@@ -653,11 +701,11 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
         branch = node.attrs["then_branch" if bool(cond.reshape(())) else "else_branch"]
         local = branch._local_tensors()
         for tensor in local.values():
-            tensor.name = _unique(f"{tensor.name}__{node.name or 'if'}", used_names)
+            tensor.name = unique_name(f"{tensor.name}__{node.name or 'if'}", used_names)
         new_nodes = list(branch.nodes)
         branch_node_ids = {id(n) for n in new_nodes}
         local_ids = {id(t) for t in local.values()}
-        pairs = list(zip(list(node.outputs), list(branch.outputs)))
+        pairs = list(zip(list(node.outputs), list(branch.outputs), strict=True))
         node.inputs.clear()
         node.outputs.clear()  # also detaches the If from each output's producers
         for node_out, branch_out in pairs:
@@ -676,25 +724,24 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
                             consumer.inputs[i] = node_out
                 producer.outputs[producer.outputs.index(branch_out)] = node_out
             else:  # an outer-scope tensor, a constant or a branch input: copy it through
-                new_nodes.append(gs.Node("Identity", name=_unique(f"{node_out.name}__if_out", used_names),
-                                         inputs=[branch_out], outputs=[node_out]))
-        graph.nodes[index:index + 1] = new_nodes
+                new_nodes.append(
+                    gs.Node(
+                        "Identity",
+                        name=unique_name(f"{node_out.name}__if_out", used_names),
+                        inputs=[branch_out],
+                        outputs=[node_out],
+                    )
+                )
+        graph.nodes[index : index + 1] = new_nodes
         index += len(new_nodes)
-
-
-def _unique(name: str, used: set[str]) -> str:
-    candidate, n = name, 0
-    while candidate in used:
-        n += 1
-        candidate = f"{name}_{n}"
-    used.add(candidate)
-    return candidate
 
 
 def _drop_non_tensor_constants(graph: gs.Graph) -> None:
     """Constants graphsurgeon built from sequences/None returned by onnxruntime are not tensors: undo them."""
     for tensor in graph.tensors().values():
-        if isinstance(tensor, gs.Constant) and not isinstance(tensor._values, (np.ndarray, gs.ir.tensor.LazyValues)):
+        if isinstance(tensor, gs.Constant) and not isinstance(
+            tensor._values, (np.ndarray, gs.ir.tensor.LazyValues)
+        ):
             log.warning("fold: '%s' evaluated to a non-tensor value; left unfolded", tensor.name)
 
 
@@ -721,7 +768,7 @@ def infer_tensor_types(graph: gs.Graph, odd_types: _GsLosses | None = None) -> N
         log.info("fold: shape inference failed (%s); folding with the shapes in the model", err)
         return
     infos: dict[str, onnx.ValueInfoProto] = {}
-    for proto_graph in _proto_graphs(inferred.graph):
+    for proto_graph in gsmodel.graph_protos(inferred.graph):
         for info in proto_graph.value_info:
             infos.setdefault(info.name, info)
     for sub in (graph, *graph.subgraphs(recursive=True)):
@@ -734,7 +781,7 @@ def infer_tensor_types(graph: gs.Graph, odd_types: _GsLosses | None = None) -> N
 
 @dataclass
 class _GsLosses:
-    """What graphsurgeon drops on import: non-tensor value types and TYPE_PROTO attributes (``Optional``'s type)."""
+    """What graphsurgeon drops on import: non-tensor value types, TYPE_PROTO attrs (``Optional``'s type)."""
 
     types: dict[str, onnx.TypeProto] = field(default_factory=dict)
     #: by the node's first output name
@@ -743,7 +790,7 @@ class _GsLosses:
     @classmethod
     def of(cls, graph: onnx.GraphProto) -> _GsLosses:
         losses = cls()
-        for proto_graph in _proto_graphs(graph):
+        for proto_graph in gsmodel.graph_protos(graph):
             for info in (*proto_graph.input, *proto_graph.output, *proto_graph.value_info):
                 kind = info.type.WhichOneof("value")
                 if kind not in (None, "tensor_type"):
@@ -757,7 +804,7 @@ class _GsLosses:
     def restore(self, model: onnx.ModelProto) -> None:
         if not (self.types or self.attrs):
             return
-        for proto_graph in _proto_graphs(model.graph):
+        for proto_graph in gsmodel.graph_protos(model.graph):
             for info in (*proto_graph.input, *proto_graph.output, *proto_graph.value_info):
                 if info.name in self.types:
                     info.type.CopyFrom(self.types[info.name])
@@ -776,7 +823,11 @@ def _export(graph: gs.Graph, odd_types: _GsLosses) -> onnx.ModelProto:
     for sub in (graph, *graph.subgraphs(recursive=True)):
         for tensor in sub.tensors().values():
             kind = getattr(tensor, "type", "tensor_type")
-            if isinstance(tensor, gs.Variable) and kind not in (None, "tensor_type") and tensor.dtype is not None:
+            if (
+                isinstance(tensor, gs.Variable)
+                and kind not in (None, "tensor_type")
+                and tensor.dtype is not None
+            ):
                 hidden.append((tensor, tensor.dtype))
                 tensor.dtype = None
     try:
@@ -797,18 +848,9 @@ def _apply_value_info(tensor: gs.Variable, info: onnx.ValueInfoProto) -> None:
     if tensor.dtype is None and ttype.elem_type:
         tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
     if tensor.shape is None and ttype.HasField("shape"):
-        tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim]
-
-
-def _proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _proto_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _proto_graphs(sub)
+        tensor.shape = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
+        ]
 
 
 # --- bookkeeping -------------------------------------------------------------------------------------------

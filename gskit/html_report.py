@@ -50,7 +50,9 @@ def dot_source(nodes: Sequence[DrawnNode], inputs: Iterable[str], outputs: Itera
     ]
     producers: dict[str, str] = {}
     for index, node in enumerate(shown):
-        lines.append(f'  n{index} [shape=box, style="rounded,filled", fillcolor="#e8eef7", label="{_dot(node.op)}"];')
+        lines.append(
+            f'  n{index} [shape=box, style="rounded,filled", fillcolor="#e8eef7", label="{_dot(node.op)}"];'
+        )
         for tensor in node.outputs:
             producers[tensor] = f"n{index}"
     boundary = [*dict.fromkeys(inputs), *dict.fromkeys(outputs)]
@@ -78,7 +80,9 @@ def render_svg(dot: str) -> str | None:
     if exe is None:
         return None
     try:
-        result = subprocess.run([exe, "-Tsvg"], input=dot, capture_output=True, text=True, timeout=60, check=True)
+        result = subprocess.run(
+            [exe, "-Tsvg"], input=dot, capture_output=True, text=True, timeout=60, check=True
+        )
     except (subprocess.SubprocessError, OSError) as err:
         log.warning("graphviz failed to draw a region: %s", err)
         return None
@@ -109,7 +113,11 @@ def render_page(
         "<h2>Steps</h2>",
         _table(("step", "time (s)", "nodes before", "nodes after", "result"), step_rows, table_id="steps"),
         "<h2>Comparison with the original model</h2>",
-        _table(("output", "shape", "max abs err", "max rel err", "result"), comparison_rows, table_id="comparison")
+        _table(
+            ("output", "shape", "max abs err", "max rel err", "result"),
+            comparison_rows,
+            table_id="comparison",
+        )
         if comparison_rows
         else "<p>No comparison ran.</p>",
         f"<h2>Replaced regions ({len(regions)})</h2>",
@@ -120,14 +128,20 @@ def render_page(
         parts.append(f'<section class="region" id="region-{index}"><h3>{html.escape(region.title)}</h3>')
         parts.append('<div class="pair">')
         for label, svg in (("before", before), ("after", after)):
-            body = svg if svg is not None else "<p>(install Graphviz, package <code>graphviz</code>, for pictures)</p>"
+            body = (
+                svg
+                if svg is not None
+                else "<p>(install Graphviz, package <code>graphviz</code>, for pictures)</p>"
+            )
             parts.append(f'<figure class="{label}">{body}<figcaption>{label}</figcaption></figure>')
         parts.append("</div></section>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str, header: bool = True) -> str:
+def _table(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str, header: bool = True
+) -> str:
     head = "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>" if header else ""
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows

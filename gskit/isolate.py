@@ -19,13 +19,12 @@ from collections.abc import Iterator, Sequence
 
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
 from gskit.errors import GskitError
 from gskit.model import to_model
 from gskit.plugin import PluginRegistry
-from gskit.shapes import infer_shapes
+from gskit.shapes import infer_shapes, stubbed_constants
 
 log = logging.getLogger(__name__)
 
@@ -226,51 +225,11 @@ def _fill_types(graph: gs.Graph, sub: gs.Graph, registry: PluginRegistry) -> Non
 
 def _inferred_types(graph: gs.Graph, registry: PluginRegistry) -> dict[str, onnx.ValueInfoProto]:
     """Types of the graph's tensors from shape inference on a weight-free export."""
-    model = _weight_free_model(graph)
+    with stubbed_constants(graph, INFERENCE_KEEP_BYTES, on_disk=True):
+        model = to_model(graph)  # large or on-disk constants as dims and data type only, no bytes
     try:
         model = infer_shapes(model, registry, strict=False)
     except GskitError as err:
         log.warning("%s; using the model's own types", err)
     g = model.graph
     return {v.name: v for v in (*g.input, *g.value_info, *g.output)}
-
-
-def _weight_free_model(graph: gs.Graph) -> onnx.ModelProto:
-    """Export ``graph`` with large or on-disk constants reduced to dims and data type (no bytes).
-
-    The constants' values are swapped for data-free stand-ins only for the time of the export, so
-    nothing is read from disk or copied, and the caller's graph is restored afterwards.
-    """
-    swapped: list[tuple[gs.Constant, object]] = []
-    try:
-        for g in (graph, *graph.subgraphs(recursive=True)):
-            for tensor in g.tensors().values():
-                if isinstance(tensor, gs.Constant) and _drop_data(tensor):
-                    swapped.append((tensor, tensor._values))
-                    tensor._values = gs.ir.tensor.LazyValues(_stub(tensor))
-        return to_model(graph)
-    finally:
-        for tensor, values in swapped:
-            tensor._values = values
-
-
-def _drop_data(tensor: gs.Constant) -> bool:
-    values = tensor._values
-    if isinstance(values, gs.ir.tensor.LazyValues):
-        proto = values.tensor
-        if not isinstance(proto, onnx.TensorProto):
-            return False  # sparse: left as is
-        return bool(proto.external_data) or proto.ByteSize() > INFERENCE_KEEP_BYTES
-    return getattr(values, "nbytes", 0) > INFERENCE_KEEP_BYTES
-
-
-def _stub(tensor: gs.Constant) -> onnx.TensorProto:
-    values = tensor._values
-    stub = onnx.TensorProto(name=tensor.name)
-    if isinstance(values, gs.ir.tensor.LazyValues):
-        stub.data_type = values.tensor.data_type
-        stub.dims.extend(values.tensor.dims)
-    else:
-        stub.data_type = dtype_to_onnx(tensor.export_dtype)
-        stub.dims.extend(values.shape)
-    return stub

@@ -168,7 +168,7 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
             tensor.data_location = None
             lazy = tensor._values
             if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
-                tensor._values = _DiskValues(lazy.tensor)
+                tensor._values = DiskValues(lazy.tensor)
     return graph
 
 
@@ -190,6 +190,18 @@ def resolve_output(input_path: str | os.PathLike, output_path: str | os.PathLike
     return out
 
 
+def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph in it (``If`` branches, ``Loop``/``Scan`` bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from graph_protos(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graph_protos(sub)
+
+
 def tensor_nbytes(tensor: TensorProto) -> int:
     """Bytes of a tensor's data, wherever it is stored."""
     if uses_external_data(tensor):
@@ -202,8 +214,34 @@ def tensor_nbytes(tensor: TensorProto) -> int:
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
 
-class _DiskValues(gs.ir.tensor.LazyValues):
-    """Lazy values of an external tensor, read from the folder recorded at load time."""
+def external_chunks(tensor: TensorProto, chunk_bytes: int = _COPY_CHUNK) -> Iterator[bytes]:
+    """The bytes of an on-disk tensor, read in chunks so that no copy of the whole tensor is made.
+
+    Raises:
+        GskitError: the data file ends before the tensor does.
+    """
+    source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".")
+    offset = int(_entry(tensor, "offset") or 0)
+    length = _entry(tensor, "length")
+    remaining = int(length) if length is not None else source.stat().st_size - offset
+    with open(source, "rb") as src:
+        src.seek(offset)
+        while remaining > 0:
+            chunk = src.read(min(chunk_bytes, remaining))
+            if not chunk:
+                raise GskitError(f"{source}: external data ends early for tensor '{tensor.name}'")
+            remaining -= len(chunk)
+            yield chunk
+
+
+class DiskValues(gs.ir.tensor.LazyValues):
+    """Lazy values of a tensor whose data is in an external file, read only when asked for.
+
+    The file is found from the tensor's external-data record: ``location`` relative to the folder in
+    its ``basepath`` entry (which ``load`` records; ``"."`` without one), at ``offset`` for ``length`` bytes.
+    ``to_graph`` gives every on-disk constant such values; ``gskit.fold`` gives them to the large
+    constants it spills to disk.
+    """
 
     def load(self) -> np.ndarray:
         tensor = TensorProto()
@@ -384,17 +422,8 @@ def _align(data) -> int:
 
 
 def _copy_external(tensor: TensorProto, data) -> int:
-    source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".")
-    offset = int(_entry(tensor, "offset") or 0)
-    length = _entry(tensor, "length")
-    remaining = int(length) if length is not None else source.stat().st_size - offset
-    total = remaining
-    with open(source, "rb") as src:
-        src.seek(offset)
-        while remaining > 0:
-            chunk = src.read(min(_COPY_CHUNK, remaining))
-            if not chunk:
-                raise GskitError(f"{source}: external data ends early for tensor '{tensor.name}'")
-            data.write(chunk)
-            remaining -= len(chunk)
+    total = 0
+    for chunk in external_chunks(tensor):
+        data.write(chunk)
+        total += len(chunk)
     return total

@@ -229,7 +229,9 @@ def run_replace(state: RunState, options: ReplaceOptions) -> tuple[str, Any]:
     _ensure(again.replaced == 0, "replace", f"{again.replaced} pattern instance(s) left after replacement")
     skipped = sum(len(p.skipped) for p in report.plugins)
     per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
-    return f"{report.replaced} replaced, {skipped} skipped" + (f" ({per_plugin})" if per_plugin else ""), report
+    return f"{report.replaced} replaced, {skipped} skipped" + (
+        f" ({per_plugin})" if per_plugin else ""
+    ), report
 
 
 def run_infer_shapes(state: RunState, options: InferShapesOptions) -> tuple[str, Any]:
@@ -246,7 +248,10 @@ def run_infer_shapes(state: RunState, options: InferShapesOptions) -> tuple[str,
     ]
     if options.strict:
         _ensure(not missing, "infer_shapes", f"plugin outputs without a shape: {missing[:5]}")
-    return "every plugin output has a shape" if not missing else f"{len(missing)} plugin outputs unshaped", None
+    return (
+        "every plugin output has a shape" if not missing else f"{len(missing)} plugin outputs unshaped",
+        None,
+    )
 
 
 def run_fold(state: RunState, options: FoldOptions) -> tuple[str, Any]:
@@ -371,4 +376,3 @@ STEP_RUNNERS: dict[str, Callable[[RunState, Any], tuple[str, Any]]] = {
 def _ensure(condition: bool, step: str, message: str) -> None:
     if not condition:
         raise StepError(f"step '{step}' broke its promise: {message}")
-

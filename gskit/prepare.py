@@ -143,7 +143,9 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         try:
             summary, _details = STEP_RUNNERS[step.name](state, step.options)
         except GskitError as err:
-            result = StepResult(step.name, step.line, time.perf_counter() - start, before, before, "failed", str(err))
+            result = StepResult(
+                step.name, step.line, time.perf_counter() - start, before, before, "failed", str(err)
+            )
             report.steps.append(result)
             if listener:
                 listener.finished(result)
@@ -157,7 +159,13 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         if step.name == "validate" and state.comparison is not None and not state.comparison.passed:
             status = "failed"
         result = StepResult(
-            step.name, step.line, time.perf_counter() - start, before, _node_count(state.graph), status, summary
+            step.name,
+            step.line,
+            time.perf_counter() - start,
+            before,
+            _node_count(state.graph),
+            status,
+            summary,
         )
         report.steps.append(result)
         if listener:
@@ -202,7 +210,11 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
     target = out_dir / ENGINE_NAME
     os.replace(info.sidecar, out_dir / info.sidecar.name)
     os.replace(info.engine, target)
-    report.engine = {"engine": str(target), "sidecar": str(out_dir / info.sidecar.name), "tensorrt": info.tensorrt}
+    report.engine = {
+        "engine": str(target),
+        "sidecar": str(out_dir / info.sidecar.name),
+        "tensorrt": info.tensorrt,
+    }
 
 
 def _node_count(graph: gs.Graph) -> int:
@@ -246,7 +258,13 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> 
     rows = []
     if comparison is not None:
         rows = [
-            (o.name, str(o.shape), f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", "pass" if o.passed else "FAIL")
+            (
+                o.name,
+                str(o.shape),
+                f"{o.max_abs_err:.3g}",
+                f"{o.max_rel_err:.3g}",
+                "pass" if o.passed else "FAIL",
+            )
             for o in comparison.outputs
         ]
     regions = _regions(report.regions, original, state.graph)
@@ -264,7 +282,7 @@ def _trt_line(trt: Any) -> str:
 
 def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:
     before_nodes: dict[str, onnx.NodeProto] = {}
-    for g in _all_graphs(original.graph):
+    for g in gsmodel.graph_protos(original.graph):
         for node in g.node:
             before_nodes.setdefault(node.name, node)
     after_nodes = {n.name: n for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes}
@@ -295,14 +313,3 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
 
 def _op_label(domain: str, op: str) -> str:
     return op if domain in ("", "ai.onnx") else f"{domain}::{op}"
-
-
-def _all_graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_graphs(g)

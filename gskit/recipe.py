@@ -111,7 +111,9 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> Reci
         raise GskitError(f"{_where(source, node)}: unknown step '{name}'; known steps: {', '.join(registry)}")
     cls = registry[name]
     values: dict[str, Any] = {}
-    if options_node is not None and not (isinstance(options_node, yaml.ScalarNode) and options_node.value in ("", "~", "null")):
+    if options_node is not None and not (
+        isinstance(options_node, yaml.ScalarNode) and options_node.value in ("", "~", "null")
+    ):
         if not isinstance(options_node, yaml.MappingNode):
             raise GskitError(f"{_where(source, options_node)}: options of step '{name}' must be a mapping")
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -124,7 +126,9 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> Reci
                     f"options: {', '.join(fields) or '(none)'}"
                 )
             value = yaml.safe_load(yaml.serialize(value_node))
-            values[option] = _check_type(value, hints[option], f"{_where(source, value_node)}: {name}.{option}")
+            values[option] = _check_type(
+                value, hints[option], f"{_where(source, value_node)}: {name}.{option}"
+            )
     try:
         options = cls(**values)
     except (TypeError, ValueError) as err:

@@ -11,8 +11,8 @@ Built-in steps, run in this order (each can be skipped by name):
     then by a SHA-256 of their bytes, so each tensor is read at most once).
 ``remove_noops``
     ``Identity``, ``Cast`` to the dtype the input already has, and inference ``Dropout`` (no mask used) are
-    removed. When the removed node's output is a graph output, the tensor feeding it takes the output's name, so
-    the model's interface keeps its names.
+    removed. When the removed node's output is a graph output, the tensor feeding it takes the output's name,
+    so the model's interface keeps its names.
 ``remove_unused``
     Nodes, initializers and value_info that no output depends on, and local functions no node calls.
 ``remove_unused_opsets``
@@ -37,6 +37,7 @@ from typing import TypeVar
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx.external_data_helper import uses_external_data
 
 from gskit import edit
 from gskit import model as gsmodel
@@ -160,17 +161,16 @@ def _merge_duplicate_initializers(graph: gs.Graph) -> int:
     by_kind: dict[tuple, list[gs.Constant]] = defaultdict(list)
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Constant) and id(tensor) not in protected and tensor.outputs:
-            by_kind[(np.dtype(tensor.dtype).str if _is_np(tensor.dtype) else tensor.dtype, tuple(tensor.shape))].append(
-                tensor
-            )
+            by_kind[
+                (np.dtype(tensor.dtype).str if _is_np(tensor.dtype) else tensor.dtype, tuple(tensor.shape))
+            ].append(tensor)
     merged = 0
     for group in by_kind.values():
         if len(group) < 2:
             continue
         keeper_by_digest: dict[str, gs.Constant] = {}
         for tensor in group:
-            values = np.ascontiguousarray(tensor.values)
-            digest = hashlib.sha256(values.view(np.uint8).tobytes() if values.size else b"").hexdigest()
+            digest = _digest(tensor)
             keeper = keeper_by_digest.setdefault(digest, tensor)
             if keeper is tensor:
                 continue
@@ -180,6 +180,24 @@ def _merge_duplicate_initializers(graph: gs.Graph) -> int:
                         consumer.inputs[index] = keeper
             merged += 1
     return merged
+
+
+def _digest(tensor: gs.Constant) -> str:
+    """sha256 of a constant's bytes without loading weights that are still on disk into the graph."""
+    sha = hashlib.sha256()
+    lazy = tensor._values
+    if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
+        for chunk in gsmodel.external_chunks(lazy.tensor):
+            sha.update(chunk)
+        return sha.hexdigest()
+    # load() leaves lazy values lazy: the array is dropped after hashing instead of cached on the tensor.
+    values = lazy.load() if isinstance(lazy, gs.ir.tensor.LazyValues) else tensor.values
+    values = np.ascontiguousarray(values)
+    if values.dtype == object:  # strings: no buffer to hash
+        sha.update(repr(values.tolist()).encode())
+    elif values.size:
+        sha.update(values.reshape(-1).view(np.uint8))  # a view: no copy of the bytes
+    return sha.hexdigest()
 
 
 def _remove_noops(graph: gs.Graph) -> int:
@@ -209,8 +227,10 @@ def _is_noop(node: gs.Node) -> bool:
     if node.op == "Dropout":
         mask_used = len(node.outputs) > 1 and bool(node.outputs[1].outputs)
         training = node.inputs[2] if len(node.inputs) > 2 else None
-        inference = training is None or training.is_empty() or (
-            isinstance(training, gs.Constant) and not bool(np.asarray(training.values).reshape(-1)[0])
+        inference = (
+            training is None
+            or training.is_empty()
+            or (isinstance(training, gs.Constant) and not bool(np.asarray(training.values).reshape(-1)[0]))
         )
         return inference and not mask_used
     return False
@@ -222,7 +242,11 @@ def _bypass(sub: gs.Graph, node: gs.Node, local: set[int], interface: set[int]) 
     if id(out) in interface:
         # The input takes the output's name; only safe when the input is a plain local tensor.
         produced_here = isinstance(src, gs.Variable) and len(src.inputs) == 1 and id(src.inputs[0]) in local
-        if not produced_here or id(src) in interface or any(id(c) not in local for c in src.outputs if c is not node):
+        if (
+            not produced_here
+            or id(src) in interface
+            or any(id(c) not in local for c in src.outputs if c is not node)
+        ):
             return False
         for consumer in list(out.outputs):
             _replace_input(consumer, out, src)
@@ -293,9 +317,13 @@ _STEPS: dict[str, Callable[[gs.Graph], int]] = {
 def _check_extra(item: str) -> None:
     tool = item.split(":", 1)[0]
     if tool not in _EXTRA_PACKAGES:
-        raise GskitError(f"sanitize: unknown extra step '{item}'; use onnxoptimizer:PASS, onnxslim or onnxsim")
+        raise GskitError(
+            f"sanitize: unknown extra step '{item}'; use onnxoptimizer:PASS, onnxslim or onnxsim"
+        )
     if tool == "onnxoptimizer" and ":" not in item:
-        raise GskitError(f"sanitize: '{item}' names no pass; use onnxoptimizer:PASS (e.g. onnxoptimizer:eliminate_deadend)")
+        raise GskitError(
+            f"sanitize: '{item}' names no pass; use onnxoptimizer:PASS (e.g. onnxoptimizer:eliminate_deadend)"
+        )
     _import(tool)
 
 
@@ -313,7 +341,9 @@ def _run_extra(item: str, model: onnx.ModelProto) -> onnx.ModelProto:
         if tool == "onnxoptimizer":
             known = set(module.get_available_passes())
             if arg not in known:
-                raise GskitError(f"sanitize: onnxoptimizer has no pass '{arg}'; see onnxoptimizer.get_available_passes()")
+                raise GskitError(
+                    f"sanitize: onnxoptimizer has no pass '{arg}'; see onnxoptimizer.get_available_passes()"
+                )
             return module.optimize(model, [arg])
         if tool == "onnxslim":
             return module.slim(model)

@@ -30,6 +30,8 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 from onnx.defs import OpSchema
+from onnx.external_data_helper import uses_external_data
+from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
 from gskit import model as gsmodel
@@ -103,6 +105,10 @@ def register_schemas(registry: PluginRegistry) -> None:
     Raises:
         GskitError: onnx already has a schema of that name and domain that gskit did not register.
     """
+    # onnx.reference indexes all registered schemas by op name on its first import and refuses a plugin
+    # named like an ONNX op (e.g. acme::Swish); have it index the standard set before any plugin is added.
+    import onnx.reference.op_run  # noqa: F401
+
     by_op: dict[tuple[str, str], list[PluginSpec]] = {}
     for spec in registry:
         by_op.setdefault((spec.namespace, spec.name), []).append(spec)
@@ -229,11 +235,11 @@ def infer_graph_shapes(graph: gs.Graph, registry: PluginRegistry, *, strict: boo
     Raises:
         GskitError: (strict) a node's inference failed.
     """
-    with _stubbed_constants(graph):
+    with stubbed_constants(graph):
         proto = gsmodel.to_model(graph)
     inferred = infer_shapes(proto, registry, strict=strict)
     infos: dict[str, onnx.ValueInfoProto] = {}
-    for sub in _graphs(inferred.graph):
+    for sub in gsmodel.graph_protos(inferred.graph):
         for vi in (*sub.value_info, *sub.output):
             infos[vi.name] = vi
     tensors = {name: t for g in (graph, *graph.subgraphs(recursive=True)) for name, t in g.tensors().items()}
@@ -277,7 +283,7 @@ def _signature(specs: list[PluginSpec]) -> tuple[Any, ...]:
 
 
 def plugin_schema(domain: str, op: str, specs: list[PluginSpec]) -> OpSchema:
-    """The onnx OpSchema of a plugin op (all versions of ``domain::op`` in ``specs``), with gskit's inference."""
+    """The onnx OpSchema of a plugin op (all versions of ``domain::op`` in ``specs``), gskit's inference."""
     inputs_of, outputs_of, attrs = _signature(specs)
     min_in = min(sum(1 for n in s.inputs if not n.endswith("?")) for s in specs)
     inputs = [
@@ -425,45 +431,53 @@ def _stubbed_initializers(model: onnx.ModelProto) -> Iterator[onnx.ModelProto]:
 
 
 @contextmanager
-def _stubbed_constants(graph: gs.Graph) -> Iterator[None]:
-    """Large gs.Constants export as stubs: their values are swapped for lazy stubs, restored on exit."""
+def stubbed_constants(
+    graph: gs.Graph, min_bytes: int = STUB_MIN_BYTES, *, on_disk: bool = False
+) -> Iterator[gs.Graph]:
+    """Large constants of ``graph`` (and its subgraphs) export as stubs until the block exits.
+
+    A stub keeps the constant's name, data type and dims but no data, so exporting the graph
+    (``gskit.model.to_model``) for shape inference neither reads weights from disk nor copies them. The
+    constants' own values are swapped back on exit, even on error; sparse constants are left as they are.
+
+    Args:
+        graph: the graph whose constants are swapped; it is yielded back.
+        min_bytes: constants holding more bytes than this become stubs; smaller ones (shape operands of
+            ``Reshape``, ``Slice``...) keep their data, which inference may need.
+        on_disk: also turn every constant whose data is still in an external file into a stub, whatever
+            its size.
+    """
     swapped: list[tuple[gs.Constant, Any]] = []
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for tensor in sub.tensors().values():
-            if not isinstance(tensor, gs.Constant):
-                continue
-            values = tensor._values
-            nbytes = (
-                gsmodel.tensor_nbytes(values.tensor)
-                if isinstance(values, gs.ir.tensor.LazyValues)
-                else np.asarray(values).nbytes
-            )
-            if nbytes <= STUB_MIN_BYTES:
-                continue
-            dtype = (
-                onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype))
-                if not isinstance(tensor.dtype, int)
-                else tensor.dtype
-            )
-            proto = TensorProto(name=tensor.name, data_type=dtype, dims=list(tensor.shape))
-            swapped.append((tensor, values))
-            tensor._values = gs.ir.tensor.LazyValues(_stub(proto))
     try:
-        yield
+        for sub in (graph, *graph.subgraphs(recursive=True)):
+            for tensor in sub.tensors().values():
+                if not isinstance(tensor, gs.Constant):
+                    continue
+                proto = _stub_for(tensor, min_bytes, on_disk)
+                if proto is not None:
+                    swapped.append((tensor, tensor._values))
+                    tensor._values = gs.ir.tensor.LazyValues(_stub(proto))
+        yield graph
     finally:
         for tensor, values in swapped:
             tensor._values = values
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
+def _stub_for(tensor: gs.Constant, min_bytes: int, on_disk: bool) -> TensorProto | None:
+    """A data-free TensorProto with the constant's name, type and dims, or None to keep its data."""
+    values = tensor._values
+    if isinstance(values, gs.ir.tensor.LazyValues):
+        lazy = values.tensor
+        if not isinstance(lazy, TensorProto):
+            return None  # sparse
+        if not (on_disk and uses_external_data(lazy)) and gsmodel.tensor_nbytes(lazy) <= min_bytes:
+            return None
+        return TensorProto(name=tensor.name, data_type=lazy.data_type, dims=lazy.dims)
+    if np.asarray(values).nbytes <= min_bytes:
+        return None
+    return TensorProto(
+        name=tensor.name, data_type=dtype_to_onnx(tensor.export_dtype), dims=list(np.shape(values))
+    )
 
 
 def _copy_subgraph_value_info(source: onnx.GraphProto, target: onnx.GraphProto) -> None:

@@ -92,7 +92,7 @@ class UsesFunction(torch.nn.Module):
 def _deform_conv2d_torch(
     x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask
 ):  # noqa: ANN001, ANN202
-    """torchvision's deform_conv2d in plain torch ops (bilinear taps, zero outside), for machines without it."""
+    """torchvision's deform_conv2d in plain torch ops (bilinear taps, zero outside), where it is missing."""
     n, c, h, w = x.shape
     c_out, _, kh, kw = weight.shape
     oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -145,9 +145,9 @@ def deform_conv2d_op() -> str:
     if not hasattr(torch.ops.gskit_examples, "deform_conv2d"):
         lib = torch.library.Library("gskit_examples", "FRAGMENT")
         lib.define(
-            "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, int stride_h, "
-            "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
-            "bool use_mask) -> Tensor"
+            "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
+            "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
+            "int groups, int offset_groups, bool use_mask) -> Tensor"
         )
         lib.impl("deform_conv2d", _deform_conv2d_torch, "CompositeExplicitAutograd")
         torch.library.register_fake("gskit_examples::deform_conv2d", _deform_conv2d_torch, lib=lib)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import onnx
 import pytest
+
+from gskit.errors import GskitError
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT_DIR.glob("light_*.onnx"))
@@ -39,7 +43,9 @@ def _gpu() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     reasons = {
-        "trt": None if _full_tensorrt() else "needs full TensorRT (runs in the Docker GPU CI: docker/run-gpu-tests.sh)",
+        "trt": None
+        if _full_tensorrt()
+        else "needs full TensorRT (runs in the Docker GPU CI: docker/run-gpu-tests.sh)",
         "gpu": None if _gpu() else "needs a CUDA GPU (runs in the Docker GPU CI)",
         "torch": None if _have("torch") else "needs PyTorch: pip install -e '.[torch]'",
     }
@@ -54,6 +60,20 @@ def parse_model(text: str) -> onnx.ModelProto:
     model = onnx.parser.parse_model(text)
     onnx.checker.check_model(model)
     return model
+
+
+def run_subcommand(command: ModuleType, *argv: str) -> int:
+    """Run one ``gskit.cli`` subcommand module with only its own parser, as ``gskit.cli.main`` does.
+
+    Only that parser, so a test does not depend on the other subcommands; a GskitError exits 2.
+    """
+    parser = argparse.ArgumentParser(prog="gskit")
+    command.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except GskitError:
+        return 2
 
 
 @pytest.fixture

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import parse_model
+from conftest import parse_model, run_subcommand
 
 from gskit import model as gsmodel
 from gskit.compare import compare
@@ -133,16 +132,9 @@ def test_plugin_model_without_plugins_says_what_to_do():
 
 
 def _cli(*argv: str) -> int:
-    """Run only this subcommand, as ``gskit.cli.main`` does (errors -> exit 2)."""
     from gskit.cli import compare as command
 
-    parser = argparse.ArgumentParser(prog="gskit")
-    command.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except GskitError:
-        return 2
+    return run_subcommand(command, *argv)
 
 
 def test_cli_exit_codes_and_json(plugin_dir, tmp_path, capsys):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-
 from conftest import parse_model
+
 from gskit import model as gsmodel
 from gskit.backends import ort as gsort
 from gskit.convert import clamp_to_fp16, convert_opset, int64_to_int32, to_fp16
@@ -61,8 +61,13 @@ def test_exported_cnn_in_fp16_matches_fp32(tmp_path, rng):
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 2 * 2, 5),
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 4, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 2 * 2, 5),
     ).eval()
     path = tmp_path / "cnn.onnx"
     x = torch.randn(1, 3, 8, 8)

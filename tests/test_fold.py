@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-
 from conftest import LIGHT_MODELS, parse_model
+
 from gskit import model as gsmodel
 from gskit.backends import ort as gsort
 from gskit.cli import main
@@ -87,9 +87,11 @@ def test_flatten_shape_chain_becomes_one_reshape(rng):
 
 
 def test_shape_start_end_are_honoured():
-    model = parse_model("""
+    model = parse_model(
+        """
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[2,3,4] x) => (int64[2] y) { y = Shape <start = 1, end = -0> (x) }""".replace("-0", "3"))
+    g (float[2,3,4] x) => (int64[2] y) { y = Shape <start = 1, end = -0> (x) }""".replace("-0", "3")
+    )
     folded, _ = fold(model)
     assert onnx.numpy_helper.to_array(folded.graph.initializer[0]).tolist() == [3, 4]
 
@@ -133,13 +135,15 @@ def test_failed_fold_raises_unless_allow_partial():
 
 
 def test_size_threshold_keeps_big_constants_unfolded():
-    graph = gs.import_onnx(parse_model("""
+    graph = gs.import_onnx(
+        parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[256,256] x) => (float[256,256] y) {
       s = Constant <value = int64[2] {256, 256}> ()
       big = ConstantOfShape <value = float[1] {1}> (s)
       y = Add(x, big)
-    }"""))
+    }""")
+    )
     _, report = fold(graph, size_threshold=1024)
     assert "ConstantOfShape" in [n.op for n in graph.nodes]
     _, report = fold(graph, size_threshold=None)

@@ -1,15 +1,15 @@
 """gskit's folding adds no failures to onnx's backend node tests on onnxruntime.
 
 Each case of ``onnx.backend.test.loader.load_model_tests(kind="node")`` runs on onnxruntime as given and after
-``gskit.fold``; a case that onnxruntime passes alone must pass after folding. The cases onnxruntime fails alone
-are data (``tests/data/ort_node_failures.txt``), regenerated with::
+``gskit.fold``; a case that onnxruntime passes alone must pass after folding. The cases onnxruntime fails
+alone are data (``tests/data/ort_node_failures.txt``), regenerated with::
 
     python tests/test_fold_conformance.py --write-ort-failures
 
 Normal CI runs a fixed sample (every 5th case by name plus every tricky family); the full set runs with
 ``GSKIT_FULL_CONFORMANCE=1``. ``python tests/test_fold_conformance.py --compare-graphsurgeon`` prints the
-failures of gskit's fold and of graphsurgeon's default fold (Polygraphy's ``fold_constants`` + cleanup) side by
-side.
+failures of gskit's fold and of graphsurgeon's default fold (Polygraphy's ``fold_constants`` + cleanup) side
+by side.
 """
 
 from __future__ import annotations
@@ -34,9 +34,25 @@ from gskit.model import MAX_ORT_IR_VERSION
 FAILURES_FILE = Path(__file__).parent / "data" / "ort_node_failures.txt"
 #: Families where folding has gone wrong before (in graphsurgeon or gskit): always in the sample.
 TRICKY_PREFIXES = (
-    "test_shape", "test_if", "test_loop", "test_scan", "test_identity", "test_attention", "test_group_norm",
-    "test_optional", "test_sequence", "test_split_to_sequence", "test_constant", "test_range", "test_size",
-    "test_layer_normalization", "test_cast", "test_reshape", "test_expand", "test_flatten", "test_slice",
+    "test_shape",
+    "test_if",
+    "test_loop",
+    "test_scan",
+    "test_identity",
+    "test_attention",
+    "test_group_norm",
+    "test_optional",
+    "test_sequence",
+    "test_split_to_sequence",
+    "test_constant",
+    "test_range",
+    "test_size",
+    "test_layer_normalization",
+    "test_cast",
+    "test_reshape",
+    "test_expand",
+    "test_flatten",
+    "test_slice",
 )
 SAMPLE_EVERY = 5
 
@@ -79,14 +95,14 @@ def run_case(case, transform: Transform | None = None) -> str | None:
         options.log_severity_level = 4
         sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
-        feeds = dict(zip(names, (_value(v) for v in inputs)))
+        feeds = dict(zip(names, (_value(v) for v in inputs), strict=False))
         wanted = {i.name for i in sess.get_inputs()}
         outputs = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
     except Exception as err:
         return f"onnxruntime: {_first_line(err)}"
     if len(outputs) != len(expected):
         return f"{len(outputs)} outputs, expected {len(expected)}"
-    for index, (got, want) in enumerate(zip(outputs, expected)):
+    for index, (got, want) in enumerate(zip(outputs, expected, strict=True)):
         problem = _compare(got, want, case.rtol, case.atol)
         if problem:
             return f"output {index}: {problem}"
@@ -114,7 +130,7 @@ def _compare(got, want, rtol: float, atol: float) -> str | None:
     if isinstance(want, list):
         if not isinstance(got, list) or len(got) != len(want):
             return f"sequence mismatch ({type(got).__name__})"
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             problem = _compare(g, w, rtol, atol)
             if problem:
                 return problem
@@ -148,7 +164,7 @@ def gskit_fold(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def graphsurgeon_fold(model: onnx.ModelProto) -> onnx.ModelProto:
-    """What ``polygraphy surgeon sanitize --fold-constants`` does: Polygraphy's fold_constants (gs underneath)."""
+    """What ``polygraphy surgeon sanitize --fold-constants`` does: Polygraphy's fold_constants (gs inside)."""
     from polygraphy.backend.onnx import fold_constants
     from polygraphy.logger import G_LOGGER
 
@@ -209,7 +225,9 @@ def _main(argv: list[str] | None = None) -> int:
         FAILURES_FILE.write_text(
             "# onnx backend node tests that onnxruntime fails by itself (no folding); one name per line.\n"
             f"# onnx {onnx.__version__}, onnxruntime {ort.__version__}; "
-            "regenerate: python tests/test_fold_conformance.py --write-ort-failures\n" + "\n".join(lines) + "\n"
+            "regenerate: python tests/test_fold_conformance.py --write-ort-failures\n"
+            + "\n".join(lines)
+            + "\n"
         )
         print(f"{len(lines)} of {len(names)} cases fail on onnxruntime alone -> {FAILURES_FILE}")
         return 0

@@ -112,7 +112,9 @@ def test_batched_size_threshold_is_reported_not_silent(batched):
 def test_lazy_weights_are_read_per_batch_and_not_kept(tmp_path, rng, monkeypatch):
     """Weights left on disk (load_weights=False) select the batched mode whatever the model's size."""
     monkeypatch.setattr(gsfold, "_SPILL_BYTES", 1024)
-    monkeypatch.setattr(gsfold, "_BATCH_BYTES", 3 * (64 * 48 * 4) * 2)  # 3 transposes (read + written) a batch
+    monkeypatch.setattr(
+        gsfold, "_BATCH_BYTES", 3 * (64 * 48 * 4) * 2
+    )  # 3 transposes (read + written) a batch
     weights = [rng.standard_normal((64, 48)).astype(np.float32) for _ in range(6)]
     path = _save_transpose_model(tmp_path / "m.onnx", weights)
     graph = gsmodel.to_graph(gsmodel.load(path, load_weights=False))

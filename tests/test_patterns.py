@@ -43,7 +43,8 @@ g (float[2,3,8] x) => (float[2,3,8] y) <float[8] w = {1,2,3,4,5,6,7,8}, float[8]
 LN_OPSET20 = """
 <ir_version: 10, opset_import: ["" : 20]>
 g (float[2,3,8] x) => (float[2,3,8] y)
-  <float[8] w = {1,2,3,4,5,6,7,8}, float[8] b = {0,1,0,1,0,1,0,1}, int64[1] ax = {2}, float two = {2.0}, float eps = {1e-5}>
+  <float[8] w = {1,2,3,4,5,6,7,8}, float[8] b = {0,1,0,1,0,1,0,1}, int64[1] ax = {2},
+   float two = {2.0}, float eps = {1e-5}>
 {
     mean = ReduceMean (x, ax)
     d = Sub (x, mean)
@@ -359,6 +360,17 @@ def test_single_op_pattern_with_explicit_domain() -> None:
     graph.nodes.append(gs.Node("GridSample", domain="com.microsoft", inputs=[x, grid], outputs=[y]))
     assert replace(graph, [spec]).replaced == 1
     assert (graph.nodes[0].op, graph.nodes[0].domain) == ("GridSamplePlugin", "demo")
+
+
+def test_output_count_mismatch_between_pattern_and_spec_is_skipped_with_reason() -> None:
+    spec = PluginSpec(name="TwoOut", namespace="demo", outputs=("y", "z"), patterns=(OpPattern("Relu"),))
+    graph = gs.Graph(opset=17)
+    x, y = gs.Variable("x", np.float32, (2,)), gs.Variable("y", np.float32, (2,))
+    graph.inputs, graph.outputs = [x], [y]
+    graph.nodes.append(gs.Node("Relu", inputs=[x], outputs=[y]))
+    report = replace(graph, [spec])
+    assert report.replaced == 0 and [n.op for n in graph.nodes] == ["Relu"]
+    assert "yields 1 outputs, the spec declares 2" in report.plugins[0].skipped[0].reason
 
 
 def _exported_cases() -> list:

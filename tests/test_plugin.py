@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import textwrap
@@ -12,9 +11,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
+from conftest import run_subcommand
 
 from gskit import model as gsmodel
-from gskit.errors import GskitError, PluginError
+from gskit.errors import PluginError
 from gskit.plugin import (
     Attribute,
     AttrType,
@@ -217,16 +217,9 @@ def test_tensor_attribute_exports_as_tensor():
 
 
 def _cli(*argv: str) -> int:
-    """Run only this subcommand, as ``gskit.cli.main`` does (errors -> exit 2)."""
     from gskit.cli import plugin as command
 
-    parser = argparse.ArgumentParser(prog="gskit")
-    command.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except GskitError:
-        return 2
+    return run_subcommand(command, *argv)
 
 
 def test_plugin_list_shows_implementations(tmp_path, capsys):

@@ -44,18 +44,28 @@ def _export_example(path: Path, dynamo: bool) -> Path:
     """ExampleNet of scripts/make_example_model.py exported with the chosen exporter."""
     import torch
 
-    spec = importlib.util.spec_from_file_location("make_example_model", REPO / "scripts" / "make_example_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_example_model", REPO / "scripts" / "make_example_model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(0)
     net = module.ExampleNet().eval()
     x = torch.randn(2, 4, 8, 8)
-    kwargs = {"dynamic_axes": {"x": {0: "batch"}, "y": {0: "batch"}}} if not dynamo else {
-        "dynamic_shapes": ({0: torch.export.Dim("batch", min=1, max=64)},)
-    }
+    kwargs = (
+        {"dynamic_axes": {"x": {0: "batch"}, "y": {0: "batch"}}}
+        if not dynamo
+        else {"dynamic_shapes": ({0: torch.export.Dim("batch", min=1, max=64)},)}
+    )
     torch.onnx.export(
-        net, (x,), str(path), dynamo=dynamo, opset_version=17 if not dynamo else 18,
-        input_names=["x"], output_names=["y"], **kwargs,
+        net,
+        (x,),
+        str(path),
+        dynamo=dynamo,
+        opset_version=17 if not dynamo else 18,
+        input_names=["x"],
+        output_names=["y"],
+        **kwargs,
     )
     return path
 
@@ -210,7 +220,9 @@ def test_sigint_stops_cleanly(tmp_path: Path) -> None:
     assert not list(out.glob(".gskit-work-*"))  # temp folder removed on the way out
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (scripts/install-system-deps.sh)")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="needs Chromium (scripts/install-system-deps.sh)"
+)
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz (scripts/install-system-deps.sh)")
 def test_report_html_renders_in_chromium(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -218,8 +230,14 @@ def test_report_html_renders_in_chromium(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     page = out / "report.html"
     flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
         f"--user-data-dir={tmp_path / 'chromium'}",
     ]
     dom = subprocess.run(
@@ -255,7 +273,8 @@ def test_report_html_renders_in_chromium(tmp_path: Path) -> None:
     shot = tmp_path / "shot.png"
     subprocess.run(
         ["chromium", *flags, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri()],
-        capture_output=True, timeout=120,
+        capture_output=True,
+        timeout=120,
     )
     assert shot.stat().st_size > 20_000  # a page with drawings, not a blank one
     assert os.access(page, os.R_OK)

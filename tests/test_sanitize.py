@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-
 from conftest import parse_model
+
 from gskit.backends import ort as gsort
 from gskit.errors import GskitError
 from gskit.sanitize import sanitize

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import textwrap
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from conftest import parse_model
+from conftest import parse_model, run_subcommand
 
 from gskit import model as gsmodel
 from gskit.errors import GskitError
@@ -251,16 +250,9 @@ def test_infer_shapes_path_with_external_data(registry, rng, tmp_path):
 
 
 def _cli(*argv: str) -> int:
-    """Run only this subcommand, as ``gskit.cli.main`` does (errors -> exit 2)."""
     from gskit.cli import infer_shapes as command
 
-    parser = argparse.ArgumentParser(prog="gskit")
-    command.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except GskitError:
-        return 2
+    return run_subcommand(command, *argv)
 
 
 def test_cli_infer_shapes(plugin_dir, rng, tmp_path, capsys):
@@ -270,3 +262,18 @@ def test_cli_infer_shapes(plugin_dir, rng, tmp_path, capsys):
     assert '"missing_shapes": []' in capsys.readouterr().out
     assert _shapes(gsmodel.load(out))["z"] == ["N", 3, 1]
     assert _cli("infer-shapes", str(source), "-o", str(source), "--plugins", str(plugin_dir)) == 2
+
+
+def test_plugin_named_like_an_onnx_op_does_not_break_onnx_reference() -> None:
+    """A plugin may share an ONNX op's name (acme::Swish); onnx.reference must still import afterwards."""
+    import subprocess
+    import sys
+
+    code = (
+        "from gskit.plugin import PluginRegistry, PluginSpec\n"
+        "from gskit.shapes import register_schemas\n"
+        "register_schemas(PluginRegistry([PluginSpec(name='Swish', namespace='acme')]))\n"
+        "import onnx.reference\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

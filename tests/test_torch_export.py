@@ -1,4 +1,4 @@
-"""gskit.torch_export: the seed's export cases end to end (scripts/export_cases.py), checked against PyTorch."""
+"""gskit.torch_export: the seed's export cases end to end (scripts/export_cases.py), checked with PyTorch."""
 
 from __future__ import annotations
 

@@ -205,7 +205,7 @@ def _plugin_nodes(
     """Plugin nodes to run through references, as (graph, {node index: spec}); raises for unrunnable ones."""
     functions = {(f.domain, f.name) for f in model.functions}
     found = []
-    for graph in _graphs(model.graph):
+    for graph in gsmodel.graph_protos(model.graph):
         specs: dict[int, PluginSpec] = {}
         for index, node in enumerate(graph.node):
             if node.domain in BUILTIN_DOMAINS or node.domain == PYOP_DOMAIN:
@@ -385,7 +385,7 @@ def _decode_attrs(text: str) -> dict[str, Any]:
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     types: dict[str, int] = {}
-    for graph in _graphs(model.graph):
+    for graph in gsmodel.graph_protos(model.graph):
         for init in graph.initializer:
             types[init.name] = init.data_type
         for vi in (*graph.input, *graph.value_info, *graph.output):
@@ -397,17 +397,6 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
                     if attr.name == "value":
                         types.setdefault(node.output[0], attr.t.data_type)
     return types
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
 
 
 def _extensions_library() -> str:

@@ -10,7 +10,8 @@ import sys
 from gskit.errors import GskitError
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
-#: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an exit code.
+#: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
+#: exit code.
 COMMANDS = (
     "prepare",
     "inspect",

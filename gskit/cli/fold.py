@@ -10,15 +10,24 @@ from gskit.report import console, print_json, table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("fold", help="fold constants (shape chains too); never evaluates plugin nodes",
-                                   description="Fold constants to a fixed point, then clean up and sort the graph.")
+    parser = subparsers.add_parser(
+        "fold",
+        help="fold constants (shape chains too); never evaluates plugin nodes",
+        description="Fold constants to a fixed point, then clean up and sort the graph.",
+    )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the folded model")
     parser.add_argument("--allow-partial", action="store_true", help="skip folds onnxruntime cannot evaluate")
     parser.add_argument("--max-passes", type=int, default=10, help="most folding passes (default 10)")
-    parser.add_argument("--size-threshold", type=int, default=16 * 2**20,
-                        help="largest constant folding may create, in bytes (default 16 MiB; 0: no limit)")
-    parser.add_argument("--plugins", action="append", metavar="DIR", help="plugin folder whose nodes stay unevaluated")
+    parser.add_argument(
+        "--size-threshold",
+        type=int,
+        default=16 * 2**20,
+        help="largest constant folding may create, in bytes (default 16 MiB; 0: no limit)",
+    )
+    parser.add_argument(
+        "--plugins", action="append", metavar="DIR", help="plugin folder whose nodes stay unevaluated"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -30,18 +39,35 @@ def run(args: argparse.Namespace) -> int:
         from gskit.plugin import load_plugins
 
         plugins = load_plugins(args.plugins, entry_points=False)
-    # Weights stay on disk: folding reads only what each batch needs, so models over 2 GB fold in bounded memory.
+    # Weights stay on disk: folding reads only what each batch needs, so models over 2 GB fold in bounded
+    # memory.
     model = gsmodel.load(args.model, load_weights=False)
-    folded, report = fold(model, max_passes=args.max_passes, size_threshold=args.size_threshold or None,
-                          allow_partial=args.allow_partial, plugins=plugins)
+    folded, report = fold(
+        model,
+        max_passes=args.max_passes,
+        size_threshold=args.size_threshold or None,
+        allow_partial=args.allow_partial,
+        plugins=plugins,
+    )
     gsmodel.save(folded, out_path)
     if args.json:
         print_json(report)
         return 0
     out = console()
-    out.print(table("Fold", ("", "value"), [("nodes before", report.nodes_before), ("nodes after", report.nodes_after),
-                                           ("passes", report.passes), ("mode", report.mode),
-                                           ("batches evaluated", report.batches), ("written", out_path)]))
+    out.print(
+        table(
+            "Fold",
+            ("", "value"),
+            [
+                ("nodes before", report.nodes_before),
+                ("nodes after", report.nodes_after),
+                ("passes", report.passes),
+                ("mode", report.mode),
+                ("batches evaluated", report.batches),
+                ("written", out_path),
+            ],
+        )
+    )
     if report.folded_ops:
         out.print(table("Folded ops (nodes removed)", ("op", "count"), report.folded_ops.items()))
     if report.excluded:

@@ -106,4 +106,3 @@ def run_new(args: argparse.Namespace) -> int:
         return 0
     report.console().print(report.table(f"created {files[0].parent}", ("file",), [(str(f),) for f in files]))
     return 0
-

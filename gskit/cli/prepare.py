@@ -50,9 +50,10 @@ class _Progress:
         if self._quiet:
             return
         mark = {"ok": "[green]ok[/]", "skipped": "[yellow]skip[/]", "failed": "[red]FAIL[/]"}[result.status]
+        total = time.perf_counter() - self._start
         self._console.print(
             f"{mark} {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
-            f"{result.nodes_after:<6} {result.summary}  [dim](total {time.perf_counter() - self._start:.1f}s)[/]"
+            f"{result.nodes_after:<6} {result.summary}  [dim](total {total:.1f}s)[/]"
         )
 
 
@@ -63,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.model or not args.output:
         raise SystemExit("gskit prepare: error: MODEL and -o OUTDIR are required")
     recipe = load_recipe(args.recipe) if args.recipe else None
-    report = prepare(args.model, args.output, recipe=recipe, plugin_dirs=args.plugins, listener=_Progress(args.json))
+    report = prepare(
+        args.model, args.output, recipe=recipe, plugin_dirs=args.plugins, listener=_Progress(args.json)
+    )
     if args.json:
         print_json(report)
     else:
@@ -77,7 +80,10 @@ def _print_summary(report: PrepareReport) -> None:
         table(
             "gskit prepare",
             ("step", "time (s)", "nodes before", "nodes after", "result"),
-            [(s.name, f"{s.seconds:.2f}", s.nodes_before, s.nodes_after, f"{s.status}: {s.summary}") for s in report.steps],
+            [
+                (s.name, f"{s.seconds:.2f}", s.nodes_before, s.nodes_after, f"{s.status}: {s.summary}")
+                for s in report.steps
+            ],
         )
     )
     if report.comparison is not None:
@@ -86,12 +92,20 @@ def _print_summary(report: PrepareReport) -> None:
                 "validation against the original (onnxruntime)",
                 ("output", "shape", "max abs err", "max rel err", "result"),
                 [
-                    (o.name, o.shape, f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", "pass" if o.passed else "FAIL")
+                    (
+                        o.name,
+                        o.shape,
+                        f"{o.max_abs_err:.3g}",
+                        f"{o.max_rel_err:.3g}",
+                        "pass" if o.passed else "FAIL",
+                    )
                     for o in report.comparison.outputs
                 ],
             )
         )
     inserted = ", ".join(f"{k} x{v}" for k, v in report.plugins_inserted.items()) or "none"
     out.print(f"plugins inserted: {inserted}")
-    out.print(f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html")
+    out.print(
+        f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html"
+    )
     out.print("[green]validation passed[/]" if report.passed else "[red]validation FAILED[/]")

@@ -1,4 +1,5 @@
-"""``gskit replace MODEL -o OUT [--plugins DIR ...] [--only NAME ...] [--keep-function] [--explain] [--json]``."""
+"""``gskit replace MODEL -o OUT [--plugins DIR ...] [--only NAME ...] [--keep-function] [--explain]
+[--json]``: replace matched subgraphs with plugin nodes."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--keep-function",
         action="store_true",
-        help="also keep each replaced subgraph as a local function named like the plugin (plain onnxruntime runs it)",
+        help=(
+            "also keep each replaced subgraph as a local function named like the plugin "
+            "(plain onnxruntime runs it)"
+        ),
     )
     parser.add_argument(
         "--explain", action="store_true", help="say which node or constant failed which check"

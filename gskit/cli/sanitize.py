@@ -10,14 +10,29 @@ from gskit.sanitize import DEFAULT_STEPS, sanitize
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sanitize", help="tidy a model without changing what it computes",
-                                   description=f"Run the tidy steps: {', '.join(DEFAULT_STEPS)}.")
+    parser = subparsers.add_parser(
+        "sanitize",
+        help="tidy a model without changing what it computes",
+        description=f"Run the tidy steps: {', '.join(DEFAULT_STEPS)}.",
+    )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the sanitized model")
-    parser.add_argument("--skip", action="append", default=[], choices=DEFAULT_STEPS, metavar="STEP",
-                        help=f"skip a step (repeatable): {', '.join(DEFAULT_STEPS)}")
-    parser.add_argument("--with", dest="extra", action="append", default=[], metavar="TOOL[:PASS]",
-                        help="also run onnxoptimizer:PASS, onnxslim or onnxsim[:skip=PASS,...] (repeatable)")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=DEFAULT_STEPS,
+        metavar="STEP",
+        help=f"skip a step (repeatable): {', '.join(DEFAULT_STEPS)}",
+    )
+    parser.add_argument(
+        "--with",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="TOOL[:PASS]",
+        help="also run onnxoptimizer:PASS, onnxslim or onnxsim[:skip=PASS,...] (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -30,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(report)
         return 0
     out = console()
-    rows = [("nodes", report.nodes_before, report.nodes_after),
-            ("initializers", report.initializers_before, report.initializers_after)]
+    rows = [
+        ("nodes", report.nodes_before, report.nodes_after),
+        ("initializers", report.initializers_before, report.initializers_after),
+    ]
     out.print(table("Sanitize", ("", "before", "after"), rows))
     out.print(table("Steps", ("step", "changes"), report.changes.items()))
     if report.removed_ops:

@@ -251,7 +251,7 @@ def _same_value(name: str, want: Any, have: Any, rank: int | None) -> bool:
     if name == "axes" and isinstance(want, list) and isinstance(have, list):
         if len(want) != len(have):
             return False
-        if all(w == h for w, h in zip(want, have)):
+        if all(w == h for w, h in zip(want, have, strict=True)):
             return True
         if rank is None:
             return False

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from gskit.edit import unique_name
 from gskit.errors import GskitError, PluginError
 from gskit.patterns.match import GraphIndex, MatchResult, Tracer, constant_value, label, op_key
 from gskit.patterns.rules import Match, Rewrite, Rule
@@ -146,7 +147,7 @@ def replace(
 
     candidates: list[_Candidate] = []
     for gi, index in enumerate(indexes):
-        for si, (spec, preport) in enumerate(zip(specs, report.plugins)):
+        for si, (spec, preport) in enumerate(zip(specs, report.plugins, strict=True)):
             for ri, rule in enumerate(spec.patterns):
                 candidates.extend(_find(spec, preport, rule, (si, ri, gi), index, explain, report))
     accepted = _resolve_overlaps(candidates)
@@ -191,7 +192,7 @@ def _find(
         if result:
             try:
                 rewrite = rule.rewrite(match)
-                _check_rewrite(spec, rewrite)
+                _check_rewrite(spec, rewrite, match)
                 spec.node_attrs(rewrite.attrs)
             except PluginError as err:
                 result = MatchResult.fail(f"rewrite failed: {err}", anchor)
@@ -214,12 +215,17 @@ def _find(
     return found
 
 
-def _check_rewrite(spec: PluginSpec, rewrite: Rewrite) -> None:
+def _check_rewrite(spec: PluginSpec, rewrite: Rewrite, match: Match) -> None:
+    if len(match.outputs) != len(spec.outputs):
+        raise PluginError(
+            f"{spec.qualified_name}: the pattern yields {len(match.outputs)} outputs, the spec declares "
+            f"{len(spec.outputs)}; fix the pattern or the spec's outputs"
+        )
     if len(rewrite.inputs) > len(spec.inputs):
         raise PluginError(
             f"{spec.qualified_name}: rewrite gives {len(rewrite.inputs)} inputs, spec has {len(spec.inputs)}"
         )
-    for name, tensor in zip(spec.inputs, rewrite.inputs):
+    for name, tensor in zip(spec.inputs, rewrite.inputs, strict=False):
         if tensor is None and not name.endswith("?"):
             raise PluginError(f"{spec.qualified_name}: required input '{name}' is absent")
     for name in spec.inputs[len(rewrite.inputs) :]:
@@ -286,7 +292,7 @@ def _apply(
                     )
                 )
                 continue
-        name = _unique(f"{spec.name}_{cand.report.replaced}", taken)
+        name = unique_name(f"{spec.name}_{cand.report.replaced}", taken)
         region = ReplacedRegion(
             spec.qualified_name,
             cand.rule.name,
@@ -325,15 +331,6 @@ def _apply(
         g.toposort(recurse_subgraphs=False, recurse_functions=False)
     _ensure_domains(root, {c.spec.domain for c in accepted})
     _remove_unused_functions(root, calls_before, report)
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, k = name, 0
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}_{k}"
-    taken.add(candidate)
-    return candidate
 
 
 def _drop_dead_constants(
@@ -387,13 +384,13 @@ def _function_body(
     """The matched nodes as a local function named like the plugin, and a key comparing bodies."""
     mapping: dict[int, gs.Tensor] = {}
     fn_inputs: list[gs.Tensor] = []
-    for port, tensor in zip(spec.inputs, rewrite.inputs):
+    for port, tensor in zip(spec.inputs, rewrite.inputs, strict=False):
         if tensor is not None:
             var = gs.Variable(port.rstrip("?"), dtype=tensor.dtype)
             mapping[id(tensor)] = var
             fn_inputs.append(var)
     fn_outputs = []
-    for port, tensor in zip(spec.outputs, match.outputs):
+    for port, tensor in zip(spec.outputs, match.outputs, strict=False):
         var = gs.Variable(port, dtype=tensor.dtype)
         mapping[id(tensor)] = var
         fn_outputs.append(var)
@@ -411,7 +408,8 @@ def _function_body(
             value = None if id(tensor) in inside else constant_value(tensor)
             if value is None and id(tensor) not in inside:
                 raise PluginError(
-                    f"{spec.qualified_name}: tensor '{tensor.name}' enters the match but is not a plugin input"
+                    f"{spec.qualified_name}: tensor '{tensor.name}' enters the match but is not a plugin "
+                    "input"
                 )
             if value is not None:
                 nodes.append(

@@ -271,7 +271,7 @@ class OpPattern(Rule):
 
 
 class FunctionPattern(OpPattern):
-    """Calls of the model-local function ``domain::function``; attrs map plugin attribute -> call attribute."""
+    """Calls of the model-local function ``domain::function``; attrs map plugin attribute -> call attr."""
 
     def __init__(
         self,

@@ -133,7 +133,8 @@ def _schema_of(forward: Callable[..., Any]) -> str:
         kind = kinds.get(annotation, "Tensor" if annotation in ("", "_empty") else None)
         if kind is None:
             raise GskitError(
-                f"@as_plugin: forward argument '{p.name}' is annotated {p.annotation!r}; use Tensor, float, int or bool"
+                f"@as_plugin: forward argument '{p.name}' is annotated {p.annotation!r}; "
+                "use Tensor, float, int or bool"
             )
         parts.append(f"{kind} {p.name}")
     return f"({', '.join(parts)}) -> Tensor"

@@ -1,4 +1,4 @@
-"""Translations for the dynamo exporter (``torch.onnx.export(..., dynamo=True, custom_translation_table=...)``).
+"""Translations for the dynamo exporter: ``torch.onnx.export(..., dynamo=True, custom_translation_table=T)``.
 
 An entry of ``custom_translation_table`` maps a torch op overload (``torch.ops.aten.asinh.default``,
 ``torch.ops.mylib.op.default``) to a function the exporter calls with onnxscript values. Plugin nodes

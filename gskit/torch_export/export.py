@@ -201,11 +201,12 @@ def export_as_plugins(
         for cls, plan in plans.items()
     ]
     report = replace(graph, specs, keep_function=keep_function)
-    for cls, plugin_report in zip(plans, report.plugins):
+    for cls, plugin_report in zip(plans, report.plugins, strict=True):
         if plugin_report.replaced == 0:
             reasons = "; ".join(s.reason for s in plugin_report.skipped) or "no call of it was exported"
             raise GskitError(
-                f"module {cls.__module__}.{cls.__qualname__} -> {plugin_report.plugin}: nothing replaced ({reasons})"
+                f"module {cls.__module__}.{cls.__qualname__} -> {plugin_report.plugin}: "
+                f"nothing replaced ({reasons})"
             )
     result = _finish(
         gsmodel.to_model(graph), path, model, args, [p.spec for p in plans.values()], check, atol, rtol
@@ -238,10 +239,10 @@ def validate(
     tensors = [a for a in _flatten(args) if isinstance(a, torch.Tensor)]
     if len(names) != len(tensors):
         raise GskitError(
-            f"the exported model has {len(names)} input(s) {names} but {len(tensors)} tensor argument(s) were "
-            f"given; an input PyTorch does not use is dropped by the exporter"
+            f"the exported model has {len(names)} input(s) {names} but {len(tensors)} tensor argument(s) "
+            "were given; an input PyTorch does not use is dropped by the exporter"
         )
-    feeds = {name: t.detach().cpu().numpy() for name, t in zip(names, tensors)}
+    feeds = {name: t.detach().cpu().numpy() for name, t in zip(names, tensors, strict=True)}
     with torch.no_grad():
         expected = [t.detach().cpu().numpy() for t in _flatten(model(*args)) if isinstance(t, torch.Tensor)]
     registry = specs if isinstance(specs := plugins, PluginRegistry) else PluginRegistry(_specs(plugins, []))
@@ -250,7 +251,7 @@ def validate(
     if len(outputs) != len(expected):
         raise GskitError(f"the exported model has {len(outputs)} output(s), PyTorch returned {len(expected)}")
     errors: dict[str, float] = {}
-    for name, want in zip(outputs, expected):
+    for name, want in zip(outputs, expected, strict=True):
         have = got[name]
         if have.shape != want.shape:
             raise GskitError(f"output '{name}': onnxruntime shape {have.shape}, PyTorch {want.shape}")
@@ -320,7 +321,8 @@ def _call_pattern(cls: type, plan: ModulePlugin, instances: Mapping[str, Any]) -
         module = instances.get(scope)
         if module is None or not isinstance(module, cls):
             raise GskitError(
-                f"call '{match.anchor.name}' of {cls.__qualname__}: no such submodule '{scope}' to read attributes from"
+                f"call '{match.anchor.name}' of {cls.__qualname__}: no such submodule '{scope}' "
+                "to read attributes from"
             )
         return plan.attrs(module)
 

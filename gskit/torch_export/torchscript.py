@@ -203,10 +203,11 @@ def _parse(args: Sequence[Any], arg_types: Sequence[str] | None, op: str) -> lis
         return [None if _is_none(helper, a) else a for a in args]
     if len(arg_types) != len(args):
         raise GskitError(
-            f"symbolic for '{op}': arg_types has {len(arg_types)} entries but the op has {len(args)} arguments"
+            f"symbolic for '{op}': arg_types has {len(arg_types)} entries "
+            f"but the op has {len(args)} arguments"
         )
     parsed = []
-    for i, (value, desc) in enumerate(zip(args, arg_types)):
+    for i, (value, desc) in enumerate(zip(args, arg_types, strict=True)):
         if desc == "none" or _is_none(helper, value):
             parsed.append(None)
         elif desc == "v":
@@ -234,7 +235,7 @@ def _plugin_inputs(spec: PluginSpec, inputs: Sequence[Any], g: Any) -> list[Any]
             f"{spec.qualified_name}: {len(inputs)} inputs given, the spec has {len(spec.inputs)}"
         )
     values = list(inputs)
-    for port, value in zip(spec.inputs, values):
+    for port, value in zip(spec.inputs, values, strict=False):
         if value is None and not port.endswith("?"):
             raise PluginError(f"{spec.qualified_name}: input '{port}' is required")
     for port in spec.inputs[len(values) :]:
@@ -266,7 +267,7 @@ def _set_output_types(
     except Exception as err:  # user rule; the exported model is still right without these types
         log.debug("%s: no output types for the exporter: %s", spec.qualified_name, err)
         return
-    for out, info in zip(outputs, results):
+    for out, info in zip(outputs, results, strict=False):
         if not info.dtype or info.shape is None:
             continue
         torch_dtype = scalar.from_onnx_type(info.dtype).dtype()
