@@ -7,6 +7,7 @@ place, so an interrupted run never leaves a partial file under a final name; the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -75,7 +76,7 @@ class StepListener(Protocol):
 
 def default_recipe() -> Recipe:
     """The recipe ``gskit prepare`` runs without ``--recipe``."""
-    return make_recipe([(name, {}) for name in DEFAULT_STEPS])
+    return dataclasses.replace(make_recipe([(name, {}) for name in DEFAULT_STEPS]), source="default")
 
 
 def prepare(
@@ -274,10 +275,10 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> 
 def _trt_line(trt: Any) -> str:
     if trt is None:
         return "not run"
-    from gskit.backends.trt_check import PLUGIN_PROBLEM, UNSUPPORTED
+    from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED
 
     bad = len(trt.nodes_with(UNSUPPORTED)) + len(trt.nodes_with(PLUGIN_PROBLEM))
-    return f"{trt.source}: {bad} node(s) not taken"
+    return f"{trt.source}: {bad} node(s) rejected, {len(trt.nodes_with(NEEDS_PLUGIN))} plugin node(s)"
 
 
 def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:
