@@ -50,7 +50,6 @@ class Case:
         onnx_twin: for custom-domain exports that onnxruntime cannot run, the name of a case with the
             same weights whose original model runs on onnxruntime (the comparison reference).
         exporters: which exporters apply (False: TorchScript, True: dynamo).
-        dynamo_gap: a known reason why the dynamo export of this case is not fully replaced (tests xfail).
     """
 
     name: str
@@ -61,7 +60,6 @@ class Case:
     build: Callable[[Path, bool], None]
     onnx_twin: str | None = None
     exporters: tuple[bool, ...] = field(default=(False, True))
-    dynamo_gap: str | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -495,8 +493,6 @@ CASES: dict[str, Case] = {
             ("LayerNormalization", "ReduceMean", "Sqrt"),
             _SEQ,
             _torch_case(lambda: _layer_norm_handwritten(eps1=1e-12), _SEQ),
-            dynamo_gap="the dynamo exporter's optimizer drops `+ 1e-12` (Add of a near-zero constant), "
-            "leaving Sqrt(ReduceMean(...)) with no epsilon, which the LayerNorm patterns do not match",
         ),
         Case(
             "rms_norm_handwritten",

@@ -11,7 +11,7 @@ from gskit.backends import ort as gort
 from gskit.errors import GskitError
 from gskit.model import to_graph, to_model
 from gskit.patterns import GraphPattern, OpPattern, replace
-from gskit.plugin import Attribute, AttrType, PluginSpec
+from gskit.plugin import Attribute, AttrType, PluginRegistry, PluginSpec
 from plugins.clamp_swish.spec import SPEC as CLAMP_SWISH
 from plugins.deform_conv2d.spec import SPEC as DEFORM
 from plugins.layer_norm.spec import SPEC as LAYER_NORM
@@ -362,6 +362,22 @@ def test_single_op_pattern_with_explicit_domain() -> None:
     assert (graph.nodes[0].op, graph.nodes[0].domain) == ("GridSamplePlugin", "demo")
 
 
+def test_layer_norm_without_epsilon_becomes_epsilon_zero() -> None:
+    text = LN_OPSET17.replace("    eps = Constant <value = float {0.001}> ()\n", "").replace(
+        "    ve = Add (var, eps)\n    std = Sqrt (ve)", "    std = Sqrt (var)"
+    )
+    assert "Add (var" not in text
+    model = parse_model(text)
+    graph = to_graph(model)
+    assert replace(graph, [LAYER_NORM]).replaced == 1
+    (node,) = [n for n in graph.nodes if n.op == "LayerNorm"]
+    assert node.attrs["epsilon"] == 0.0
+    x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    want = gort.run(model, {"x": x})["y"]
+    got = gort.run(to_model(graph), {"x": x}, plugins=PluginRegistry([LAYER_NORM]))["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_output_count_mismatch_between_pattern_and_spec_is_skipped_with_reason() -> None:
     spec = PluginSpec(name="TwoOut", namespace="demo", outputs=("y", "z"), patterns=(OpPattern("Relu"),))
     graph = gs.Graph(opset=17)
@@ -396,8 +412,6 @@ def test_torch_exported_models(name: str, dynamo: bool, tmp_path) -> None:
         path = export_case(name, tmp_path, dynamo)
     except ExportUnsupported as err:
         pytest.skip(str(err))
-    if dynamo and case.dynamo_gap:
-        pytest.xfail(case.dynamo_gap)
     model = onnx.shape_inference.infer_shapes(load(path))
     graph = to_graph(model)
     replace(graph, ALL)

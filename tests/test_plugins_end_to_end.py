@@ -28,17 +28,12 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx
 TOLERANCE = ["--atol", "1e-5", "--rtol", "1e-5"]
 
 
-def _marks(case: em.Case, dynamo: bool) -> list[pytest.MarkDecorator]:
-    marks = [] if case.name == "deform_conv_onnx" else [pytest.mark.torch, pytest.mark.slow]
-    if dynamo and case.dynamo_gap:
-        marks.append(pytest.mark.xfail(reason=case.dynamo_gap, strict=False))
-    return marks
+def _marks(case: em.Case) -> list[pytest.MarkDecorator]:
+    return [] if case.name == "deform_conv_onnx" else [pytest.mark.torch, pytest.mark.slow]
 
 
 PARAMS = [
-    pytest.param(
-        name, dynamo, id=f"{name}-{'dynamo' if dynamo else 'torchscript'}", marks=_marks(case, dynamo)
-    )
+    pytest.param(name, dynamo, id=f"{name}-{'dynamo' if dynamo else 'torchscript'}", marks=_marks(case))
     for name, case in em.CASES.items()
     for dynamo in case.exporters
 ]

@@ -6,7 +6,8 @@ Decomposed (TorchScript and dynamo exporters; ``axes`` as attribute or, from ops
     var = ReduceMean(Pow(d, 2), axes=[-1])          # or Mul(d, d)
     y = Div(d, Sqrt(Add(var, eps))) * weight + bias  # or Mul(d, Reciprocal(Sqrt(...)))
 
-and ``LayerNormalization(x, weight, bias, axis=-1)``. ``epsilon`` comes from the constant.
+and ``LayerNormalization(x, weight, bias, axis=-1)``. ``epsilon`` comes from the constant; a form with no
+``Add`` before ``Sqrt`` (what the dynamo exporter leaves of a 1e-12 epsilon) becomes ``epsilon = 0``.
 Calls of the local function ``torch.nn.modules.normalization::LayerNorm`` (TorchScript export with
 ``export_modules_as_functions={nn.LayerNorm}``) are replaced too when its body normalizes the last
 axis only and the call has a weight and a bias; ``epsilon`` is the call's ``eps`` attribute.
@@ -28,18 +29,27 @@ def _normalize(op: Any, d: Any, std: Any, form: str) -> Any:
     return op.Div(d, std) if form == "div" else op.Mul(d, op.Reciprocal(std))
 
 
-def _decomposed(square: str, normalize: str) -> GraphPattern:
+def _decomposed(square: str, normalize: str, *, with_eps: bool = True) -> GraphPattern:
     def layer_norm(op: Any, x: Any, weight: Any, bias: Any) -> Any:
         d = op.Sub(x, op.ReduceMean(x, axes=[-1], keepdims=1))
         var = op.ReduceMean(_square(op, d, square), axes=[-1], keepdims=1)
-        std = op.Sqrt(op.Add(var, op.capture("eps")))
+        std = op.Sqrt(op.Add(var, op.capture("eps")) if with_eps else var)
         return op.Add(op.Mul(_normalize(op, d, std, normalize), weight), bias)
 
+    if with_eps:
+        return GraphPattern(
+            layer_norm,
+            attrs={"epsilon": "eps"},
+            check=lambda m: all_of(one_number(m, "eps"), per_last_axis(m, "x", "weight", "bias")),
+            name=f"layer_norm[{square},{normalize}]",
+        )
+    # The dynamo exporter's optimizer deletes an Add of a tiny constant (BERT's 1e-12), leaving Sqrt(var):
+    # the same computation as LayerNorm with epsilon 0.
     return GraphPattern(
         layer_norm,
-        attrs={"epsilon": "eps"},
-        check=lambda m: all_of(one_number(m, "eps"), per_last_axis(m, "x", "weight", "bias")),
-        name=f"layer_norm[{square},{normalize}]",
+        attrs=lambda m: {"epsilon": 0.0},
+        check=lambda m: per_last_axis(m, "x", "weight", "bias"),
+        name=f"layer_norm[{square},{normalize},no-eps]",
     )
 
 
@@ -70,6 +80,7 @@ def _torch_function(match: Match) -> MatchResult:
 
 PATTERNS: tuple = (
     *(_decomposed(s, n) for s in ("pow", "mul") for n in ("div", "reciprocal")),
+    *(_decomposed(s, n, with_eps=False) for s in ("pow", "mul") for n in ("div", "reciprocal")),
     OpPattern(
         "LayerNormalization",
         "",
