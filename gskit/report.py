@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -40,12 +42,21 @@ def print_json(obj: Any, file=None) -> None:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold")
+    """A table whose cells show text as it is: ``[batch, 3]`` stays a shape, not a style tag.
+
+    Cells that are rich ``Text`` (e.g. from :func:`verdict`) keep their styling.
+    """
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
     for column in columns:
-        t.add_column(column)
+        t.add_column(escape(column))
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*(v if isinstance(v, Text) else escape("" if v is None else str(v)) for v in row))
     return t
+
+
+def verdict(passed: bool) -> Text:
+    """A green "pass" or a red "FAIL" table cell."""
+    return Text("pass", style="green") if passed else Text("FAIL", style="red")
 
 
 def console(stderr: bool = False) -> Console:

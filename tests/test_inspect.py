@@ -296,3 +296,14 @@ def test_loop_body_counted_as_subgraph() -> None:
     assert summary.ops == {"ai.onnx::Add": 1, "ai.onnx::Identity": 1, "ai.onnx::Loop": 1}
     assert summary.ops_by_scope["main"] == {"ai.onnx::Loop": 1}
     assert summary.missing_shapes == ()
+
+
+def test_cli_table_shows_lowercase_symbolic_dims(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rich would take ``[batch, 4, 8, 8]`` for a style tag and print nothing; tables must show it as text."""
+    monkeypatch.setenv("COLUMNS", "200")
+    example = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
+    assert cli.main(["inspect", str(example)]) == 0
+    out = capsys.readouterr().out
+    assert "[batch, 4, 8, 8]" in out and "[batch, 10]" in out

@@ -126,7 +126,7 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
             o.dtype,
             f"{o.max_abs_err:.3g}",
             f"{o.max_rel_err:.3g}",
-            "[green]pass[/]" if o.passed else "[red]FAIL[/]",
+            report.verdict(o.passed),
         )
         for o in result.outputs
     ]
@@ -164,7 +164,7 @@ def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
             _shape(c.tensor.shape),
             f"{c.tensor.max_abs_err:.3g}",
             f"{c.tensor.max_rel_err:.3g}",
-            "[green]pass[/]" if c.tensor.passed else "[red]FAIL[/]",
+            report.verdict(c.tensor.passed),
             f"{c.original_node.name} ({c.original_node.op})",
             f"{c.prepared_node.name} ({c.prepared_node.op})",
         )
@@ -212,7 +212,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
             ", ".join(f"{n}: {_shape(s)}" for n, s in p.inputs.items()),
             f"{p.max_abs_err:.3g}",
             f"{p.max_rel_err:.3g}",
-            "[green]pass[/]" if p.passed else "[red]FAIL[/]",
+            report.verdict(p.passed),
             len(p.original_nodes) or "-",
             p.note,
         )

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from rich.markup import escape
+
 from gskit.prepare import PrepareReport, StepResult, default_recipe, prepare
 from gskit.recipe import load_recipe
 from gskit.report import console, print_json, table
@@ -53,7 +55,7 @@ class _Progress:
         total = time.perf_counter() - self._start
         self._console.print(
             f"{mark} {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
-            f"{result.nodes_after:<6} {result.summary}  [dim](total {total:.1f}s)[/]"
+            f"{result.nodes_after:<6} {escape(result.summary)}  [dim](total {total:.1f}s)[/]"
         )
 
 
