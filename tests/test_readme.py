@@ -29,3 +29,20 @@ def test_quick_start_commands_are_what_ci_runs() -> None:
     install, _, run = tests.partition(" && ")
     assert install.replace("pip install", "python3 -m pip install -q") in ci
     assert run.replace("python -m pytest", "python3 -m pytest") in ci
+
+
+def test_recipe_example_is_a_valid_recipe() -> None:
+    from gskit.recipe import parse_recipe
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    assert blocks, "the README has no recipe example"
+    recipe = parse_recipe(blocks[0], source="README.md")
+    assert [s.name for s in recipe.steps] == [
+        "edit",
+        "replace",
+        "infer_shapes",
+        "fold",
+        "convert",
+        "validate",
+        "build",
+    ]
