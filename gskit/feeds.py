@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -88,12 +89,19 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
 
 
 def load_feeds(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Inputs saved with ``np.savez`` (one array per input name)."""
+    """Inputs saved with ``np.savez`` (one array per input name).
+
+    Raises:
+        GskitError: the file is missing, or is not an .npz archive (a single-array .npy included).
+    """
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one unnamed array (.npy); save the inputs by name with numpy.savez")
+        with data:
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise GskitError(
             f"{path}: cannot read inputs (expected an .npz written by numpy.savez): {err}"
         ) from err

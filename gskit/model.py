@@ -101,13 +101,18 @@ def save(
         The path written.
 
     Raises:
-        GskitError: the destination would overwrite the data file that the model's lazy weights are
-            read from, or the model cannot be serialized.
+        GskitError: the destination is a folder or its folder cannot be created, would overwrite the data
+            file that the model's lazy weights are read from, or the model cannot be serialized.
         ModelCheckError: the model fails onnx's checker (nothing is written under the final name).
     """
     proto = to_model(model) if isinstance(model, gs.Graph) else model
     path = Path(path).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise GskitError(f"{path}: is a folder; give the path of the .onnx file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise GskitError(f"{path}: cannot create its folder ({err.strerror}); choose another path") from err
     data_name = path.name + ".data"
     tensors = list(_get_all_tensors(proto))
     if external_data is None:
@@ -210,6 +215,8 @@ def tensor_nbytes(tensor: TensorProto) -> int:
             return int(length)
     if tensor.HasField("raw_data"):
         return len(tensor.raw_data)
+    if tensor.data_type == TensorProto.STRING:
+        return sum(len(s) for s in tensor.string_data)
     itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
@@ -345,11 +352,11 @@ def _write_with_external_data(model: onnx.ModelProto, model_path: Path, data_nam
         # Tensors outside the initializer list (Constant attributes, subgraphs, functions) are rare and
         # small; they were copied above and are moved out of the light copy itself.
         for tensor in _get_all_tensors(light):
-            if uses_external_data(tensor) or tensor_nbytes(tensor) >= EXTERNAL_TENSOR_MIN_BYTES:
+            if _goes_external(tensor):
                 _externalize(tensor, tensor, data, data_name)
         for source in model.graph.initializer:
             target = light.graph.initializer.add()
-            if uses_external_data(source) or tensor_nbytes(source) >= EXTERNAL_TENSOR_MIN_BYTES:
+            if _goes_external(source):
                 _copy_header(source, target)
                 _externalize(source, target, data, data_name)
             else:
@@ -358,6 +365,13 @@ def _write_with_external_data(model: onnx.ModelProto, model_path: Path, data_nam
         model_path.write_bytes(light.SerializeToString())
     except ValueError as err:
         raise GskitError(f"{model_path.name}: graph itself exceeds protobuf's 2 GB limit") from err
+
+
+def _goes_external(tensor: TensorProto) -> bool:
+    # ONNX external data holds fixed-size elements only: string tensors always stay in the proto.
+    if uses_external_data(tensor):
+        return True
+    return tensor.data_type != TensorProto.STRING and tensor_nbytes(tensor) >= EXTERNAL_TENSOR_MIN_BYTES
 
 
 def _copy_fields(source, target, *, skip: tuple[str, ...]) -> None:

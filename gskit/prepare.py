@@ -94,8 +94,9 @@ def prepare(
         succeeded and the prepared model matched the original within the validation tolerances.
 
     Raises:
-        GskitError: the model cannot be read, OUTDIR would overwrite the input, or a step failed (the message
-            names the step; the reports are written before raising, the model is not).
+        GskitError: the model cannot be read or has no outputs, OUTDIR would overwrite the input or is not
+            a folder, or a step or the final save failed (the message names the step; the reports are
+            written before raising, the model is not).
     """
     model_path, out_dir = Path(model_path), Path(out_dir)
     recipe = recipe or default_recipe()
@@ -103,10 +104,17 @@ def prepare(
     if final_model.resolve() == model_path.resolve():
         raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
     original = gsmodel.load(model_path, load_weights=False)
+    if not original.graph.output:
+        raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
     registry = load_plugins(plugin_dirs)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise GskitError(f"{out_dir}: OUTDIR is a file, not a folder; choose another -o")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".gskit-work-", dir=out_dir))
+    except OSError as err:
+        raise GskitError(f"{out_dir}: cannot create OUTDIR ({err.strerror}); choose another -o") from err
     report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
-    work = Path(tempfile.mkdtemp(prefix=".gskit-work-", dir=out_dir))
     try:
         state = RunState(
             graph=gsmodel.to_graph(original),
@@ -119,11 +127,11 @@ def prepare(
         state.snapshot.bind(state)
         try:
             _run_steps(recipe, state, report, listener)
+            report.prepared_model = str(gsmodel.save(state.graph, final_model))
         except GskitError as err:
             report.error = str(err)
             _write_reports(report, original, state, out_dir)
             raise
-        report.prepared_model = str(gsmodel.save(state.graph, final_model))
         _move_engine(state, out_dir, report)
         report.passed = all(s.status != "failed" for s in report.steps) and (
             state.comparison is None or state.comparison.passed
@@ -205,10 +213,17 @@ class _Snapshots:
 
 
 def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
+    from gskit.backends.trt_build import sidecar_path
+
     info = state.engine
-    if info is None:
-        return
     target = out_dir / ENGINE_NAME
+    if info is None:
+        # An engine left by an earlier run was built from another model: it must not sit beside this one.
+        for stale in (target, sidecar_path(target)):
+            if stale.is_file():
+                log.info("removing %s from an earlier run (no engine built this time)", stale)
+                stale.unlink()
+        return
     os.replace(info.sidecar, out_dir / info.sidecar.name)
     os.replace(info.engine, target)
     report.engine = {

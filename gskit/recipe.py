@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from typing import Any
 import yaml
 
 from gskit.errors import GskitError
+
+#: A float as YAML 1.2 writes it; PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,12 @@ def load_recipe(path: str | os.PathLike, registry: dict[str, type] | None = None
 
 
 def parse_recipe(text: str, *, source: str = "<recipe>", registry: dict[str, type] | None = None) -> Recipe:
-    """Validate recipe text; ``registry`` maps step names to option dataclasses (default: gskit.passes)."""
+    """Validate recipe text; ``registry`` maps step names to option dataclasses (default: gskit.passes).
+
+    Raises:
+        GskitError: the text is not YAML, has no steps or a key twice, or a step or option is unknown or of
+            the wrong type (the message names ``source`` and the line).
+    """
     if registry is None:
         from gskit.passes import STEP_OPTIONS
 
@@ -79,16 +88,18 @@ def parse_recipe(text: str, *, source: str = "<recipe>", registry: dict[str, typ
         where = f"{source}:{mark.line + 1}" if mark else source
         raise GskitError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from err
     if root is None:
-        raise GskitError(f"{source}: empty recipe; it needs a 'steps:' list")
+        raise GskitError(f"{source}:1: empty recipe; it needs a 'steps:' list")
     if not isinstance(root, yaml.MappingNode):
         raise GskitError(f"{_where(source, root)}: a recipe is a mapping with a 'steps:' list")
-    top = {key.value: value for key, value in root.value}
+    top = _mapping(root, source)
     unknown = set(top) - {"steps"}
     if unknown:
         raise GskitError(f"{_where(source, root)}: unknown top-level key(s) {sorted(unknown)}; only 'steps'")
     steps_node = top.get("steps")
     if not isinstance(steps_node, yaml.SequenceNode):
         raise GskitError(f"{_where(source, steps_node or root)}: 'steps' must be a list")
+    if not steps_node.value:
+        raise GskitError(f"{_where(source, steps_node)}: 'steps' is empty; list at least one step")
     steps = tuple(_parse_step(node, source, registry) for node in steps_node.value)
     return Recipe(steps=steps, source=source)
 
@@ -104,7 +115,7 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> Reci
         name, options_node = node.value, None
     elif isinstance(node, yaml.MappingNode) and len(node.value) == 1:
         key, options_node = node.value[0]
-        name = key.value
+        name = _scalar_key(key, source)
     else:
         raise GskitError(f"{_where(source, node)}: a step is a name or 'name: {{options}}'")
     if name not in registry:
@@ -118,14 +129,19 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> Reci
             raise GskitError(f"{_where(source, options_node)}: options of step '{name}' must be a mapping")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls)
-        for key_node, value_node in options_node.value:
-            option = key_node.value
+        for option, (key_node, value_node) in _mapping(options_node, source, keep_nodes=True).items():
             if option not in fields:
                 raise GskitError(
                     f"{_where(source, key_node)}: step '{name}' has no option '{option}'; "
                     f"options: {', '.join(fields) or '(none)'}"
                 )
-            value = yaml.safe_load(yaml.serialize(value_node))
+            try:
+                value = yaml.safe_load(yaml.serialize(value_node))
+            except yaml.YAMLError as err:
+                raise GskitError(
+                    f"{_where(source, value_node)}: {name}.{option}: cannot read the value: "
+                    f"{getattr(err, 'problem', err)}"
+                ) from err
             values[option] = _check_type(
                 value, hints[option], f"{_where(source, value_node)}: {name}.{option}"
             )
@@ -138,6 +154,23 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> Reci
 
 def _where(source: str, node: yaml.Node) -> str:
     return f"{source}:{node.start_mark.line + 1}"
+
+
+def _scalar_key(node: yaml.Node, source: str) -> str:
+    if not isinstance(node, yaml.ScalarNode):
+        raise GskitError(f"{_where(source, node)}: a key must be a plain name, not a list or mapping")
+    return node.value
+
+
+def _mapping(node: yaml.MappingNode, source: str, *, keep_nodes: bool = False) -> dict[str, Any]:
+    """A mapping node's entries by key: value nodes, or (key, value) node pairs. Duplicate keys are errors."""
+    entries: dict[str, Any] = {}
+    for key_node, value_node in node.value:
+        key = _scalar_key(key_node, source)
+        if key in entries:
+            raise GskitError(f"{_where(source, key_node)}: '{key}' is given twice")
+        entries[key] = (key_node, value_node) if keep_nodes else value_node
+    return entries
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
@@ -172,6 +205,8 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
         key_t, val_t = args if args else (Any, Any)
         return {_check_type(k, key_t, where): _check_type(v, val_t, where) for k, v in value.items()}
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str) and _FLOAT.fullmatch(value):
         return float(value)
     if hint is bool and not isinstance(value, bool):
         raise GskitError(f"{where}: expected true or false, got {value!r}")

@@ -232,6 +232,121 @@ def test_caller_typed_data_unchanged_by_external_save(tmp_path: Path) -> None:
     assert model.SerializeToString() == before
 
 
+# Edge cases of save ----------------------------------------------------------------------------------
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def test_string_tensor_stays_inline_with_external_data(tmp_path: Path) -> None:
+    """ONNX external data cannot hold strings: they must not be written there as object pointers."""
+    words = np.array([f"word{i}" for i in range(300)], dtype=object)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["S"], ["Y"])],
+        "strings",
+        [],
+        [helper.make_tensor_value_info("Y", TensorProto.STRING, [300])],
+        [numpy_helper.from_array(words, "S")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    assert not uses_external_data(onnx.load(str(path), load_external_data=False).graph.initializer[0])
+    assert list(numpy_helper.to_array(load(path).graph.initializer[0])) == list(words)
+    assert list(_session(path).run(None, {})[0]) == list(words)
+
+
+def test_external_save_without_initializers(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx.data").write_bytes(b"left from an earlier save")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["X"], ["Y"])],
+        "plain",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    assert _listing(tmp_path) == ["m.onnx"], "an empty data file is not written; the stale one is removed"
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    np.testing.assert_array_equal(_session(path).run(None, {"X": x})[0], np.maximum(x, 0))
+
+
+def test_typed_tensors_in_subgraphs_go_external(tmp_path: Path) -> None:
+    """A Constant node (float_data) in one If branch and an initializer (float_data) in the other."""
+    up, down = np.arange(512, dtype=np.float32), -np.arange(512, dtype=np.float32)
+    then_branch = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["c"], value=helper.make_tensor("C", TensorProto.FLOAT, [512], up.tolist())
+            )
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [512])],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["D"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [512])],
+        [helper.make_tensor("D", TensorProto.FLOAT, [512], down.tolist())],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["Y"], then_branch=then_branch, else_branch=else_branch)],
+        "branches",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [512])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    before = model.SerializeToString()
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    assert model.SerializeToString() == before
+    assert (tmp_path / "m.onnx.data").stat().st_size >= 2 * 512 * 4
+    for name, want in ((True, up), (False, down)):
+        np.testing.assert_array_equal(_session(path).run(None, {"cond": np.array(name)})[0], want)
+    # Lazily loaded and saved again elsewhere: the weights are streamed from the first data file.
+    again = save(to_graph(load(path, load_weights=False)), tmp_path / "b" / "m.onnx")
+    np.testing.assert_array_equal(_session(again).run(None, {"cond": np.array(False)})[0], down)
+
+
+def test_save_relative_path_into_new_folder(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = save(_mlp(rng), Path("new") / "deeper" / "m.onnx", external_data=True)
+    assert path == tmp_path / "new" / "deeper" / "m.onnx" and path.is_absolute()
+    assert _listing(path.parent) == ["m.onnx", "m.onnx.data"]
+    lazy = load("new/deeper/m.onnx", load_weights=False)
+    monkeypatch.chdir(tmp_path / "new")  # lazy weights remember their folder, not the working directory
+    _assert_bit_identical(_graph_weights(lazy), _weights(load(path)))
+
+
+def test_save_under_a_file_or_onto_a_folder(tmp_path: Path, rng: np.random.Generator) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(GskitError, match=r"file/m\.onnx: cannot create its folder"):
+        save(_mlp(rng), tmp_path / "file" / "m.onnx")
+    (tmp_path / "dir.onnx").mkdir()
+    with pytest.raises(GskitError, match=r"dir\.onnx: is a folder"):
+        save(_mlp(rng), tmp_path / "dir.onnx")
+    assert _listing(tmp_path) == ["dir.onnx", "file"] and _listing(tmp_path / "dir.onnx") == []
+
+
+def test_resolve_output_sees_through_symlinks(tmp_path: Path) -> None:
+    model = tmp_path / "models" / "m.onnx"
+    model.parent.mkdir()
+    model.write_bytes(b"")
+    (tmp_path / "link.onnx").symlink_to(model)
+    (tmp_path / "linked_dir").symlink_to(model.parent)
+    for alias in (tmp_path / "link.onnx", tmp_path / "linked_dir" / "m.onnx"):
+        with pytest.raises(GskitError, match="overwrite the input"):
+            resolve_output(model, alias, in_place=False)
+        with pytest.raises(GskitError, match="overwrite the input"):
+            resolve_output(alias, model, in_place=False)
+    assert resolve_output(model, tmp_path / "linked_dir" / "other.onnx", in_place=False).name == "other.onnx"
+
+
 # Bad files --------------------------------------------------------------------------------------------
 
 

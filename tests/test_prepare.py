@@ -278,3 +278,142 @@ def test_report_html_renders_in_chromium(tmp_path: Path) -> None:
     )
     assert shot.stat().st_size > 20_000  # a page with drawings, not a blank one
     assert os.access(page, os.R_OK)
+
+
+# Edge cases: one-line errors, reports on failure, state between steps ------------------------------------
+
+
+def _one_line_error(capsys, *fragments: str) -> str:
+    """The error as the one last line of stderr (progress lines of the steps that ran come before it)."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and lines[-1].startswith("gskit prepare: error: "), err
+    assert sum(line.startswith("gskit prepare:") for line in lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+    return lines[-1]
+
+
+def _recipe(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_outdir_that_is_a_file_is_refused(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    out.write_text("a file")
+    assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 2
+    _one_line_error(capsys, str(out), "is a file")
+    assert main(["prepare", str(EXAMPLE), "-o", str(out / "sub")]) == 2
+    _one_line_error(capsys, str(out / "sub"), "cannot create OUTDIR")
+    assert out.read_text() == "a file"
+
+
+def test_model_without_outputs_is_refused(tmp_path: Path, capsys) -> None:
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])],
+        "no_outputs",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [],
+    )
+    model = gsmodel.save(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]), tmp_path / "m.onnx"
+    )
+    out = tmp_path / "out"
+    assert (
+        main(["prepare", str(model), "-o", str(out), "--recipe", _recipe(tmp_path, "steps: [validate]")]) == 2
+    )
+    _one_line_error(capsys, "m.onnx", "no graph outputs")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("step", "fragment"),
+    [
+        ("validate: {inputs: absent.npz}", "absent.npz: cannot read inputs"),
+        ("validate: {inputs: one.npy}", "one.npy: cannot read inputs"),
+        ("validate: {inputs: broken.npz}", "broken.npz: cannot read inputs"),
+        ("isolate: {inputs: [nope], outputs: [y]}", "'nope'"),
+    ],
+)
+def test_failing_step_is_one_line_and_reported(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, step: str, fragment: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "one.npy", np.zeros((2, 4, 8, 8), np.float32))
+    (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 cut short")
+    recipe = _recipe(tmp_path, f"steps:\n  - sanitize\n  - {step}\n")
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", recipe]) == 2
+    line = _one_line_error(capsys, "(recipe line 3)", fragment)
+    report = json.loads((out / "report.json").read_text())
+    assert report["error"] in line and report["passed"] is False
+    assert [s["status"] for s in report["steps"]] == ["ok", "failed"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # no model, no work folder
+
+
+def _matmul_model(path: Path, rng: np.random.Generator) -> Path:
+    """y = x @ w + b with 2 KiB of weights (external data when saved with it)."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["m"]), onnx.helper.make_node("Add", ["m", "b"], ["y"])],
+        "mm",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 8])],
+        [
+            onnx.numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "w"),
+            onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+        ],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    return gsmodel.save(model, path, external_data=True)
+
+
+def test_check_steps_see_every_transform(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A check step after a transform that replaces the graph must not reuse the earlier snapshot."""
+    model = _matmul_model(tmp_path / "mm.onnx", rng)
+    recipe = _recipe(
+        tmp_path,
+        "steps:\n"
+        "  - validate: {atol: 0.0, rtol: 0.0}\n"
+        "  - convert: {fp16: true}\n"
+        "  - validate: {atol: 0.0, rtol: 0.0}\n"
+        "  - fold\n"
+        "  - validate: {atol: 0.1, rtol: 0.1}\n",
+    )
+    out = tmp_path / "out"
+    assert main(["prepare", str(model), "-o", str(out), "--recipe", recipe]) == 1
+    report = json.loads((out / "report.json").read_text())
+    assert [s["status"] for s in report["steps"]] == ["ok", "ok", "failed", "ok", "ok"]
+    assert "max abs err 0:" in report["steps"][0]["summary"]  # fp32 as loaded: bit-identical
+    assert "FAILED" in report["steps"][2]["summary"]  # fp16: the snapshot was taken again
+    assert 0 < report["comparison"]["outputs"][0]["max_abs_err"] <= 0.1  # the last check saw fp16 too
+    assert report["passed"] is False
+    fp16 = onnx.TensorProto.FLOAT16
+    assert {t.data_type for t in onnx.load(str(out / "model.onnx")).graph.initializer} == {fp16}
+
+
+def test_final_save_failure_still_writes_reports(tmp_path: Path, rng: np.random.Generator, capsys) -> None:
+    """The input's weights live in OUTDIR/model.onnx.data: saving the result there would destroy them."""
+    _matmul_model(tmp_path / "model.onnx", rng)
+    source = tmp_path / "renamed.onnx"
+    os.replace(tmp_path / "model.onnx", source)  # still reads model.onnx.data
+    data = (tmp_path / "model.onnx.data").read_bytes()
+    recipe = _recipe(tmp_path, "steps: [infer_shapes]\n")
+    assert main(["prepare", str(source), "-o", str(tmp_path), "--recipe", recipe]) == 2
+    _one_line_error(capsys, "model.onnx.data", "still read from this file")
+    assert (tmp_path / "model.onnx.data").read_bytes() == data
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "still read from this file" in report["error"] and report["prepared_model"] is None
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_engine_from_an_earlier_run_is_removed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.engine").write_bytes(b"engine of another model")
+    (out / "model.engine.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    recipe = _recipe(tmp_path, "steps: [sanitize]\n")
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", recipe]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "notes.txt", "report.html", "report.json"]

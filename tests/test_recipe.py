@@ -1,0 +1,192 @@
+"""gskit.recipe: every step's options round-trip through YAML; every bad recipe names its file and line."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gskit.errors import GskitError
+from gskit.passes import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, FoldOptions, ValidateOptions
+from gskit.recipe import Recipe, RecipeStep, load_recipe, make_recipe, parse_recipe
+
+#: A value other than the default for every option of every step (as the dataclass holds it).
+NON_DEFAULT: dict[str, dict[str, Any]] = {
+    "sanitize": {"skip": ("dedupe",), "extra": ("a", "b")},
+    "edit": {
+        "rename": {"x": "input"},
+        "input_shapes": {"x": (1, "batch", None)},
+        "input_dtypes": {"x": "float16"},
+        "remove_nodes": ("n1",),
+        "set_attrs": {"n2": {"axis": -1, "name": "s", "values": [1, 2]}},
+        "expose": ("t1", "t2"),
+        "constants_to_initializers": True,
+        "drop_initializer_inputs": True,
+    },
+    "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
+    "replace": {"only": ("LayerNorm",), "keep_function": True},
+    "infer_shapes": {"strict": False},
+    "fold": {"max_passes": 3, "fold_shapes": False, "size_threshold": 1024, "allow_partial": True},
+    "convert": {
+        "opset": 17,
+        "fp16": True,
+        "keep_io_fp32": False,
+        "block_ops": ("Softmax",),
+        "clamp_min": 1e-3,
+        "clamp_max": 6.5e4,
+        "int32": True,
+    },
+    "check_trt": {"fail_on_unsupported": True, "backend": "static"},
+    "validate": {
+        "atol": 1e-3,
+        "rtol": 0.5,
+        "seed": 7,
+        "shapes": {"x": (4, 4, 8, 8)},
+        "inputs": "feeds.npz",
+    },
+    "build": {
+        "compute_capability": "8.6",
+        "shapes": {"x": ((1, 4), (2, 4), (8, 4))},
+        "timing_cache": "cache.bin",
+        "required": True,
+    },
+}
+
+
+def test_samples_cover_every_option() -> None:
+    assert NON_DEFAULT.keys() == STEP_OPTIONS.keys()
+    for name, cls in STEP_OPTIONS.items():
+        fields = dataclasses.fields(cls)
+        assert NON_DEFAULT[name].keys() == {f.name for f in fields}, name
+        defaults = cls()
+        for f in fields:
+            assert NON_DEFAULT[name][f.name] != getattr(defaults, f.name), f"{name}.{f.name}"
+
+
+@pytest.mark.parametrize("name", sorted(STEP_OPTIONS))
+@pytest.mark.parametrize("which", ["default", "non_default"])
+def test_options_round_trip_through_yaml(name: str, which: str) -> None:
+    cls = STEP_OPTIONS[name]
+    options = cls() if which == "default" else cls(**NON_DEFAULT[name])
+    recipe = Recipe(steps=(RecipeStep(name, options),))
+    again = parse_recipe(recipe.to_yaml(), source="round-trip.yaml")
+    assert [s.name for s in again.steps] == [name]
+    assert again.steps[0].options == options
+    assert again.to_yaml() == recipe.to_yaml()
+
+
+def test_whole_recipe_round_trips_in_order() -> None:
+    steps = tuple(RecipeStep(name, STEP_OPTIONS[name](**NON_DEFAULT[name])) for name in STEP_OPTIONS)
+    again = parse_recipe(Recipe(steps=steps).to_yaml())
+    assert [(s.name, s.options) for s in again.steps] == [(s.name, s.options) for s in steps]
+    assert [s.line for s in again.steps] == sorted({s.line for s in again.steps})  # one line per step
+
+
+def test_make_recipe_validates_python_values() -> None:
+    recipe = make_recipe([(name, {}) for name in DEFAULT_STEPS])
+    assert tuple(s.name for s in recipe.steps) == DEFAULT_STEPS
+    assert make_recipe([("fold", {"max_passes": 2})]).steps[0].options == FoldOptions(max_passes=2)
+    with pytest.raises(GskitError, match=r"<python>:\d+: fold\.max_passes"):
+        make_recipe([("fold", {"max_passes": "2"})])
+
+
+def test_values_are_converted_to_the_option_types() -> None:
+    recipe = parse_recipe(
+        "steps:\n"
+        "  - validate: {atol: 1e-5, rtol: 1, shapes: {x: [2, 3]}, inputs: null}\n"
+        "  - build: {shapes: {x: [[1, 3], [2, 3], [4, 3]]}}\n"
+    )
+    validate, build = (s.options for s in recipe.steps)
+    # PyYAML reads 1e-5 (no dot) as a string and 1 as an int: both become floats.
+    assert validate == ValidateOptions(atol=1e-5, rtol=1.0, shapes={"x": (2, 3)}, inputs=None)
+    assert isinstance(validate.atol, float) and isinstance(validate.rtol, float)
+    assert build == BuildOptions(shapes={"x": ((1, 3), (2, 3), (4, 3))})
+
+
+@pytest.mark.parametrize(
+    ("step", "line"),
+    [
+        ("sanitize", "steps:\n  - sanitize\n"),
+        ("bare colon", "steps:\n  - fold:\n"),
+        ("empty mapping", "steps:\n  - fold: {}\n"),
+    ],
+)
+def test_step_without_options_gets_defaults(step: str, line: str) -> None:
+    options = parse_recipe(line).steps[0].options
+    assert options == type(options)()
+
+
+# (recipe text, line the error must name, a fragment of the message)
+BAD_RECIPES = [
+    ("", 1, "empty recipe"),
+    ("# only a comment\n", 1, "empty recipe"),
+    ("- fold\n", 1, "mapping with a 'steps:' list"),
+    ("steps: fold\n", 1, "'steps' must be a list"),
+    ("stepz:\n  - fold\n", 1, "unknown top-level key"),
+    ("steps: []\n", 1, "'steps' is empty"),
+    ("steps:\n", 1, "'steps' must be a list"),
+    ("steps:\n  - fold\nsteps:\n  - validate\n", 3, "'steps' is given twice"),
+    ("steps:\n  - fold\n  - {[a]: 1}\n", 3, "plain name"),
+    ("steps:\n  - fold\n  - fold: {[a]: 1}\n", 3, "plain name"),
+    ("steps:\n  - fold\n  - folding\n", 3, "unknown step 'folding'"),
+    ("steps:\n  - fold\n  - {fold: {}, validate: {}}\n", 3, "a step is a name"),
+    ("steps:\n  - fold\n  - [fold]\n", 3, "a step is a name"),
+    ("steps:\n  - fold: 3\n", 2, "must be a mapping"),
+    ("steps:\n  - fold: [3]\n", 2, "must be a mapping"),
+    ("steps:\n  - sanitize\n  - fold: {max_pass: 3}\n", 3, "has no option 'max_pass'"),
+    ("steps:\n  - fold:\n      max_passes: 3\n      max_passes: 5\n", 4, "'max_passes' is given twice"),
+    ("steps:\n  - fold: {max_passes: 2.5}\n", 2, "fold.max_passes"),
+    ("steps:\n  - fold: {max_passes: true}\n", 2, "expected an integer"),
+    ("steps:\n  - fold: {max_passes: null}\n", 2, "fold.max_passes"),
+    ("steps:\n  - fold: {allow_partial: 1}\n", 2, "expected true or false"),
+    ("steps:\n  - fold: {allow_partial: 'yes'}\n", 2, "expected true or false"),
+    ("steps:\n  - validate: {atol: true}\n", 2, "validate.atol"),
+    ("steps:\n  - validate: {atol: 1e}\n", 2, "validate.atol"),
+    ("steps:\n  - validate: {inputs: 3}\n", 2, "validate.inputs"),
+    ("steps:\n  - validate: {shapes: {x: 3}}\n", 2, "expected a list"),
+    ("steps:\n  - validate: {shapes: [x]}\n", 2, "expected a mapping"),
+    ("steps:\n  - validate: {shapes: {x: [1, true]}}\n", 2, "expected an integer"),
+    ("steps:\n  - build: {shapes: {x: [1, 2, 3]}}\n", 2, "build.shapes"),
+    ("steps:\n  - build: {shapes: {x: [[1, 2], [2, x]]}}\n", 2, "build.shapes"),
+    ("steps:\n  - edit: {input_shapes: {x: [1, true]}}\n", 2, "edit.input_shapes"),
+    ("steps:\n  - edit: {input_shapes: {x: [1, 2.5]}}\n", 2, "edit.input_shapes"),
+    ("steps:\n  - edit: {rename: {1: a}}\n", 2, "edit.rename"),
+    ("steps:\n  - sanitize: {skip: dedupe}\n", 2, "expected a list"),
+    ("steps:\n  - replace: {only: LayerNorm}\n", 2, "replace.only"),
+    ("steps:\n  - check_trt: {backend: trt}\n", 2, "not one of"),
+    ("steps:\n  - fold: {max_passes: !!python/object:os.system x}\n", 2, "cannot read the value"),
+    ("steps:\n  - fold: {max_passes: !custom 3}\n", 2, "cannot read the value"),
+    ("steps:\n  - fold: {max_passes: [3}\n", 2, "not valid YAML"),
+    ("steps:\n  - fold\n\tbad: tab\n", 3, "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "fragment"), BAD_RECIPES)
+def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, fragment: str) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    with pytest.raises(GskitError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(GskitError, match=r"recipe\.yaml: cannot read recipe"):
+        load_recipe(tmp_path / "recipe.yaml")
+
+
+def test_custom_registry() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Opts:
+        level: int = 1
+        names: tuple[str, ...] = ()
+
+    recipe = parse_recipe("steps:\n  - mine: {level: 3, names: [a]}\n", registry={"mine": Opts})
+    assert recipe.steps[0].options == Opts(level=3, names=("a",))
+    with pytest.raises(GskitError, match="unknown step 'fold'; known steps: mine"):
+        parse_recipe("steps: [fold]\n", registry={"mine": Opts})
