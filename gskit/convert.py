@@ -205,10 +205,8 @@ class _Fp16:
                     tensor.dtype = _F16
             if node.op == "Cast" and node.attrs.get("to") == onnx.TensorProto.FLOAT:
                 node.attrs["to"] = onnx.TensorProto.FLOAT16
-            if node.op == "ConstantOfShape" and isinstance(node.attrs.get("value"), gs.Constant):
-                value = node.attrs["value"]
-                if value.dtype == _F32:
-                    node.attrs["value"] = gs.Constant(value.name, clamp_to_fp16(value.values, *self.clamp)[0])
+            if node.op in ("Constant", "ConstantOfShape"):
+                self.constant_node16(node)
         for node in list(graph.nodes):
             wants16 = id(node) in fp16_ids
             fixed = _fixed_float_inputs(node)
@@ -226,6 +224,20 @@ class _Fp16:
             if tensor.dtype == _F16 and tensor.name in kept_out and not isinstance(tensor, gs.Constant):
                 graph.outputs[position] = self.cast_output(tensor)
         graph.nodes.extend(self.new_nodes)
+
+    def constant_node16(self, node: gs.Node) -> None:
+        """A Constant/ConstantOfShape node whose output became float16 must produce float16 values."""
+        value = node.attrs.get("value")
+        if node.op == "Constant" and value is None:
+            for key in ("value_float", "value_floats"):
+                if key in node.attrs:  # these forms are float32 by definition: turn them into a tensor
+                    values = np.asarray(node.attrs.pop(key), dtype=np.float32)
+                    value = gs.Constant(f"{node.name}_{key}", values)
+        if isinstance(value, gs.Constant) and value.dtype == _F32:
+            values, clamped = clamp_to_fp16(value.values, *self.clamp)
+            self.report.values_clamped += clamped
+            self.report.constants_converted += 1
+            node.attrs["value"] = gs.Constant(value.name, values)
 
     def constant16(self, tensor: gs.Constant) -> gs.Constant:
         if id(tensor) not in self.const16:

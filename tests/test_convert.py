@@ -110,3 +110,44 @@ def test_int64_inputs_and_indices_to_int32(rng):
     g (float[4,2] x) => (float[1,2] y) <int64[1] j = {5000000000}> { y = Gather(x, j) }""")
     with pytest.raises(GskitError, match="5000000000"):
         int64_to_int32(bad)
+
+
+def test_fp16_converts_constant_nodes_of_an_exported_model() -> None:
+    """The bundled export reads Clip bounds and Pow/Add operands from Constant nodes: all turn fp16."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
+    original = gsmodel.load(example)
+    assert any(n.op_type == "Constant" for n in original.graph.node)
+    converted, report = to_fp16(original)
+    constant_types = {
+        onnx.helper.get_attribute_value(a).data_type
+        for n in converted.graph.node
+        if n.op_type == "Constant"
+        for a in n.attribute
+        if a.name == "value"
+    }
+    assert onnx.TensorProto.FLOAT16 in constant_types and onnx.TensorProto.FLOAT not in constant_types
+    x = np.random.default_rng(0).standard_normal((3, 4, 8, 8)).astype(np.float32)
+    want = gsort.run(original, {"x": x})["y"]
+    got = gsort.run(converted, {"x": x})["y"]
+    assert got.dtype == np.float32  # inputs and outputs kept in fp32
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)  # fp16 arithmetic
+
+
+def test_fp16_value_float_constant_becomes_fp16_tensor() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[3] x) => (float[3] y) {
+            c = Constant <value_float = 2.5> ()
+            y = Mul (x, c)
+        }
+        """
+    )
+    converted, _ = to_fp16(model)
+    (constant,) = [n for n in converted.graph.node if n.op_type == "Constant"]
+    assert [a.name for a in constant.attribute] == ["value"]
+    assert onnx.helper.get_attribute_value(constant.attribute[0]).data_type == onnx.TensorProto.FLOAT16
+    x = np.array([1.0, -2.0, 4.0], dtype=np.float32)
+    np.testing.assert_array_equal(gsort.run(converted, {"x": x})["y"], x * 2.5)

@@ -417,3 +417,26 @@ def test_engine_from_an_earlier_run_is_removed(tmp_path: Path) -> None:
     recipe = _recipe(tmp_path, "steps: [sanitize]\n")
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", recipe]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "notes.txt", "report.html", "report.json"]
+
+
+def test_fp16_recipe_keeps_plugin_nodes_fp32(tmp_path: Path) -> None:
+    """TensorRT 11 takes precision from the model: an fp16 recipe must give fp16 weights, fp32 plugin I/O."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "steps:\n  - replace\n  - infer_shapes\n  - fold\n  - convert: {fp16: true}\n  - infer_shapes\n"
+        "  - validate: {atol: 1.0e-2, rtol: 1.0e-2}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(recipe)]) == 0
+    model = onnx.load(str(out / "model.onnx"))
+    plugins = [n for n in model.graph.node if n.domain == "gskit"]
+    assert len(plugins) == 3
+    plugin_inputs = {name for n in plugins for name in n.input}
+    weights = {t.name: t.data_type for t in model.graph.initializer if t.data_type in (1, 10)}
+    # Weights of standard ops are fp16; the plugins' own weights (LayerNorm's) stay fp32 with them.
+    assert {k: v for k, v in weights.items() if k not in plugin_inputs}
+    assert all(v == onnx.TensorProto.FLOAT16 for k, v in weights.items() if k not in plugin_inputs)
+    assert all(v == onnx.TensorProto.FLOAT for k, v in weights.items() if k in plugin_inputs)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input)}
+    for node in plugins:  # the plugin specs do not declare fp16: their data stays fp32 behind Casts
+        assert types[node.input[0]] == onnx.TensorProto.FLOAT
