@@ -128,6 +128,8 @@ def compare(
     original_proto = source_model(original)
     prepared_proto = source_model(prepared) if prepared is not None else None
     expected = [o.name for o in original_proto.graph.output]
+    if not expected:
+        raise GskitError(f"{source_label(original)} has no graph outputs: nothing to compare")
     have = {o.name for o in prepared_proto.graph.output} if prepared_proto is not None else set(expected)
     missing = [name for name in expected if name not in have]
     if missing and engine is None:

@@ -68,11 +68,31 @@ def resolve_feeds(
     """The caller's ``feeds`` as numpy arrays, or ``random_feeds(model, shapes, seed=seed)`` when None.
 
     Raises:
-        GskitError: as ``random_feeds`` (only when ``feeds`` is None).
+        GskitError: as ``random_feeds`` when ``feeds`` is None; otherwise when ``feeds`` lacks an input of
+            the model or names one it does not have.
     """
     if feeds is None:
         return random_feeds(model, shapes, seed=seed)
+    graph = model if isinstance(model, gs.Graph) else None
+    wanted = (
+        [t.name for t in graph.inputs if not isinstance(t, gs.Constant)]
+        if graph is not None
+        else _runtime_inputs(model)
+    )
+    allowed = set(wanted) if graph is not None else {i.name for i in model.graph.input}  # may override weights
+    missing = [name for name in wanted if name not in feeds]
+    unknown = sorted(set(feeds) - allowed)
+    if missing or unknown:
+        raise GskitError(
+            f"inputs do not fit the model: missing {missing or 'none'}, unknown {unknown or 'none'}; "
+            f"the model's inputs are {wanted}"
+        )
     return {name: np.asarray(value) for name, value in feeds.items()}
+
+
+def _runtime_inputs(model: onnx.ModelProto) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers]
 
 
 def feed_shapes(feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:

@@ -152,3 +152,16 @@ def test_cli_exit_codes_and_json(plugin_dir, tmp_path, capsys):
     assert data["outputs"][0]["max_abs_err"] == pytest.approx(np.tanh(0.5) * 0.15, rel=1e-5)
     (tmp_path / "no_plugins").mkdir()
     assert _cli("compare", str(original), str(good), "--plugins", str(tmp_path / "no_plugins")) == 2
+
+
+def test_inputs_that_do_not_fit_the_model_are_named():
+    model = _original()
+    with pytest.raises(GskitError, match=r"missing \['x'\], unknown \['z'\]"):
+        compare(model, model, feeds={"z": np.zeros((2, 8), np.float32)})
+
+
+def test_model_without_outputs_is_an_error():
+    model = _original()
+    del model.graph.output[:]
+    with pytest.raises(GskitError, match="no graph outputs"):
+        compare(model, model)
