@@ -79,7 +79,8 @@ def resolve_feeds(
         if graph is not None
         else _runtime_inputs(model)
     )
-    allowed = set(wanted) if graph is not None else {i.name for i in model.graph.input}  # may override weights
+    # Initializers listed as graph inputs may be fed too: that overrides the weight.
+    allowed = set(wanted) if graph is not None else {i.name for i in model.graph.input}
     missing = [name for name in wanted if name not in feeds]
     unknown = sorted(set(feeds) - allowed)
     if missing or unknown:
