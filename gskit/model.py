@@ -65,6 +65,8 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
         raise GskitError(f"{path}: no such model file")
     try:
         model = onnx.load(str(path), load_external_data=False)
+    except PermissionError as err:
+        raise GskitError(f"{path}: no permission to read the model file") from err
     except (DecodeError, RuntimeError, ValueError) as err:
         raise GskitError(f"{path}: not a readable ONNX model (truncated or another format): {err}") from err
     if not model.HasField("graph") or model.ir_version <= 0:
@@ -296,8 +298,19 @@ def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -
             f"{model_path}: external data file '{location}' for tensor '{tensor.name}' is missing; "
             f"copy it next to the model"
         )
-    offset, length = int(_entry(tensor, "offset") or 0), _entry(tensor, "length")
-    end = offset + (int(length) if length is not None else 0)
+    try:
+        offset, length = int(_entry(tensor, "offset") or 0), _entry(tensor, "length")
+        end = offset + (int(length) if length is not None else 0)
+    except ValueError as err:
+        raise GskitError(
+            f"{model_path}: tensor '{tensor.name}' has a non-integer external data offset or length"
+        ) from err
+    if offset < 0 or end < offset:
+        raise GskitError(
+            f"{model_path}: tensor '{tensor.name}' has a negative external data offset or length"
+        )
+    if not os.access(data, os.R_OK):
+        raise GskitError(f"{model_path}: no permission to read external data file '{location}'")
     if end > data.stat().st_size:
         raise GskitError(
             f"{model_path}: external data file '{location}' is too short for tensor '{tensor.name}' "

@@ -388,6 +388,19 @@ def test_short_external_data(tmp_path: Path, rng: np.random.Generator, load_weig
         load(path, load_weights=load_weights)
 
 
+@pytest.mark.parametrize("offset", ["abc", "-8"])
+def test_bad_external_data_offset(tmp_path: Path, rng: np.random.Generator, offset: str) -> None:
+    path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "offset":
+                entry.value = offset
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(GskitError, match=r"m\.onnx: tensor .* external data offset"):
+        load(path, load_weights=False)
+
+
 def test_external_location_outside_folder(tmp_path: Path, rng: np.random.Generator) -> None:
     path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
     model = onnx.load(str(path), load_external_data=False)
