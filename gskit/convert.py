@@ -177,7 +177,7 @@ class _Fp16:
     def fp32_reason(self, node: gs.Node) -> str | None:
         if node.op in self.block:
             return "blocked op"
-        if any(isinstance(v, gs.Graph) for v in node.attrs.values()):
+        if any(True for _ in gsmodel.node_subgraphs(node)):
             return "has subgraphs"
         if is_plugin_node(node) and ((node.domain or ""), node.op) not in self.fp16_plugins:
             return "plugin node (spec does not declare fp16 support)"

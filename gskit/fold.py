@@ -264,7 +264,7 @@ def _fold_graph(
     _drop_non_tensor_constants(graph)
     _flatten_constant_ifs(graph)
     for node in graph.nodes:
-        for sub in _node_subgraphs(node):
+        for sub in gsmodel.node_subgraphs(node):
             sub.ir_version = (
                 graph.ir_version
             )  # else graphsurgeon exports its sub-models with onnx's newest IR
@@ -357,7 +357,7 @@ def _foldable_nodes(
         if exclude(node):
             continue
         key = _node_key(node)
-        if any(True for _ in _node_subgraphs(node)):
+        if any(True for _ in gsmodel.node_subgraphs(node)):
             report.excluded[key] = "has a subgraph (not evaluated when folding batch by batch)"
             continue
         too_big = [t.name for t in node.outputs if _over(_known_nbytes(t), size_threshold)]
@@ -882,17 +882,9 @@ def _op_counts(graph: gs.Graph) -> Counter:
 
 
 def _signature(graph: gs.Graph) -> tuple[int, int]:
-    nodes = sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
+    nodes = gsmodel.count_nodes(graph)
     consts = sum(isinstance(t, gs.Constant) for t in graph.tensors().values())
     return nodes, consts
-
-
-def _node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:
-    for value in node.attrs.values():
-        if isinstance(value, gs.Graph):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, gs.Graph))
 
 
 def _nbytes(tensor: gs.Constant) -> int:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
 from gskit.errors import GskitError
-from gskit.model import to_model
+from gskit.model import node_subgraphs, to_model
 from gskit.plugin import PluginRegistry
 from gskit.shapes import infer_shapes, stubbed_constants
 
@@ -146,17 +146,9 @@ def _missing_message(missing: dict[str, tuple[str, bool]]) -> str:
     return message
 
 
-def _bodies(node: gs.Node) -> Iterator[gs.Graph]:
-    for value in node.attrs.values():
-        if isinstance(value, gs.Graph):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, gs.Graph))
-
-
 def _outer_reads(node: gs.Node) -> list[gs.Tensor]:
     """Tensors of enclosing graphs that the node's bodies (If/Loop/Scan, nested too) read."""
-    graphs = [g for body in _bodies(node) for g in (body, *body.subgraphs(recursive=True))]
+    graphs = [g for body in node_subgraphs(node) for g in (body, *body.subgraphs(recursive=True))]
     if not graphs:
         return []
     local: set[int] = set()

@@ -209,6 +209,20 @@ def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                     yield from graph_protos(sub)
 
 
+def node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:
+    """The graphs held in one node's attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, gs.Graph))
+
+
+def count_nodes(graph: gs.Graph) -> int:
+    """Nodes of ``graph`` and of every subgraph in it."""
+    return sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
+
+
 def tensor_nbytes(tensor: TensorProto) -> int:
     """Bytes of a tensor's data, wherever it is stored."""
     if uses_external_data(tensor):

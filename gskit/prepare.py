@@ -147,7 +147,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     for index, step in enumerate(recipe.steps):
         if listener:
             listener.started(step.name, index, total)
-        before = _node_count(state.graph)
+        before = gsmodel.count_nodes(state.graph)
         start = time.perf_counter()
         try:
             summary, _details = STEP_RUNNERS[step.name](state, step.options)
@@ -172,7 +172,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
             step.line,
             time.perf_counter() - start,
             before,
-            _node_count(state.graph),
+            gsmodel.count_nodes(state.graph),
             status,
             summary,
         )
@@ -231,10 +231,6 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
         "sidecar": str(out_dir / info.sidecar.name),
         "tensorrt": info.tensorrt,
     }
-
-
-def _node_count(graph: gs.Graph) -> int:
-    return len(graph.nodes) + sum(len(sub.nodes) for sub in graph.subgraphs(recursive=True))
 
 
 def _write_reports(report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path) -> None:

@@ -145,9 +145,9 @@ def sanitize(
 
 
 def _constants_to_initializers(graph: gs.Graph) -> int:
-    before = _node_count(graph)
+    before = gsmodel.count_nodes(graph)
     edit.constants_to_initializers(graph)
-    return before - _node_count(graph)
+    return before - gsmodel.count_nodes(graph)
 
 
 def _drop_initializer_inputs(graph: gs.Graph) -> int:
@@ -273,7 +273,7 @@ def _replace_input(node: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
 
 
 def _remove_unused(graph: gs.Graph) -> int:
-    before = _node_count(graph) + _initializer_count(graph) + len(graph.functions)
+    before = gsmodel.count_nodes(graph) + _initializer_count(graph) + len(graph.functions)
     graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=True)
     used = _used_ops(graph)
     changed = True
@@ -288,7 +288,7 @@ def _remove_unused(graph: gs.Graph) -> int:
                         used.add(op_key)
                         changed = True
     graph.functions = [f for f in graph.functions if (f.domain or "", f.name) in used]
-    return before - (_node_count(graph) + _initializer_count(graph) + len(graph.functions))
+    return before - (gsmodel.count_nodes(graph) + _initializer_count(graph) + len(graph.functions))
 
 
 def _remove_unused_opsets(graph: gs.Graph) -> int:
@@ -378,10 +378,6 @@ def _op_counts(graph: gs.Graph):
             domain = node.domain or ""
             counts[node.op if domain in _STANDARD else f"{domain}::{node.op}"] += 1
     return counts
-
-
-def _node_count(graph: gs.Graph) -> int:
-    return sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
 
 
 def _initializer_count(graph: gs.Graph) -> int:

@@ -155,3 +155,26 @@ def test_parse_shape():
 def test_static_backend_cannot_build(dynamic_model, tmp_path):
     with pytest.raises(GskitError, match="needs TensorRT"):
         build_engine(dynamic_model, tmp_path / "m.engine", backend="static")
+
+
+def test_python_plugin_modules_load_once_with_siblings_and_name_a_broken_file(tmp_path) -> None:
+    """The loader both the parent and the TensorRT worker use: package context, once per process, one line."""
+    import sys
+
+    from gskit.backends.trt import PluginFiles, load_plugin_files
+
+    good = tmp_path / "good_plugin"
+    good.mkdir()
+    (good / "helper.py").write_text("CALLS = []\n")
+    (good / "trt_plugin.py").write_text("from .helper import CALLS\nCALLS.append(1)\n")
+    for _ in range(2):
+        load_plugin_files(PluginFiles((), (good / "trt_plugin.py",)))
+    assert sys.modules["gskit_trt_plugin_0_good_plugin.helper"].CALLS == [1]  # imported once
+
+    broken = tmp_path / "broken_plugin"
+    broken.mkdir()
+    (broken / "trt_plugin.py").write_text("raise RuntimeError('boom')\n")
+    message = r"broken_plugin/trt_plugin\.py: cannot import TensorRT plugin: .*boom"
+    with pytest.raises(GskitError, match=message):
+        load_plugin_files(PluginFiles((), (broken / "trt_plugin.py",)))
+    assert "gskit_trt_plugin_0_broken_plugin" not in sys.modules

@@ -223,23 +223,9 @@ def run_engine(
 
 def load_plugin_files(files: PluginFiles) -> None:
     """Load plugin libraries and import Python plugin modules into this process (full TensorRT)."""
-    import ctypes
+    from gskit.backends.trt_worker import load_plugins
 
-    for library in files.libraries:
-        ctypes.CDLL(str(library))
-    for index, module_path in enumerate(files.modules):
-        name = f"gskit_trt_plugin_{index}_{module_path.parent.name}"
-        if name in sys.modules:
-            continue
-        spec = importlib.util.spec_from_file_location(name, module_path)
-        if spec is None or spec.loader is None:
-            raise GskitError(f"{module_path}: cannot be imported as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as err:  # user code: name the file
-            del sys.modules[name]
-            raise GskitError(
-                f"{module_path}: cannot import TensorRT plugin: {type(err).__name__}: {err}"
-            ) from err
+    try:
+        load_plugins(files.libraries, files.modules)
+    except ImportError as err:
+        raise GskitError(str(err)) from err

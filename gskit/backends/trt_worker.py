@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
     if flavour not in FLAVOURS:
         raise SystemExit(f"unknown TensorRT flavour {flavour!r}")
     trt = importlib.import_module(flavour)
-    _load_plugins(request.get("plugin_libraries", ()), request.get("plugin_modules", ()))
+    load_plugins(request.get("plugin_libraries", ()), request.get("plugin_modules", ()))
     task = request["task"]
     result: dict[str, Any] = {"flavour": flavour, "version": trt.__version__}
     if task == "check":
@@ -49,21 +50,36 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _load_plugins(libraries: list[str], modules: list[str]) -> None:
-    """Load C++ plugin libraries (their static registration runs) and import Python plugin modules."""
+def load_plugins(libraries: Sequence[str | os.PathLike], modules: Sequence[str | os.PathLike]) -> None:
+    """Load C++ plugin libraries (their static registration runs) and import Python plugin modules.
+
+    Shared with the parent process (``gskit.backends.trt.load_plugin_files``); it imports only the standard
+    library, so the parent can call it without this module's TensorRT imports. A module is imported once
+    per process, with its folder as package path so that it may import its siblings.
+
+    Raises:
+        ImportError: a module cannot be imported; the message names the file and the cause.
+    """
     for library in libraries:
-        ctypes.CDLL(library)
+        ctypes.CDLL(str(library))
     for index, path in enumerate(modules):
         module_path = Path(path)
         name = f"gskit_trt_plugin_{index}_{module_path.parent.name}"
+        if name in sys.modules:
+            continue
         spec = importlib.util.spec_from_file_location(
             name, module_path, submodule_search_locations=[str(module_path.parent)]
         )
         if spec is None or spec.loader is None:
-            raise SystemExit(f"{module_path}: cannot be imported as a Python module")
+            raise ImportError(f"{module_path}: cannot be imported as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # user code: name the file
+            del sys.modules[name]
+            cause = f"{type(err).__name__}: {err}"
+            raise ImportError(f"{module_path}: cannot import TensorRT plugin: {cause}") from err
 
 
 def _parser(trt: Any) -> tuple[Any, Any, Any]:
