@@ -29,6 +29,16 @@ COMMANDS = (
 )
 
 
+def add_plugins_option(parser: argparse.ArgumentParser, purpose: str = "") -> None:
+    """``--plugins DIR`` (repeatable): plugin folders; by default ``$GSKIT_PLUGINS`` or plugins/."""
+    parser.add_argument(
+        "--plugins",
+        action="append",
+        metavar="DIR",
+        help=f"plugin folder{purpose} (repeatable; default: $GSKIT_PLUGINS or plugins/)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gskit", description="Prepare ONNX models for TensorRT (plugins, folding, checks, comparison)."

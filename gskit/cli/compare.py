@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from gskit import report
+from gskit.cli import add_plugins_option
 from gskit.compare import COMPARE_BACKENDS, CompareReport, compare
 from gskit.compare_layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
 from gskit.compare_plugins import PluginCompareReport, compare_plugins
@@ -65,12 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME:DIMS",
         help="input shape for random inputs, e.g. x:1x3x224x224",
     )
-    parser.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help="plugin folder (repeatable; default: $GSKIT_PLUGINS or plugins/)",
-    )
+    add_plugins_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 

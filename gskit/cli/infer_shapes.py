@@ -6,6 +6,7 @@ import argparse
 
 from gskit import model as gsmodel
 from gskit import report
+from gskit.cli import add_plugins_option
 from gskit.plugin import load_plugins
 from gskit.shapes import infer_shapes, missing_shapes
 
@@ -19,12 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="input .onnx")
     parser.add_argument("-o", "--output", required=True, help="output .onnx (must differ from the input)")
-    parser.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help="plugin folder (repeatable; default: $GSKIT_PLUGINS or plugins/)",
-    )
+    add_plugins_option(parser)
     parser.add_argument(
         "--no-strict", dest="strict", action="store_false", help="skip nodes whose inference fails"
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
+from gskit.cli import add_plugins_option
 from gskit.isolate import isolate
 from gskit.model import load, resolve_output, save, to_graph
 from gskit.plugin import load_plugins
@@ -31,12 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--outputs", type=_names, required=True, help="comma-separated tensor names that become the outputs"
     )
     parser.add_argument("-o", "--output", required=True, help="the subgraph's .onnx file")
-    parser.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help="plugin folder, for plugin output types (repeatable; default: $GSKIT_PLUGINS or plugins/)",
-    )
+    add_plugins_option(parser, ", for plugin output types")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from gskit import report
+from gskit.cli import add_plugins_option
 from gskit.plugin import REQUIRED, load_plugins, plugin_files
 
 
@@ -26,12 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plugin", help="list the plugins gskit finds", description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="namespace, name, version, attributes and implementations")
-    listing.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help="plugin folder (repeatable; default: $GSKIT_PLUGINS or plugins/)",
-    )
+    add_plugins_option(listing)
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=run)
     _add_new_parser(actions)

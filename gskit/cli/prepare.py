@@ -8,6 +8,7 @@ import time
 
 from rich.markup import escape
 
+from gskit.cli import add_plugins_option
 from gskit.prepare import PrepareReport, StepResult, default_recipe, prepare
 from gskit.recipe import load_recipe
 from gskit.report import console, print_json, table
@@ -24,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="the ONNX model to prepare")
     p.add_argument("-o", "--output", metavar="OUTDIR", help="output folder")
     p.add_argument("--recipe", metavar="RECIPE.yaml", help="steps and options (see --print-default-recipe)")
-    p.add_argument("--plugins", metavar="DIR", action="append", help="plugin folder (repeatable)")
+    add_plugins_option(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--print-default-recipe", action="store_true", help="print the default recipe and exit")
     p.set_defaults(func=run)

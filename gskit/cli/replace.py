@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from gskit.cli import add_plugins_option
 from gskit.model import load, resolve_output, save, to_graph
 from gskit.patterns import ReplaceReport, replace
 from gskit.plugin import load_plugins
@@ -28,9 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the model")
-    parser.add_argument(
-        "--plugins", action="append", metavar="DIR", help="plugin folder (repeatable); default: plugins/"
-    )
+    add_plugins_option(parser)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="use only these plugins (spec names)")
     parser.add_argument(
         "--keep-function",
