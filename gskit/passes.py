@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import onnx_graphsurgeon as gs
 
+from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.plugin import PluginRegistry
 
@@ -165,12 +166,29 @@ class RunState:
     original_path: Path
     registry: PluginRegistry
     plugin_dirs: tuple[Path, ...] | None
-    snapshot: Callable[[], Path]
-    engine_path: Path
+    work_dir: Path
     replaced: list[Any] = field(default_factory=list)
     comparison: Any = None
     trt_report: Any = None
     engine: Any = None
+    _snapshot: Path | None = field(default=None, repr=False)
+    _snapshots_taken: int = field(default=0, repr=False)
+
+    @property
+    def engine_path(self) -> Path:
+        return self.work_dir / "model.engine"
+
+    def snapshot(self) -> Path:
+        """The current graph saved as a file, for steps that read files; saved again only after a change."""
+        if self._snapshot is None:
+            self._snapshots_taken += 1
+            target = self.work_dir / f"step{self._snapshots_taken}" / "model.onnx"
+            self._snapshot = gsmodel.save(self.graph.copy(), target)
+        return self._snapshot
+
+    def graph_changed(self) -> None:
+        """Called after every transform step: the next check step must see the graph as it is now."""
+        self._snapshot = None
 
 
 def run_sanitize(state: RunState, options: SanitizeOptions) -> tuple[str, Any]:
@@ -273,7 +291,6 @@ def run_fold(state: RunState, options: FoldOptions) -> tuple[str, Any]:
 
 def run_convert(state: RunState, options: ConvertOptions) -> tuple[str, Any]:
     from gskit import convert
-    from gskit import model as gsmodel
 
     done = []
     if options.opset is not None:

@@ -121,10 +121,8 @@ def prepare(
             original_path=model_path,
             registry=registry,
             plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
-            snapshot=_Snapshots(work),
-            engine_path=work / ENGINE_NAME,
+            work_dir=work,
         )
-        state.snapshot.bind(state)
         try:
             _run_steps(recipe, state, report, listener)
             report.prepared_model = str(gsmodel.save(state.graph, final_model))
@@ -161,7 +159,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
             where = f" (recipe line {step.line})" if step.line else ""
             raise GskitError(f"step '{step.name}'{where} failed: {err}") from err
         if step.name not in CHECK_STEPS:
-            state.snapshot.invalidate()
+            state.graph_changed()
         status = "ok"
         if summary.startswith("skipped: "):
             status, summary = "skipped", summary.removeprefix("skipped: ")
@@ -186,30 +184,6 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     for region in state.replaced:
         counts[region.plugin] = counts.get(region.plugin, 0) + 1
     report.plugins_inserted = counts
-
-
-class _Snapshots:
-    """The current graph saved as a file, for steps that read files; saved again only after a change."""
-
-    def __init__(self, work: Path) -> None:
-        self._work = work
-        self._state: RunState | None = None
-        self._path: Path | None = None
-        self._count = 0
-
-    def bind(self, state: RunState) -> None:
-        self._state = state
-
-    def invalidate(self) -> None:
-        self._path = None
-
-    def __call__(self) -> Path:
-        if self._path is None:
-            assert self._state is not None
-            self._count += 1
-            target = self._work / f"step{self._count}" / MODEL_NAME
-            self._path = gsmodel.save(self._state.graph.copy(), target)
-        return self._path
 
 
 def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
