@@ -23,6 +23,9 @@ from gskit.plugin import PluginRegistry
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-5
 
+#: Field metadata of options that name a file: a recipe file's relative paths resolve against its folder.
+FILE_PATH = {"file_path": True}
+
 
 @dataclass(frozen=True)
 class SanitizeOptions:
@@ -108,7 +111,7 @@ class ValidateOptions:
     rtol: float = DEFAULT_RTOL
     seed: int = 0
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    inputs: str | None = None
+    inputs: str | None = field(default=None, metadata=FILE_PATH)
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class BuildOptions:
 
     compute_capability: str | None = None
     shapes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
-    timing_cache: str | None = None
+    timing_cache: str | None = field(default=None, metadata=FILE_PATH)
     required: bool = False
 
 

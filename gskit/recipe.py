@@ -11,6 +11,8 @@ A recipe looks like::
 
 Each step name must be one that ``gskit.passes.STEPS`` defines, and each option one of that step's option
 dataclass fields, with a value of the field's type. Errors name the file and line of the culprit.
+Options that name a file (``validate.inputs``, ``build.timing_cache``) are relative to the recipe file's
+folder, so a recipe and its inputs can move together; ``parse_recipe`` text keeps them as written.
 """
 
 from __future__ import annotations
@@ -67,11 +69,20 @@ def load_recipe(path: str | os.PathLike, registry: dict[str, type] | None = None
         text = path.read_text()
     except OSError as err:
         raise GskitError(f"{path}: cannot read recipe: {err.strerror}") from err
-    return parse_recipe(text, source=str(path), registry=registry)
+    return parse_recipe(text, source=str(path), registry=registry, base_dir=path.parent)
 
 
-def parse_recipe(text: str, *, source: str = "<recipe>", registry: dict[str, type] | None = None) -> Recipe:
+def parse_recipe(
+    text: str,
+    *,
+    source: str = "<recipe>",
+    registry: dict[str, type] | None = None,
+    base_dir: str | os.PathLike | None = None,
+) -> Recipe:
     """Validate recipe text; ``registry`` maps step names to option dataclasses (default: gskit.passes).
+
+    ``base_dir``: where relative file options (fields with ``file_path`` metadata) resolve; None keeps
+    them as written (relative to the working directory).
 
     Raises:
         GskitError: the text is not YAML, has no steps or a key twice, or a step or option is unknown or of
@@ -100,7 +111,8 @@ def parse_recipe(text: str, *, source: str = "<recipe>", registry: dict[str, typ
         raise GskitError(f"{_where(source, steps_node or root)}: 'steps' must be a list")
     if not steps_node.value:
         raise GskitError(f"{_where(source, steps_node)}: 'steps' is empty; list at least one step")
-    steps = tuple(_parse_step(node, source, registry) for node in steps_node.value)
+    base = Path(base_dir) if base_dir is not None else None
+    steps = tuple(_parse_step(node, source, registry, base) for node in steps_node.value)
     return Recipe(steps=steps, source=source)
 
 
@@ -110,7 +122,7 @@ def make_recipe(entries: list[tuple[str, dict[str, Any]]], registry: dict[str, t
     return parse_recipe(text, source="<python>", registry=registry)
 
 
-def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> RecipeStep:
+def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: Path | None) -> RecipeStep:
     if isinstance(node, yaml.ScalarNode):
         name, options_node = node.value, None
     elif isinstance(node, yaml.MappingNode) and len(node.value) == 1:
@@ -142,9 +154,10 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type]) -> Reci
                     f"{_where(source, value_node)}: {name}.{option}: cannot read the value: "
                     f"{getattr(err, 'problem', err)}"
                 ) from err
-            values[option] = _check_type(
-                value, hints[option], f"{_where(source, value_node)}: {name}.{option}"
-            )
+            value = _check_type(value, hints[option], f"{_where(source, value_node)}: {name}.{option}")
+            if base is not None and fields[option].metadata.get("file_path") and isinstance(value, str):
+                value = str(base / value)  # an absolute value stays as it is
+            values[option] = value
     try:
         options = cls(**values)
     except (TypeError, ValueError) as err:

@@ -6,15 +6,23 @@ import argparse
 import hashlib
 import importlib.util
 import json
+from pathlib import Path
 
 import onnx
 import pytest
 from conftest import parse_model
 
-from gskit.backends.trt_build import DYNAMIC_DIM_DEFAULT, build_engine, derive_profile, sidecar_path
+from gskit.backends.trt_build import (
+    DYNAMIC_DIM_DEFAULT,
+    build_engine,
+    check_python_plugin_inputs,
+    derive_profile,
+    sidecar_path,
+)
 from gskit.cli import build as build_cli
 from gskit.errors import GskitError
 
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
 
 DYNAMIC = """
@@ -178,3 +186,31 @@ def test_python_plugin_modules_load_once_with_siblings_and_name_a_broken_file(tm
     with pytest.raises(GskitError, match=message):
         load_plugin_files(PluginFiles((), (broken / "trt_plugin.py",)))
     assert "gskit_trt_plugin_0_broken_plugin" not in sys.modules
+
+
+def _deform_conv_model(n_inputs: int) -> onnx.ModelProto:
+    names = ["x", "w", "offset", "bias", "mask"][:n_inputs]
+    inputs = ", ".join(f"float[1, 1, 1, 1] {n}" for n in names)
+    attrs = 'plugin_namespace: string = "gskit", plugin_version: string = "1"'
+    return parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17, "gskit" : 1]>
+        g ({inputs}) => (float[1, 1, 1, 1] y) {{
+            y = gskit.DeformConv2d <{attrs}> ({", ".join(names)})
+        }}
+        """
+    )
+
+
+@pytest.mark.parametrize("n_inputs", [3, 4])
+def test_python_plugin_refuses_nodes_without_optional_inputs(n_inputs: int) -> None:
+    """tensorrt.plugin takes a fixed input count: a short node is named before TensorRT fails on it."""
+    module = PLUGINS / "deform_conv2d" / "trt_plugin.py"
+    with pytest.raises(GskitError, match=rf"has {n_inputs} inputs.*takes all 5.*C\+\+ plugin library"):
+        check_python_plugin_inputs(_deform_conv_model(n_inputs), [module])
+
+
+def test_python_plugin_takes_nodes_with_every_input_and_libraries_take_any() -> None:
+    module = PLUGINS / "deform_conv2d" / "trt_plugin.py"
+    check_python_plugin_inputs(_deform_conv_model(5), [module])
+    check_python_plugin_inputs(_deform_conv_model(3), [])  # a C++ library (not a module) takes 3 to 5

@@ -296,3 +296,16 @@ def test_rtx_cuts_plugin_nodes_typed_by_their_spec(tmp_path, swish_plugin_dir):
     ]
     assert any("cut out" in note for note in report.notes)
     assert any("#2 Sigmoid" in p.nodes for p in report.partitions)
+
+
+def test_cli_plugins_option_repeats_like_the_other_commands(tmp_path, capsys):
+    """`--plugins A --plugins B` (as in replace/compare/prepare); each folder is checked to exist."""
+    path = _save(tmp_path, PLUGIN_AND_UNIQUE)
+    other = tmp_path / "other"
+    other.mkdir()
+    argv = ["check-trt", str(path), "--plugins", str(tmp_path), "--plugins", str(other)]
+    argv += ["--backend", "static"]
+    assert _cli([*argv, "--json"]) == 1
+    capsys.readouterr()
+    with pytest.raises(GskitError, match="no such file or folder: .*missing"):
+        _cli([*argv, "--plugins", str(tmp_path / "missing")])

@@ -190,3 +190,19 @@ def test_custom_registry() -> None:
     assert recipe.steps[0].options == Opts(level=3, names=("a",))
     with pytest.raises(GskitError, match="unknown step 'fold'; known steps: mine"):
         parse_recipe("steps: [fold]\n", registry={"mine": Opts})
+
+
+def test_file_options_resolve_against_the_recipe_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    absolute = tmp_path / "elsewhere" / "cache.bin"
+    path = folder / "r.yaml"
+    path.write_text(
+        f"steps:\n  - validate: {{inputs: data/feeds.npz}}\n  - build: {{timing_cache: {absolute}}}\n"
+    )
+    validate, build = load_recipe(path).steps
+    assert Path(validate.options.inputs) == folder / "data" / "feeds.npz"
+    assert Path(build.options.timing_cache) == absolute
+    # Text without a file keeps paths as written (the caller's working directory decides).
+    parsed = parse_recipe("steps:\n  - validate: {inputs: data/feeds.npz}\n")
+    assert parsed.steps[0].options.inputs == "data/feeds.npz"

@@ -27,9 +27,10 @@ from typing import Any
 import onnx
 
 from gskit import model as gsmodel
-from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker
+from gskit.backends.trt import TRT_PLUGIN_MODULE, find_plugin_files, resolve_backend, run_worker
 from gskit.backends.trt_check import is_plugin_node, plugin_key
 from gskit.errors import GskitError
+from gskit.plugin import PluginSpec, load_spec_file
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def build_engine(
     files = find_plugin_files(plugins)
     if files and flavour == "tensorrt_rtx":
         raise GskitError("TensorRT-RTX cannot load custom plugins; drop --plugins or use full TensorRT")
+    check_python_plugin_inputs(model, files.modules)
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_fd, tmp_name = tempfile.mkstemp(prefix=f".{engine_path.name}.", suffix=".tmp", dir=engine_path.parent)
     os.close(tmp_fd)
@@ -217,6 +219,39 @@ def derive_profile(
             tuple(d if d is not None else DYNAMIC_DIM_DEFAULT[k] for d in dims) for k in range(3)
         )
     return profile if dynamic else {}
+
+
+def check_python_plugin_inputs(model: onnx.ModelProto, modules: Sequence[Path]) -> None:
+    """Refuse plugin nodes that leave out optional inputs when a ``trt_plugin.py`` implements them.
+
+    ``tensorrt.plugin`` plugins take a fixed input count, so a node of a spec with ``bias?`` / ``mask?``
+    must pass all of them; otherwise TensorRT fails deep in the parser. Only C++ plugins take fewer.
+
+    Raises:
+        GskitError: naming the node, its input count, the count the Python plugin takes and what to do.
+    """
+    specs: dict[tuple[str, str], tuple[PluginSpec, Path]] = {}
+    for module in modules:
+        spec_file = module.parent / "spec.py"
+        if module.name == TRT_PLUGIN_MODULE and spec_file.is_file():
+            for spec in load_spec_file(spec_file):
+                specs[(spec.namespace, spec.name)] = spec, module
+    if not specs:
+        return
+    functions = {(f.domain, f.name) for f in model.functions}
+    for index, node in enumerate(model.graph.node):
+        if not is_plugin_node(node, functions):
+            continue
+        namespace, name, _ = plugin_key(node)
+        spec, module = specs.get((namespace, name), (None, None))
+        if spec is None or len(node.input) >= len(spec.inputs):
+            continue
+        raise GskitError(
+            f"node '{node.name or f'#{index}'}' ({namespace}::{name}) has {len(node.input)} inputs, but the "
+            f"Python plugin {module} takes all {len(spec.inputs)} "
+            f"({', '.join(spec.inputs)}); pass a C++ plugin library built for it (--plugins lib.so), or "
+            "give the node every input"
+        )
 
 
 def _plugin_names(model: onnx.ModelProto) -> list[str]:

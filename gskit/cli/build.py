@@ -20,10 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="ENGINE", help="engine file to write")
     parser.add_argument(
         "--plugins",
-        nargs="+",
+        action="append",
         default=[],
         metavar="DIR_OR_SO",
-        help="plugin libraries (.so), trt_plugin.py modules or plugin folders (full TensorRT)",
+        help="a plugin library (.so), trt_plugin.py module or plugin folder (repeatable; full TensorRT)",
     )
     parser.add_argument(
         "--shape",

@@ -1,4 +1,4 @@
-"""``gskit check-trt MODEL [--plugins DIR ...] [--json]``: nodes TensorRT's parser will not take."""
+"""``gskit check-trt MODEL [--plugins DIR]... [--json]``: nodes TensorRT's parser will not take."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument(
         "--plugins",
-        nargs="+",
+        action="append",
         metavar="DIR",
         default=None,
-        help="plugin folders (gskit specs, trt_plugin.py, .so libraries); default: gskit's plugins/",
+        help="a plugin folder (gskit specs, trt_plugin.py, .so libraries); repeatable; default: plugins/",
     )
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what answers (default: auto)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
