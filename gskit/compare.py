@@ -425,9 +425,12 @@ def _first_line(err: Exception) -> str:
 
 @contextmanager
 def quiet_polygraphy() -> Iterator[None]:
-    """Polygraphy logs to stdout; keep it to errors (or gskit's debug level) while comparing."""
+    """Polygraphy logs to stdout; silence it (gskit's debug level: verbose) while comparing.
+
+    Its critical messages still arrive, as the ``PolygraphyException`` that gskit turns into one line.
+    """
     from polygraphy.logger import G_LOGGER
 
-    severity = G_LOGGER.VERBOSE if log.isEnabledFor(logging.DEBUG) else G_LOGGER.CRITICAL
+    severity = G_LOGGER.VERBOSE if log.isEnabledFor(logging.DEBUG) else G_LOGGER.CRITICAL + 1
     with G_LOGGER.verbosity(severity):
         yield

@@ -53,7 +53,11 @@ def random_feeds(
             continue
         if tensor.dtype is None:
             raise GskitError(f"input '{tensor.name}' has no dtype; set it with `gskit edit --input-dtype`")
-        shape = shapes.get(tensor.name) or _concrete_shape(tensor, dim_values)
+        shape = shapes.get(tensor.name)
+        if shape is None:
+            shape = _concrete_shape(tensor, dim_values)
+        else:
+            _check_fits(tensor, tuple(shape))
         feeds[tensor.name] = random_array(rng, np.dtype(_np_dtype(tensor.dtype)), shape)
     return feeds
 
@@ -138,6 +142,24 @@ def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     except ValueError as err:
         raise GskitError(f"--shape {text!r}: expected NAME:DIMS like input:1x3x224x224") from err
     return name, shape
+
+
+def _check_fits(tensor: gs.Variable, shape: tuple[int, ...]) -> None:
+    """A ``--shape`` keeps the rank and fixed dims of its input; name the dim that differs, early."""
+    if tensor.shape is None:
+        return
+    declared = "[" + ", ".join(str(d) for d in tensor.shape) + "]"
+    if len(shape) != len(tensor.shape):
+        raise GskitError(
+            f"--shape {tensor.name}:{'x'.join(map(str, shape))} has rank {len(shape)}, but input "
+            f"'{tensor.name}' is {declared}"
+        )
+    for axis, (given, dim) in enumerate(zip(shape, tensor.shape, strict=True)):
+        if isinstance(dim, int) and dim >= 0 and given != dim:
+            raise GskitError(
+                f"--shape {tensor.name}:{'x'.join(map(str, shape))} sets dim {axis} to {given}, but input "
+                f"'{tensor.name}' is {declared} (dim {axis} is fixed at {dim})"
+            )
 
 
 def _concrete_shape(tensor: gs.Variable, dim_values: Mapping[str, int]) -> tuple[int, ...]:

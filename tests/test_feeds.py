@@ -1,0 +1,48 @@
+"""Random inputs: shapes from the model, ``--shape`` overrides checked against the model's fixed dims."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import parse_model
+
+from gskit.errors import GskitError
+from gskit.feeds import random_feeds
+
+MODEL = parse_model(
+    """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, 4, 8] x, int64[3] idx) => (float[batch, 4, 8] y) { y = Identity(x) }
+    """
+)
+
+
+def test_symbolic_dims_take_dim_values_and_dtypes_follow_the_model() -> None:
+    feeds = random_feeds(MODEL, dim_values={"batch": 3}, seed=1)
+    assert feeds["x"].shape == (3, 4, 8) and feeds["x"].dtype == np.float32
+    assert feeds["idx"].dtype == np.int64 and feeds["idx"].min() >= 0
+    np.testing.assert_array_equal(random_feeds(MODEL, dim_values={"batch": 3}, seed=1)["x"], feeds["x"])
+
+
+def test_shape_override_may_set_symbolic_dims() -> None:
+    assert random_feeds(MODEL, {"x": (5, 4, 8)})["x"].shape == (5, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        (
+            (5, 4, 9),
+            r"--shape x:5x4x9 sets dim 2 to 9, but input 'x' is \[batch, 4, 8\] \(dim 2 is fixed at 8\)",
+        ),
+        ((5, 4), r"--shape x:5x4 has rank 2, but input 'x' is \[batch, 4, 8\]"),
+    ],
+)
+def test_shape_override_that_does_not_fit_is_named(shape: tuple[int, ...], message: str) -> None:
+    with pytest.raises(GskitError, match=message):
+        random_feeds(MODEL, {"x": shape})
+
+
+def test_unknown_input_is_named() -> None:
+    with pytest.raises(GskitError, match=r"unknown input\(s\) \['z'\]; model inputs are \['idx', 'x'\]"):
+        random_feeds(MODEL, {"z": (1,)})
