@@ -1,10 +1,16 @@
 """GPU kernels of the plugins against PyTorch eager and against the memory-bandwidth floor.
 
-For each kernel and dtype: median time of the gskit kernel, of the PyTorch eager equivalent (and of
+For each kernel and dtype: median time of the gskit kernel, of the PyTorch eager equivalent (``F.silu``,
+``F.rms_norm``, ``F.layer_norm``; for DeformConv2d the plain-tensor-op version in ``bench/eager.py``, and
 torchvision's ``deform_conv2d`` when importable), and the floor ``(bytes read + bytes written) / peak``,
 where the peak bandwidth comes from a device-to-device copy benchmark on the same GPU. Ratios > 1 mean
-slower than the other column. Run: ``python bench/kernels.py [--reps 50] [--json]`` (needs a CUDA GPU,
-torch and Triton).
+slower than the other column.
+
+Goals (issue 8): a memory-bound kernel (ClampSwish, RMSNorm, LayerNorm) within ``FLOOR_GOAL`` of the floor,
+and every kernel no slower than PyTorch eager. DeformConv2d does ``C_in * kH * kW`` multiply-adds per
+output, so its floor ratio is reported but not judged. The ``goal`` column says which goal a row misses.
+Run: ``python bench/kernels.py [--reps 50] [--json]`` (needs a CUDA GPU, torch and Triton); exit 1 when a
+goal is missed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: Bytes copied by the bandwidth benchmark.
 COPY_BYTES = 1 << 30
+#: A memory-bound kernel may take at most this many times its bandwidth floor.
+FLOOR_GOAL = 1.5
+#: And at most this many times PyTorch eager.
+EAGER_GOAL = 1.0
 
 
 def time_ms(fn: Callable[[], Any], reps: int, warmup: int = 5) -> float:
@@ -55,6 +65,7 @@ def cases(dtype: Any) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
+    from bench.eager import deform_conv2d as eager_deform_conv2d
     from plugins.clamp_swish.kernel import clamp_swish
     from plugins.deform_conv2d.kernel import deform_conv2d
     from plugins.layer_norm.kernel import layer_norm
@@ -68,7 +79,7 @@ def cases(dtype: Any) -> list[dict[str, Any]]:
     y = torch.empty_like(x)
     found.append(dict(
         name="ClampSwish", shape=tuple(x.shape), gskit=lambda: clamp_swish(x, y),
-        eager={"torch": lambda: F.silu(x.clamp(min=0))}, tensors=[x, y],
+        eager={"torch": lambda: F.silu(x.clamp(min=0))}, tensors=[x, y], memory_bound=True,
     ))  # fmt: skip
     for cols in (768, 4096):
         xn, w, b = rand(16384, cols), rand(cols), rand(cols)
@@ -77,19 +88,21 @@ def cases(dtype: Any) -> list[dict[str, Any]]:
             name="RMSNorm", shape=tuple(xn.shape),
             gskit=lambda xn=xn, w=w, yn=yn: rms_norm(xn, w, yn, epsilon=1e-5),
             eager={"torch": lambda xn=xn, w=w: F.rms_norm(xn, (xn.shape[-1],), w, eps=1e-5)},
-            tensors=[xn, w, yn],
+            tensors=[xn, w, yn], memory_bound=True,
         ))  # fmt: skip
         found.append(dict(
             name="LayerNorm", shape=tuple(xn.shape),
             gskit=lambda xn=xn, w=w, b=b, yn=yn: layer_norm(xn, w, b, yn, epsilon=1e-5),
             eager={"torch": lambda xn=xn, w=w, b=b: F.layer_norm(xn, (xn.shape[-1],), w, b, eps=1e-5)},
-            tensors=[xn, w, b, yn],
+            tensors=[xn, w, b, yn], memory_bound=True,
         ))  # fmt: skip
     xd, wd, bd = rand(8, 64, 64, 64), rand(64, 64, 3, 3), rand(64)
     off, mask = rand(8, 18, 64, 64), torch.rand(8, 9, 64, 64, dtype=dtype, device="cuda")
     yd = torch.empty(8, 64, 64, 64, dtype=dtype, device="cuda")
     attrs = dict(strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, offset_group=1)
-    eager: dict[str, Callable[[], Any]] = {}
+    eager: dict[str, Callable[[], Any]] = {
+        "torch": lambda: eager_deform_conv2d(xd, wd, off, bd, mask, **attrs),
+    }
     try:
         from torchvision.ops import deform_conv2d as tv_deform_conv2d
 
@@ -99,9 +112,19 @@ def cases(dtype: Any) -> list[dict[str, Any]]:
     found.append(dict(
         name="DeformConv2d", shape=tuple(xd.shape),
         gskit=lambda: deform_conv2d(xd, wd, off, bd, mask, yd, **attrs),
-        eager=eager, tensors=[xd, wd, off, bd, mask, yd],
+        eager=eager, tensors=[xd, wd, off, bd, mask, yd], memory_bound=False,
     ))  # fmt: skip
     return found
+
+
+def goal_verdict(row: dict[str, Any]) -> str:
+    """``ok``, or the goals a result row misses (``> 1.5x floor``, ``slower than torch``)."""
+    missed = []
+    if row["memory_bound"] and row["gskit_over_floor"] > FLOOR_GOAL:
+        missed.append(f"> {FLOOR_GOAL}x floor")
+    if row.get("gskit_over_torch", 0.0) > EAGER_GOAL:
+        missed.append("slower than torch")
+    return "; ".join(missed) or "ok"
 
 
 def run(reps: int) -> dict[str, Any]:
@@ -122,6 +145,8 @@ def run(reps: int) -> dict[str, Any]:
             for label, fn in case["eager"].items():
                 row[f"{label}_ms"] = time_ms(fn, reps)
                 row[f"gskit_over_{label}"] = gskit_ms / row[f"{label}_ms"]
+            row["memory_bound"] = case["memory_bound"]
+            row["goal"] = goal_verdict(row)
             rows.append(row)
             del case
         torch.cuda.empty_cache()
@@ -150,11 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/kernels.py needs Triton: pip install triton", file=sys.stderr)
         return 2
     results = run(args.reps)
+    met = all(r["goal"] == "ok" for r in results["results"])
     if args.json:
         print(json.dumps(results, indent=2))
-        return 0
+        return 0 if met else 1
     print(f"{results['device']}: copy bandwidth {results['peak_GBps']:.0f} GB/s")
-    print(f"{'kernel':<13} {'dtype':<8} {'shape':<20} {'gskit ms':>9} {'floor ms':>9} {'/floor':>7}  eager")
+    print(
+        f"{'kernel':<13} {'dtype':<8} {'shape':<20} {'gskit ms':>9} {'floor ms':>9} {'/floor':>7}  "
+        f"{'goal':<28} eager"
+    )
     for r in results["results"]:
         eager = "  ".join(
             f"{k[:-3]} {r[k]:.3f} ms (x{r['gskit_over_' + k[:-3]]:.2f})"
@@ -163,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"{r['kernel']:<13} {r['dtype']:<8} {str(r['shape']):<20} {r['gskit_ms']:>9.3f} "
-            f"{r['floor_ms']:>9.3f} {r['gskit_over_floor']:>7.2f}  {eager or '-'}"
+            f"{r['floor_ms']:>9.3f} {r['gskit_over_floor']:>7.2f}  {r['goal']:<28} {eager or '-'}"
         )
-    return 0
+    print("all goals met" if met else "goals missed: see the goal column")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

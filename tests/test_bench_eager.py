@@ -1,0 +1,62 @@
+"""The benchmark's PyTorch eager DeformConv2d computes what the plugin's numpy reference computes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bench.eager import deform_conv2d  # noqa: E402
+
+_REFERENCE = Path(__file__).resolve().parents[1] / "plugins" / "deform_conv2d" / "reference.py"
+_spec = importlib.util.spec_from_file_location("_bench_eager_reference", _REFERENCE)
+reference = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reference)
+
+CASES = [
+    # (N, C, H, W), C_out, kernel, attributes, with mask, with bias
+    ((1, 4, 6, 7), 4, (3, 3), {}, True, True),
+    ((2, 6, 9, 5), 4, (3, 2), {"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2]}, True, False),
+    ((1, 8, 7, 7), 6, (3, 3), {"pads": [1, 1, 1, 1], "group": 2, "offset_group": 4}, False, True),
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("x_shape", "c_out", "kernel", "attrs", "with_mask", "with_bias"), CASES)
+def test_eager_deform_conv2d_matches_reference(x_shape, c_out, kernel, attrs, with_mask, with_bias) -> None:
+    """float32, rtol/atol 1e-4 (float32 sums vs the reference's float64); offsets reach outside the image."""
+    rng = np.random.default_rng(sum(x_shape))
+    n, c, h, w = x_shape
+    kh, kw = kernel
+    full = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1, "offset_group": 1}
+    full.update(attrs)
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = full["strides"], full["pads"], full["dilations"]
+    oh = reference.output_size(h, kh, sh, pt, pb, dh)
+    ow = reference.output_size(w, kw, sw, pl, pr, dw)
+    groups, offset_groups = full["group"], full["offset_group"]
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight = rng.standard_normal((c_out, c // groups, kh, kw)).astype(np.float32)
+    offset = (rng.standard_normal((n, offset_groups * kh * kw * 2, oh, ow)) * 2.5).astype(np.float32)
+    bias = rng.standard_normal(c_out).astype(np.float32) if with_bias else None
+    mask = rng.random((n, offset_groups * kh * kw, oh, ow)).astype(np.float32) if with_mask else None
+    expected = reference.deform_conv2d(x, weight, offset, bias, mask, **full)
+    tensors = [None if a is None else torch.from_numpy(a) for a in (x, weight, offset, bias, mask)]
+    got = deform_conv2d(*tensors, **full).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_goals_judge_floor_only_for_memory_bound_kernels() -> None:
+    from bench.kernels import goal_verdict
+
+    row = {"memory_bound": True, "gskit_over_floor": 1.4, "gskit_over_torch": 0.8}
+    assert goal_verdict(row) == "ok"
+    assert goal_verdict({**row, "gskit_over_floor": 1.6}) == "> 1.5x floor"
+    assert goal_verdict({**row, "gskit_over_floor": 1.6, "gskit_over_torch": 1.2}) == (
+        "> 1.5x floor; slower than torch"
+    )
+    assert goal_verdict({**row, "memory_bound": False, "gskit_over_floor": 9.0}) == "ok"
