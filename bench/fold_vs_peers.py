@@ -1,8 +1,9 @@
 """Node counts and times of gskit.fold against Polygraphy's fold (and onnxsim / onnxslim when importable).
 
-Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--json]`` (default: the nine light_*.onnx models shipped in
-the onnx wheel). Each tool folds a fresh copy of the model; ``peak_rss_mib`` is the process's peak RSS after the
-tool ran (monotonic, so read it for the first tool or run one model per process to compare memory).
+Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--json]`` (default: the nine light_*.onnx models
+shipped in the onnx wheel). Each tool folds a fresh copy of the model; ``peak_rss_mib`` is the process's
+peak RSS after the tool ran (monotonic, so read it for the first tool or run one model per process to
+compare memory).
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for n in names:
             r = row[n]
-            cells.append(f"{'error':>22}" if "error" in r else f"{r['nodes']:>8} in {r['seconds']:>7.2f}s    ")
+            cells.append(
+                f"{'error':>22}" if "error" in r else f"{r['nodes']:>8} in {r['seconds']:>7.2f}s    "
+            )
         print(f"{row['model']:<28}{row['nodes']:>7}" + "".join(cells))
     return 0
 

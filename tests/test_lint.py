@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ("gskit", "plugins", "tests", "scripts")
+PATHS = ("gskit", "plugins", "tests", "scripts", "bench")
 
 
 def _ruff() -> list[str]:

@@ -2,12 +2,15 @@
 
 The kernel's parameters are ordered (input pointers, int32 scalars, output pointers, constexprs), the
 calling convention of TensorRT's ahead-of-time Python plugins, so ``trt_plugin.py`` can hand the same
-kernel to TensorRT as PTX.
+kernel to TensorRT as PTX: :func:`aot_kernel` compiles it the way the plugin's ``aot_impl`` does,
+without TensorRT (tests/test_trt_aot_ptx.py checks the PTX on a CPU).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from gskit.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -32,6 +35,19 @@ def clamp_swish_kernel(x_ptr, n, y_ptr, BLOCK: tl.constexpr):
 def grid(n: int) -> tuple[int]:
     """Programs for ``n`` elements."""
     return (triton.cdiv(n, BLOCK),)
+
+
+def aot_kernel(dtype: str, target: Any | None = None) -> TritonPtx:
+    """The kernel as PTX for the plugin's ``aot_impl``: parameters ``(x_ptr, n, y_ptr)``.
+
+    Args:
+        dtype: Triton type of x and y (``fp32``, ``fp16``).
+        target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+
+    Raises:
+        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+    """
+    return triton_ptx(clamp_swish_kernel, {"x_ptr": dtype, "y_ptr": dtype}, {"BLOCK": BLOCK}, target=target)
 
 
 def clamp_swish(x: Any, out: Any | None = None) -> Any:

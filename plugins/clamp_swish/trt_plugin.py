@@ -12,7 +12,6 @@ from gskit.trt_plugin import (
     launch,
     load_plugin_folder,
     register_from_spec,
-    triton_ptx,
     triton_type,
 )
 
@@ -31,8 +30,7 @@ def impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any], stream: i
 
 
 def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    dtype = triton_type(inputs[0].dtype)
-    ptx = triton_ptx(kernel.clamp_swish_kernel, {"x_ptr": dtype, "y_ptr": dtype}, {"BLOCK": kernel.BLOCK})
+    ptx = kernel.aot_kernel(triton_type(inputs[0].dtype))
     import tensorrt.plugin as trtp
 
     n = inputs[0].shape_expr.numel()

@@ -6,8 +6,9 @@ tap's offset position by bilinear interpolation (zero outside the image), scales
 the weight column times the sample row to the tile. Samples are shared by the tile's output channels.
 
 Parameters are ordered (input pointers, int32 sizes, output pointer, constexprs), the calling convention
-of TensorRT's ahead-of-time Python plugins. Absent ``bias``/``mask`` are switched off by constexpr flags
-(any pointer may be passed in their place).
+of TensorRT's ahead-of-time Python plugins (:func:`aot_kernel` compiles it as the plugin's ``aot_impl``
+does, without TensorRT). Absent ``bias``/``mask`` are switched off by constexpr flags (any pointer may
+be passed in their place).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gskit.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -134,6 +137,38 @@ def constexprs(
         "HAS_BIAS": bool(has_bias), "HAS_MASK": bool(has_mask),
         "BLOCK_CO": int(block_co), "BLOCK_P": BLOCK_P,
     }  # fmt: skip
+
+
+def aot_kernel(
+    dtype: str,
+    weight_shape: Sequence[int],
+    *,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    group: int,
+    offset_group: int,
+    target: Any | None = None,
+) -> TritonPtx:
+    """The kernel as PTX for the plugin's ``aot_impl`` (bias and mask present: the plugin takes all five).
+
+    Parameters ``(x_ptr, w_ptr, off_ptr, b_ptr, m_ptr, N, C, H, W, C_OUT, OH, OW, y_ptr)``; the output
+    channels per program are ``constexprs["BLOCK_CO"]`` of the result.
+
+    Args:
+        dtype: Triton type of every tensor (``fp32``, ``fp16``).
+        weight_shape: ``(C_out, C/group, kH, kW)``, fixed at build time.
+        strides, pads, dilations, group, offset_group: the node's attributes.
+        target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+
+    Raises:
+        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+    """
+    c_out, _, kh, kw = (int(d) for d in weight_shape)
+    block_co = Geometry(1, 1, 1, 1, c_out, kh, kw, 1, 1).block_co(group)
+    meta = constexprs(kh, kw, strides, pads, dilations, group, offset_group, True, True, block_co)
+    names = ("x_ptr", "w_ptr", "off_ptr", "b_ptr", "m_ptr", "y_ptr")
+    return triton_ptx(deform_conv2d_kernel, dict.fromkeys(names, dtype), meta, target=target)
 
 
 def deform_conv2d(

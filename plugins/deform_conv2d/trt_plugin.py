@@ -19,7 +19,6 @@ from gskit.trt_plugin import (
     launch,
     load_plugin_folder,
     register_from_spec,
-    triton_ptx,
     triton_type,
 )
 
@@ -49,18 +48,13 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     w_dims = [weight.shape_expr[i] for i in range(4)]
     if any(d.is_fake or not d.is_constant for d in w_dims):
         raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed weight shape")
-    c_out, _, kh, kw = (d.constant_value() for d in w_dims)
+    w_shape = [d.constant_value() for d in w_dims]
     a = _attrs(attrs)
-    block_co = kernel.Geometry(1, 1, 1, 1, c_out, kh, kw, 1, 1).block_co(a["group"])
-    dtype = triton_type(x.dtype)
-    meta = kernel.constexprs(
-        kh, kw, a["strides"], a["pads"], a["dilations"], a["group"], a["offset_group"], True, True, block_co
-    )
-    names = ("x_ptr", "w_ptr", "off_ptr", "b_ptr", "m_ptr", "y_ptr")
-    ptx = triton_ptx(kernel.deform_conv2d_kernel, dict.fromkeys(names, dtype), meta)
+    ptx = kernel.aot_kernel(triton_type(x.dtype), w_shape, **a)
     n, c, h, w = (x.shape_expr[i] for i in range(4))
+    c_out = w_shape[0]
     oh, ow = outputs[0].shape_expr[2], outputs[0].shape_expr[3]
-    co_blocks = -(-(c_out // a["group"]) // block_co)
+    co_blocks = -(-(c_out // a["group"]) // ptx.constexprs["BLOCK_CO"])
     grid = [trtp.cdiv(oh * ow, kernel.BLOCK_P), n * (a["group"] * co_blocks)]
     return launch(ptx, grid=grid, scalars=[n, c, h, w, c_out, oh, ow])
 

@@ -4,6 +4,7 @@
 the row is read in chunks of ``BLOCK`` three times (mean, centred variance, output), which keeps the
 variance accurate for rows with a large mean. Parameters are ordered (input pointers, int32 scalars,
 output pointers, constexprs) for TensorRT's ahead-of-time Python plugins; ``epsilon`` is a constexpr.
+:func:`aot_kernel` compiles the kernel as the plugin's ``aot_impl`` does, without TensorRT.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from gskit.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -58,6 +61,23 @@ def block_size(cols: int) -> int:
 def epsilon_constant(epsilon: float) -> float:
     """``epsilon`` rounded to float32, as the ONNX attribute holds it."""
     return float(np.float32(epsilon))
+
+
+def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None) -> TritonPtx:
+    """The kernel as PTX for the plugin's ``aot_impl``: parameters ``(x_ptr, w_ptr, b_ptr, cols, y_ptr)``.
+
+    Args:
+        dtype: Triton type of every tensor (``fp32``, ``fp16``).
+        cols: x's last dim, fixed at build time (it sets the chunk length).
+        epsilon: the node's attribute.
+        target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+
+    Raises:
+        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+    """
+    pointers = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "y_ptr"), dtype)
+    constexprs = {"EPS": epsilon_constant(epsilon), "BLOCK": block_size(cols)}
+    return triton_ptx(layer_norm_kernel, pointers, constexprs, target=target)
 
 
 def layer_norm(x: Any, weight: Any, bias: Any, out: Any | None = None, *, epsilon: float = 1e-5) -> Any:

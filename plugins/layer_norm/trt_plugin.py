@@ -14,7 +14,6 @@ from gskit.trt_plugin import (
     launch,
     load_plugin_folder,
     register_from_spec,
-    triton_ptx,
     triton_type,
 )
 
@@ -37,12 +36,7 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     cols = x.shape_expr[x.ndim - 1]
     if cols.is_fake or not cols.is_constant:
         raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed last dim of x")
-    dtype = triton_type(x.dtype)
-    ptx = triton_ptx(
-        kernel.layer_norm_kernel,
-        {"x_ptr": dtype, "w_ptr": dtype, "b_ptr": dtype, "y_ptr": dtype},
-        {"EPS": kernel.epsilon_constant(attrs["epsilon"]), "BLOCK": kernel.block_size(cols.constant_value())},
-    )
+    ptx = kernel.aot_kernel(triton_type(x.dtype), cols.constant_value(), attrs["epsilon"])
     rows = x.shape_expr.numel() // cols
     return launch(ptx, grid=[rows], scalars=[cols])
 

@@ -3,7 +3,8 @@
 ``y = x / sqrt(mean(x^2) + epsilon) * weight``. Rows of any length: the row is read in chunks of
 ``BLOCK`` twice (sum of squares, then scaling). Parameters are ordered (input pointers, int32 scalars,
 output pointers, constexprs) for TensorRT's ahead-of-time Python plugins; ``epsilon`` is a constexpr
-(TensorRT passes only integer scalars to AOT kernels).
+(TensorRT passes only integer scalars to AOT kernels). :func:`aot_kernel` compiles the kernel as the
+plugin's ``aot_impl`` does, without TensorRT.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from gskit.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -49,6 +52,23 @@ def block_size(cols: int) -> int:
 def epsilon_constant(epsilon: float) -> float:
     """``epsilon`` rounded to float32, as the ONNX attribute holds it."""
     return float(np.float32(epsilon))
+
+
+def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None) -> TritonPtx:
+    """The kernel as PTX for the plugin's ``aot_impl``: parameters ``(x_ptr, w_ptr, cols, y_ptr)``.
+
+    Args:
+        dtype: Triton type of every tensor (``fp32``, ``fp16``).
+        cols: x's last dim, fixed at build time (it sets the chunk length).
+        epsilon: the node's attribute.
+        target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+
+    Raises:
+        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+    """
+    pointers = dict.fromkeys(("x_ptr", "w_ptr", "y_ptr"), dtype)
+    constexprs = {"EPS": epsilon_constant(epsilon), "BLOCK": block_size(cols)}
+    return triton_ptx(rms_norm_kernel, pointers, constexprs, target=target)
 
 
 def rms_norm(x: Any, weight: Any, out: Any | None = None, *, epsilon: float = 1e-5) -> Any:
