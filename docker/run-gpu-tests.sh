@@ -5,4 +5,4 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 image="${GSKIT_GPU_IMAGE:-gskit-gpu-ci:latest}"
 docker build -f "$repo/docker/Dockerfile" -t "$image" "$repo"
-exec docker run --rm --gpus all "$image" python3 -m pytest -m "trt or gpu" "$@"
+exec docker run --rm --gpus all "$image" python3 -m pytest -m "trt or gpu or cpp" "$@"

@@ -6,6 +6,8 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import onnx
@@ -186,6 +188,31 @@ def test_python_plugin_modules_load_once_with_siblings_and_name_a_broken_file(tm
     with pytest.raises(GskitError, match=message):
         load_plugin_files(PluginFiles((), (broken / "trt_plugin.py",)))
     assert "gskit_trt_plugin_0_broken_plugin" not in sys.modules
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_plugin_libraries_load_and_a_broken_one_is_named(tmp_path) -> None:
+    """Without full TensorRT a library is loaded with ctypes (its constructor runs); a bad one is one line."""
+    from gskit.backends.trt import PluginFiles, load_plugin_files
+
+    marker = tmp_path / "loaded.txt"
+    source = tmp_path / "plugin.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void on_load(void) {\n"
+        f'  FILE* f = fopen("{marker}", "a"); fputs("x", f); fclose(f);\n'
+        "}\n"
+    )
+    library = tmp_path / "libfake_plugin.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    for _ in range(2):
+        load_plugin_files(PluginFiles((library,), ()))
+    assert marker.read_text() == "x"
+
+    broken = tmp_path / "libbroken.so"
+    broken.write_text("not an ELF file")
+    with pytest.raises(GskitError, match=r"libbroken\.so: cannot load the plugin library: "):
+        load_plugin_files(PluginFiles((broken,), ()))
 
 
 def _deform_conv_model(n_inputs: int) -> onnx.ModelProto:

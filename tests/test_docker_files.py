@@ -13,6 +13,8 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 REPO = Path(__file__).resolve().parent.parent
+#: The marker expression the GPU CI image runs.
+GPU_CI_MARKERS = "trt or gpu or cpp"
 DOCKER = REPO / "docker"
 #: Base tags gskit has chosen from, with their TensorRT versions (TENSORRT_NOTES.md).
 KNOWN_TAGS = {"25.12-py3": "10.13", "26.05-py3": "10.16", "26.06-py3": "11.0", "26.08-py3": "11.2"}
@@ -91,7 +93,7 @@ def test_run_script_builds_and_runs_marked_tests_on_the_gpu():
     run_line = next(line for line in text.splitlines() if "docker run" in line)
     words = shlex.split(run_line.replace('"$image"', "IMAGE").replace('"$@"', ""))
     assert "--gpus" in words and words[words.index("--gpus") + 1] == "all"
-    assert words[-4:] == ["-m", "pytest", "-m", "trt or gpu"]
+    assert words[-4:] == ["-m", "pytest", "-m", GPU_CI_MARKERS]
 
 
 def test_marker_expression_selects_the_gpu_tests():
@@ -101,13 +103,14 @@ def test_marker_expression_selects_the_gpu_tests():
             "-m",
             "pytest",
             "-m",
-            "trt or gpu",
+            GPU_CI_MARKERS,
             "--collect-only",
             "-q",
             "-p",
             "no:cacheprovider",
             "tests/test_trt_gpu.py",
             "tests/test_build.py",
+            "plugins/deform_conv2d/test_cpp_plugin.py",
         ],
         cwd=REPO,
         capture_output=True,
@@ -116,6 +119,8 @@ def test_marker_expression_selects_the_gpu_tests():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     selected = [line for line in done.stdout.splitlines() if "::" in line]
-    assert selected and all(line.startswith("tests/test_trt_gpu.py::") for line in selected)
+    prefixes = ("tests/test_trt_gpu.py::", "plugins/deform_conv2d/test_cpp_plugin.py::")
+    assert selected and all(line.startswith(prefixes) for line in selected)
+    assert any(line.startswith(prefixes[1]) for line in selected)  # the C++ plugin build and checks
     assert any("test_engine_matches_onnxruntime" in line for line in selected)
     assert re.search(r"\d+ deselected", done.stdout)  # the CPU build tests are not selected

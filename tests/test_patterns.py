@@ -272,6 +272,48 @@ def test_deform_conv_single_node_attributes_mapped() -> None:
     assert [t.name for t in node.inputs] == ["x", "w", "off"]
 
 
+def _deform_conv_mask_only(weight: str) -> onnx.ModelProto:
+    return parse_model(
+        f"""
+        <ir_version: 9, opset_import: ["" : 19]>
+        g (float[1,4,6,7] x, {weight} w, float[1,18,6,7] off, float[1,9,6,7] m) => (float[1,5,6,7] y)
+        {{
+            y = DeformConv <pads = [1, 1, 1, 1]> (x, w, off, , m)
+        }}
+        """
+    )
+
+
+def test_deform_conv_mask_without_bias_gets_a_zero_bias(rng: np.random.Generator) -> None:
+    """No empty input between present ones (TensorRT plugins take inputs by position); same numbers."""
+    model = _deform_conv_mask_only("float[5,4,3,3]")
+    graph = to_graph(model)
+    replace(graph, [DEFORM])
+    (node,) = graph.nodes
+    assert [t.name for t in node.inputs[:3]] + [node.inputs[4].name] == ["x", "w", "off", "m"]
+    bias = node.inputs[3]
+    assert isinstance(bias, gs.Constant) and bias.values.shape == (5,) and bias.values.dtype == np.float32
+    assert not bias.values.any()
+    feeds = {
+        "x": rng.standard_normal((1, 4, 6, 7)).astype(np.float32),
+        "w": rng.standard_normal((5, 4, 3, 3)).astype(np.float32),
+        "off": rng.standard_normal((1, 18, 6, 7)).astype(np.float32),
+        "m": rng.random((1, 9, 6, 7)).astype(np.float32),
+    }
+    replaced = to_model(graph)
+    onnx.checker.check_model(replaced)
+    got = gort.run(replaced, feeds, plugins=PluginRegistry([DEFORM]))["y"]
+    np.testing.assert_allclose(got, gort.run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_deform_conv_mask_without_bias_needs_the_out_channels() -> None:
+    graph = to_graph(_deform_conv_mask_only("float[C,4,3,3]"))
+    report = replace(graph, [DEFORM])
+    assert graph.nodes[0].op == "DeformConv"
+    (skip,) = report.plugins[0].skipped
+    assert "mask but no bias" in skip.reason and "output-channel dim is unknown" in skip.reason
+
+
 def test_custom_domain_deform_conv2d_reordered() -> None:
     graph = gs.Graph(opset=17)
     x, w, off, mask, bias = (

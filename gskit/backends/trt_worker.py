@@ -50,6 +50,39 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+#: C++ plugin libraries loaded into this process (TensorRT refuses a second registration of a creator).
+_LOADED_LIBRARIES: set[Path] = set()
+
+
+def _load_library(path: Path) -> None:
+    """Load one C++ plugin library, through TensorRT's own loader when full TensorRT is importable.
+
+    ``IPluginRegistry.load_library`` imports ``libnvinfer`` first and calls the library's ``getCreators``
+    entry point, so registration does not depend on what this process loaded before. A library without
+    that entry point (registration in a static initializer only) is loaded with ``ctypes.CDLL``.
+    """
+    if path in _LOADED_LIBRARIES:
+        return
+    try:
+        import tensorrt  # optional and heavy: only when a library is given
+
+        registry = tensorrt.get_plugin_registry()
+    except Exception:  # not installed, the PyPI stub, or TensorRT-RTX only
+        registry = None
+    handle = None
+    if registry is not None:
+        try:
+            handle = registry.load_library(str(path))
+        except Exception:  # no getCreators: a library that registers itself when loaded
+            handle = None
+    if handle is None:
+        try:
+            ctypes.CDLL(str(path))
+        except OSError as err:  # the loader's message names the missing symbol or dependency
+            raise ImportError(f"{path}: cannot load the plugin library: {err}") from err
+    _LOADED_LIBRARIES.add(path)
+
+
 def load_plugins(libraries: Sequence[str | os.PathLike], modules: Sequence[str | os.PathLike]) -> None:
     """Load C++ plugin libraries (their static registration runs) and import Python plugin modules.
 
@@ -58,10 +91,11 @@ def load_plugins(libraries: Sequence[str | os.PathLike], modules: Sequence[str |
     per process, with its folder as package path so that it may import its siblings.
 
     Raises:
-        ImportError: a module cannot be imported; the message names the file and the cause.
+        ImportError: a library cannot be loaded or a module cannot be imported; the message names the
+            file and the cause.
     """
     for library in libraries:
-        ctypes.CDLL(str(library))
+        _load_library(Path(library).resolve())
     for index, path in enumerate(modules):
         module_path = Path(path)
         name = f"gskit_trt_plugin_{index}_{module_path.parent.name}"

@@ -89,6 +89,8 @@ class Rewrite:
 
 CheckFn = Callable[[Match], "MatchResult | bool"]
 AttrsFn = Callable[[Match], Mapping[str, Any]]
+#: Where a plugin input comes from in an OpPattern: a node input index, None (absent), or a new constant.
+InputSource = int | None | np.ndarray
 
 
 class Rule:
@@ -218,8 +220,9 @@ class OpPattern(Rule):
         op_type: the node's op type.
         domain: the node's domain.
         inputs: node input indices in the plugin's order (None or an index past the node's inputs:
-            absent), or a function of the match returning the input indices; defaults to all the
-            node's inputs in order.
+            absent; a numpy array: a new constant input, e.g. a neutral value for an absent optional
+            input that a later input follows), or a function of the match returning them; defaults to
+            all the node's inputs in order.
         attrs: plugin attribute -> node attribute name (missing ones take the ONNX schema default, else
             the plugin's default), or a function of the match returning the attribute dict.
         check: extra conditions, ``check(match) -> MatchResult``; ``match.anchor`` is the node.
@@ -231,7 +234,7 @@ class OpPattern(Rule):
         op_type: str,
         domain: str = "",
         *,
-        inputs: Sequence[int | None] | Callable[[Match], Sequence[int | None]] | None = None,
+        inputs: Sequence[InputSource] | Callable[[Match], Sequence[InputSource]] | None = None,
         attrs: Mapping[str, str] | AttrsFn | None = None,
         check: CheckFn | None = None,
         name: str | None = None,
@@ -258,7 +261,7 @@ class OpPattern(Rule):
             order: Sequence[int | None] = self.inputs(match)
         else:
             order = self.inputs if self.inputs is not None else range(len(node.inputs))
-        inputs = tuple(node.inputs[i] if i is not None and present(node, i) else None for i in order)
+        inputs = tuple(_rewrite_input(node, position, i) for position, i in enumerate(order))
         if callable(self.attrs):
             attrs = dict(self.attrs(match))
         else:
@@ -270,6 +273,13 @@ class OpPattern(Rule):
         return Rewrite(inputs, attrs)
 
 
+def _rewrite_input(node: gs.Node, position: int, source: int | None | np.ndarray) -> gs.Tensor | None:
+    if isinstance(source, np.ndarray):
+        # Named after the node's first output, which is unique in its graph.
+        return gs.Constant(f"{node.outputs[0].name}__input{position}", source)
+    return node.inputs[source] if source is not None and present(node, source) else None
+
+
 class FunctionPattern(OpPattern):
     """Calls of the model-local function ``domain::function``; attrs map plugin attribute -> call attr."""
 
@@ -278,7 +288,7 @@ class FunctionPattern(OpPattern):
         function: str,
         domain: str,
         *,
-        inputs: Sequence[int | None] | Callable[[Match], Sequence[int | None]] | None = None,
+        inputs: Sequence[InputSource] | Callable[[Match], Sequence[InputSource]] | None = None,
         attrs: Mapping[str, str] | AttrsFn | None = None,
         check: CheckFn | None = None,
         name: str | None = None,

@@ -1,7 +1,8 @@
 """What DeformConv2d replaces: ONNX ``DeformConv`` (opset 19) and custom-domain ``deform_conv2d`` nodes.
 
 * ``DeformConv(X, W, offset, B?, mask?)``: same input order and attribute names as the plugin; only
-  2-D convolutions (4-D weight, two kernel dims).
+  2-D convolutions (4-D weight, two kernel dims). A node with a mask but no bias gets a zero bias, so
+  the plugin node has no empty input in the middle (TensorRT plugins take inputs by position).
 * ``<domain>::deform_conv2d``, what a ``register_custom_op_symbolic("torchvision::deform_conv2d", ...)``
   symbolic writes when it forwards torchvision's arguments: inputs ``(input, weight, offset, mask,
   bias)`` and attributes ``stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, n_weight_grps,
@@ -14,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
 from gskit.patterns import Match, MatchResult, OpPattern
+from gskit.patterns.match import present
 
 
 def _two_d(match: Match) -> MatchResult:
@@ -32,6 +38,38 @@ def _two_d(match: Match) -> MatchResult:
     if pads is not None and len(pads) != 4:
         return MatchResult.fail(f"'{node.name}' has pads={list(pads)}; the plugin is 2-D only", node)
     return MatchResult.success()
+
+
+def _onnx_check(match: Match) -> MatchResult:
+    node = match.anchor
+    if _mask_without_bias(node) and _out_channels(node) is None:
+        return MatchResult.fail(
+            f"'{node.name}' has a mask but no bias, and its weight's output-channel dim is unknown, so no "
+            "zero bias can be made; give the weight a static shape",
+            node,
+        )
+    return _two_d(match)
+
+
+def _onnx_inputs(match: Match) -> tuple[int | None | np.ndarray, ...]:
+    """The node's inputs in order; a zero bias (the weight's dtype) where a mask follows an absent bias."""
+    node = match.anchor
+    if not _mask_without_bias(node):
+        return tuple(range(len(node.inputs)))
+    weight = node.inputs[1]
+    dtype = np.float32 if weight.dtype is None else weight.dtype
+    if isinstance(dtype, int):  # an ONNX type code
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    return (0, 1, 2, np.zeros(_out_channels(node), dtype=dtype), 4)
+
+
+def _mask_without_bias(node: gs.Node) -> bool:
+    return present(node, 4) and not present(node, 3)
+
+
+def _out_channels(node: gs.Node) -> int | None:
+    shape = node.inputs[1].shape if len(node.inputs) > 1 else None
+    return shape[0] if shape and isinstance(shape[0], int) and shape[0] >= 0 else None
 
 
 def _symbolic_attrs(match: Match) -> Mapping[str, Any]:
@@ -85,8 +123,9 @@ PATTERNS: tuple = (
     OpPattern(
         "DeformConv",
         "",
+        inputs=_onnx_inputs,
         attrs={k: k for k in ("strides", "pads", "dilations", "group", "offset_group")},
-        check=_two_d,
+        check=_onnx_check,
         name="DeformConv (opset 19)",
     ),
     torchvision_symbolic("custom"),

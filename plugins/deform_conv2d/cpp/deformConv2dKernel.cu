@@ -33,6 +33,13 @@ __device__ __forceinline__ __half fromFloat<__half>(float v)
 template <typename T>
 __device__ float bilinear(T const* image, int32_t h, int32_t w, float py, float px)
 {
+    // A sample at or beyond one pixel outside the image has all four corners outside: zero, as in the
+    // reference. Returning early also keeps huge offsets from overflowing the int32 corner indices below and
+    // makes a NaN position read zero (the reference's "inside" tests are false for NaN).
+    if (!(py > -1.F && py < static_cast<float>(h) && px > -1.F && px < static_cast<float>(w)))
+    {
+        return 0.F;
+    }
     float const y0f = floorf(py);
     float const x0f = floorf(px);
     float const fy = py - y0f;

@@ -6,6 +6,7 @@
 #include "NvInferRuntime.h"
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,10 +26,16 @@ public:
         std::array<int32_t, 2> dilations{1, 1};
         int32_t group{1};
         int32_t offsetGroup{1};
+
+        //! Empty when the values are usable, else why not (strides/dilations/groups > 0, pads >= 0).
+        std::string check() const;
     };
 
     explicit DeformConv2dPlugin(Attributes const& attrs);
     ~DeformConv2dPlugin() override = default;
+    // mFields points into this object's own mAttrs: a copy would point into the source object.
+    DeformConv2dPlugin(DeformConv2dPlugin const&) = delete;
+    DeformConv2dPlugin& operator=(DeformConv2dPlugin const&) = delete;
 
     // IPluginV3
     nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
@@ -62,6 +69,9 @@ public:
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 private:
+    //! Empty when the input/output dims fit together (unknown dims, -1, are not checked), else why not.
+    std::string checkShapes(nvinfer1::Dims const* inputs, int32_t nbInputs, nvinfer1::Dims const* output) const;
+
     Attributes mAttrs;
     int32_t mNbInputs{3};
     std::vector<nvinfer1::PluginField> mFields;
@@ -78,6 +88,7 @@ public:
     char const* getPluginVersion() const noexcept override;
     char const* getPluginNamespace() const noexcept override;
     nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
+    //! Unknown fields, fields of another type or length, and unusable values are rejected: nullptr and an error.
     nvinfer1::IPluginV3* createPlugin(
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
 
@@ -87,3 +98,10 @@ private:
 };
 
 } // namespace gskit
+
+// Entry points that IPluginRegistry::loadLibrary() (trtexec --dynamicPlugins, setPluginsToSerialize, Python
+// registry.load_library) looks up. Loading the library with dlopen / ctypes.CDLL also registers the creator
+// with the global registry of an already-loaded libnvinfer (see deformConv2dPlugin.cpp).
+extern "C" __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
+extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(
+    int32_t& nbCreators) noexcept;
