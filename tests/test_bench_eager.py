@@ -60,3 +60,34 @@ def test_kernel_goals_judge_floor_only_for_memory_bound_kernels() -> None:
         "> 1.5x floor; slower than torch"
     )
     assert goal_verdict({**row, "memory_bound": False, "gskit_over_floor": 9.0}) == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_kernel_benchmark_runs_end_to_end_on_a_cpu() -> None:
+    """``bench/kernels.py --smoke``: every case, both dtypes, through the Triton interpreter (about 20 s).
+
+    The kernels' outputs (NaN-filled first) agree with PyTorch eager: float32 within 1e-4, float16 within
+    0.05 (the eager DeformConv2d sums 54 products in float16).
+    """
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "bench" / "kernels.py"), "--smoke", "--reps", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: goals missed, as they are on a CPU
+    rows = json.loads(done.stdout)["results"]
+    assert sorted({(r["kernel"], r["dtype"]) for r in rows}) == sorted(
+        (k, d) for k in ("ClampSwish", "DeformConv2d", "LayerNorm", "RMSNorm") for d in ("float16", "float32")
+    )
+    for row in rows:
+        limit = 1e-4 if row["dtype"] == "float32" else 5e-2
+        assert row["max_abs_diff_torch"] <= limit, row
+        assert row["goal"] != "ok" or row["gskit_over_torch"] <= 1.0
