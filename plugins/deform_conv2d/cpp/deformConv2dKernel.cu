@@ -1,22 +1,29 @@
-// DeformConv2d CUDA kernel: one thread per output element, float accumulation, bilinear sampling with
-// zeros outside the image (the math of plugins/deform_conv2d/reference.py).
+// DeformConv2d CUDA kernel: one thread per output element (deformConv2dMath.h, the math of
+// plugins/deform_conv2d/reference.py), float accumulation, float32 or float16 tensors.
 #include "deformConv2dKernel.h"
 
 #include <cuda_fp16.h>
 
 namespace gskit
 {
-namespace
-{
-
-__device__ __forceinline__ float toFloat(float v)
+// The element types deformConv2dMath.h reads (it must see these before its templates).
+__host__ __device__ __forceinline__ float toFloat(float v)
 {
     return v;
 }
-__device__ __forceinline__ float toFloat(__half v)
+__host__ __device__ __forceinline__ float toFloat(__half v)
 {
     return __half2float(v);
 }
+} // namespace gskit
+
+#include "deformConv2dMath.h"
+
+namespace gskit
+{
+namespace
+{
+
 template <typename T>
 __device__ __forceinline__ T fromFloat(float v);
 template <>
@@ -31,88 +38,14 @@ __device__ __forceinline__ __half fromFloat<__half>(float v)
 }
 
 template <typename T>
-__device__ float bilinear(T const* image, int32_t h, int32_t w, float py, float px)
-{
-    // A sample at or beyond one pixel outside the image has all four corners outside: zero, as in the
-    // reference. Returning early also keeps huge offsets from overflowing the int32 corner indices below and
-    // makes a NaN position read zero (the reference's "inside" tests are false for NaN).
-    if (!(py > -1.F && py < static_cast<float>(h) && px > -1.F && px < static_cast<float>(w)))
-    {
-        return 0.F;
-    }
-    float const y0f = floorf(py);
-    float const x0f = floorf(px);
-    float const fy = py - y0f;
-    float const fx = px - x0f;
-    int32_t const y0 = static_cast<int32_t>(y0f);
-    int32_t const x0 = static_cast<int32_t>(x0f);
-    float value = 0.F;
-    for (int32_t dy = 0; dy < 2; ++dy)
-    {
-        int32_t const yy = y0 + dy;
-        if (yy < 0 || yy >= h)
-        {
-            continue;
-        }
-        float const wy = dy ? fy : 1.F - fy;
-        for (int32_t dx = 0; dx < 2; ++dx)
-        {
-            int32_t const xx = x0 + dx;
-            if (xx < 0 || xx >= w)
-            {
-                continue;
-            }
-            float const wx = dx ? fx : 1.F - fx;
-            value += wy * wx * toFloat(image[static_cast<int64_t>(yy) * w + xx]);
-        }
-    }
-    return value;
-}
-
-template <typename T>
 __global__ void deformConv2dKernel(DeformConv2dParams p, T const* __restrict__ x, T const* __restrict__ weight,
     T const* __restrict__ offset, T const* __restrict__ bias, T const* __restrict__ mask, T* __restrict__ y)
 {
     int64_t const total = static_cast<int64_t>(p.n) * p.cOut * p.oH * p.oW;
-    int32_t const taps = p.kH * p.kW;
-    int32_t const cPerGroup = p.c / p.group;
-    int32_t const coPerGroup = p.cOut / p.group;
-    int32_t const cPerOffsetGroup = p.c / p.offsetGroup;
-    int64_t const pixels = static_cast<int64_t>(p.oH) * p.oW;
     for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
          index += static_cast<int64_t>(gridDim.x) * blockDim.x)
     {
-        int32_t const ow = static_cast<int32_t>(index % p.oW);
-        int32_t const oh = static_cast<int32_t>((index / p.oW) % p.oH);
-        int32_t const co = static_cast<int32_t>((index / pixels) % p.cOut);
-        int64_t const n = index / (pixels * p.cOut);
-        int32_t const g = co / coPerGroup;
-        int64_t const pixel = static_cast<int64_t>(oh) * p.oW + ow;
-        float acc = bias ? toFloat(bias[co]) : 0.F;
-        for (int32_t ciLocal = 0; ciLocal < cPerGroup; ++ciLocal)
-        {
-            int32_t const ci = g * cPerGroup + ciLocal;
-            int32_t const og = ci / cPerOffsetGroup;
-            T const* image = x + (n * p.c + ci) * p.h * p.w;
-            T const* w = weight + (static_cast<int64_t>(co) * cPerGroup + ciLocal) * taps;
-            for (int32_t k = 0; k < taps; ++k)
-            {
-                int32_t const u = k / p.kW;
-                int32_t const v = k % p.kW;
-                int64_t const tap = (n * p.offsetGroup + og) * taps + k;
-                float const py = static_cast<float>(oh * p.strideH - p.padTop + u * p.dilationH)
-                    + toFloat(offset[(tap * 2) * pixels + pixel]);
-                float const px = static_cast<float>(ow * p.strideW - p.padLeft + v * p.dilationW)
-                    + toFloat(offset[(tap * 2 + 1) * pixels + pixel]);
-                float sample = bilinear(image, p.h, p.w, py, px);
-                if (mask)
-                {
-                    sample *= toFloat(mask[tap * pixels + pixel]);
-                }
-                acc += toFloat(w[k]) * sample;
-            }
-        }
-        y[index] = fromFloat<T>(acc);
+        y[index] = fromFloat<T>(deformConv2dElement(p, index, x, weight, offset, bias, mask));
     }
 }
 
