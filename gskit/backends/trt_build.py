@@ -28,7 +28,7 @@ import onnx
 
 from gskit import model as gsmodel
 from gskit.backends.trt import TRT_PLUGIN_MODULE, find_plugin_files, resolve_backend, run_worker
-from gskit.backends.trt_check import is_plugin_node, plugin_key
+from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
 from gskit.errors import GskitError
 from gskit.plugin import PluginSpec, load_spec_file
 
@@ -238,16 +238,13 @@ def check_python_plugin_inputs(model: onnx.ModelProto, modules: Sequence[Path]) 
                 specs[(spec.namespace, spec.name)] = spec, module
     if not specs:
         return
-    functions = {(f.domain, f.name) for f in model.functions}
-    for index, node in enumerate(model.graph.node):
-        if not is_plugin_node(node, functions):
-            continue
+    for index, node in plugin_nodes(model):
         namespace, name, _ = plugin_key(node)
         spec, module = specs.get((namespace, name), (None, None))
         if spec is None or len(node.input) >= len(spec.inputs):
             continue
         raise GskitError(
-            f"node '{node.name or f'#{index}'}' ({namespace}::{name}) has {len(node.input)} inputs, but the "
+            f"node '{node_label(index, node)}' ({namespace}::{name}) has {len(node.input)} inputs, but the "
             f"Python plugin {module} takes all {len(spec.inputs)} "
             f"({', '.join(spec.inputs)}); pass a C++ plugin library built for it (--plugins lib.so), or "
             "give the node every input"
@@ -255,8 +252,7 @@ def check_python_plugin_inputs(model: onnx.ModelProto, modules: Sequence[Path]) 
 
 
 def _plugin_names(model: onnx.ModelProto) -> list[str]:
-    functions = {(f.domain, f.name) for f in model.functions}
-    keys = {plugin_key(node) for node in model.graph.node if is_plugin_node(node, functions)}
+    keys = {plugin_key(node) for _, node in plugin_nodes(model)}
     return sorted(f"{ns}::{name} v{version}" for ns, name, version in keys)
 
 

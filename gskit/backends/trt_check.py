@@ -164,9 +164,7 @@ def check_trt(
         raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")
     registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
     nodes = list(model.graph.node)
-    functions = {(f.domain, f.name) for f in model.functions}
-    plugin_nodes = {i: node for i, node in enumerate(nodes) if is_plugin_node(node, functions)}
-    plugin_issues = {i: _plugin_issue(i, node, registry) for i, node in plugin_nodes.items()}
+    plugin_issues = {i: _plugin_issue(i, node, registry) for i, node in plugin_nodes(model)}
     if flavour == "static":
         issues = _static_issues(model, plugin_issues)
         return TrtSupportReport(path, STATIC_SOURCE, len(nodes), tuple(issues))
@@ -182,7 +180,14 @@ def is_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> boo
     return (node.domain, node.op_type) not in functions
 
 
-def _label(index: int, node: onnx.NodeProto) -> str:
+def plugin_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto]]:
+    """The main graph's plugin nodes (see :func:`is_plugin_node`) with their positions."""
+    functions = {(f.domain, f.name) for f in model.functions}
+    return [(i, node) for i, node in enumerate(model.graph.node) if is_plugin_node(node, functions)]
+
+
+def node_label(index: int, node: onnx.NodeProto) -> str:
+    """The node's name, or ``#INDEX OP`` for a nameless one."""
     return node.name or f"#{index} {node.op_type}"
 
 
@@ -216,7 +221,7 @@ def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) ->
         reason += ": " + "; ".join(problems)
     return NodeIssue(
         index,
-        _label(index, node),
+        node_label(index, node),
         node.domain,
         node.op_type,
         PLUGIN_PROBLEM if problems else NEEDS_PLUGIN,
@@ -260,7 +265,7 @@ def _static_issues(model: onnx.ModelProto, plugin_issues: Mapping[int, NodeIssue
             continue
         status = UNSUPPORTED if any(s == UNSUPPORTED for s, _ in verdicts) else RESTRICTED
         reason = "; ".join(dict.fromkeys(r for s, r in verdicts if s == status))
-        issues.append(NodeIssue(index, _label(index, node), node.domain, node.op_type, status, reason))
+        issues.append(NodeIssue(index, node_label(index, node), node.domain, node.op_type, status, reason))
     return issues
 
 
@@ -371,11 +376,12 @@ def _parser_report(
             hint = UNSUPPORTED_OPS.get(node.op_type)
             reason = "; ".join(messages) + (f" ({hint})" if hint else "")
             issues.append(
-                NodeIssue(index, _label(index, node), node.domain, node.op_type, UNSUPPORTED, reason)
+                NodeIssue(index, node_label(index, node), node.domain, node.op_type, UNSUPPORTED, reason)
             )
     partitions = tuple(
         Partition(
-            sub["supported"], tuple(_label(kept[i], nodes[kept[i]]) for i in sub["nodes"] if i < len(kept))
+            sub["supported"],
+            tuple(node_label(kept[i], nodes[kept[i]]) for i in sub["nodes"] if i < len(kept)),
         )
         for sub in answer["subgraphs"]
     )
