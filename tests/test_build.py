@@ -237,6 +237,13 @@ def test_python_plugin_refuses_nodes_without_optional_inputs(n_inputs: int) -> N
         check_python_plugin_inputs(_deform_conv_model(n_inputs), [module])
 
 
+def test_python_plugin_refuses_an_empty_input_in_the_middle() -> None:
+    model = _deform_conv_model(5)
+    model.graph.node[0].input[3] = ""  # no bias, but a mask
+    with pytest.raises(GskitError, match=r"has 4 inputs.*takes all 5"):
+        check_python_plugin_inputs(model, [PLUGINS / "deform_conv2d" / "trt_plugin.py"])
+
+
 def test_python_plugin_takes_nodes_with_every_input_and_libraries_take_any() -> None:
     module = PLUGINS / "deform_conv2d" / "trt_plugin.py"
     check_python_plugin_inputs(_deform_conv_model(5), [module])

@@ -241,10 +241,11 @@ def check_python_plugin_inputs(model: onnx.ModelProto, modules: Sequence[Path]) 
     for index, node in plugin_nodes(model):
         namespace, name, _ = plugin_key(node)
         spec, module = specs.get((namespace, name), (None, None))
-        if spec is None or len(node.input) >= len(spec.inputs):
+        given = sum(1 for tensor in node.input if tensor)  # an empty name is an absent optional input
+        if spec is None or given >= len(spec.inputs):
             continue
         raise GskitError(
-            f"node '{node_label(index, node)}' ({namespace}::{name}) has {len(node.input)} inputs, but the "
+            f"node '{node_label(index, node)}' ({namespace}::{name}) has {given} inputs, but the "
             f"Python plugin {module} takes all {len(spec.inputs)} "
             f"({', '.join(spec.inputs)}); pass a C++ plugin library built for it (--plugins lib.so), or "
             "give the node every input"
