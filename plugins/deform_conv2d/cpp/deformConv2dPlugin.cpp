@@ -275,8 +275,38 @@ std::string DeformConv2dPlugin::checkShapes(Dims const* inputs, int32_t nbInputs
     return {};
 }
 
-int32_t DeformConv2dPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+namespace
+{
+Dims const& dimsOf(PluginTensorDesc const& desc)
+{
+    return desc.dims;
+}
+Dims const& dimsOf(DynamicPluginTensorDesc const& desc)
+{
+    return desc.desc.dims;
+}
+} // namespace
+
+template <typename Desc>
+bool DeformConv2dPlugin::shapesFit(Desc const* inputs, int32_t nbInputs, Desc const& output) const
+{
+    Dims dims[kMAX_INPUTS];
+    for (int32_t i = 0; i < nbInputs; ++i)
+    {
+        dims[i] = dimsOf(inputs[i]);
+    }
+    std::string const error = checkShapes(dims, nbInputs, &dimsOf(output));
+    if (!error.empty())
+    {
+        logError(error);
+        return false;
+    }
+    return true;
+}
+
+template <typename Desc>
+int32_t DeformConv2dPlugin::acceptShapes(
+    Desc const* inputs, int32_t nbInputs, Desc const* outputs, int32_t nbOutputs) noexcept
 {
     try
     {
@@ -285,15 +315,8 @@ int32_t DeformConv2dPlugin::configurePlugin(
             logError("expects 3 to 5 inputs (x, weight, offset[, bias[, mask]]) and 1 output");
             return -1;
         }
-        Dims dims[kMAX_INPUTS];
-        for (int32_t i = 0; i < nbInputs; ++i)
+        if (!shapesFit(inputs, nbInputs, outputs[0]))
         {
-            dims[i] = in[i].desc.dims;
-        }
-        std::string const error = checkShapes(dims, nbInputs, &out[0].desc.dims);
-        if (!error.empty())
-        {
-            logError(error);
             return -1;
         }
         mNbInputs = nbInputs;
@@ -304,6 +327,12 @@ int32_t DeformConv2dPlugin::configurePlugin(
         logError(e.what());
     }
     return -1;
+}
+
+int32_t DeformConv2dPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+{
+    return acceptShapes(in, nbInputs, out, nbOutputs);
 }
 
 int32_t DeformConv2dPlugin::getOutputDataTypes(
@@ -389,32 +418,7 @@ size_t DeformConv2dPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inp
 int32_t DeformConv2dPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out, int32_t nbOutputs) noexcept
 {
-    try
-    {
-        if (nbOutputs != 1 || nbInputs < kMIN_INPUTS || nbInputs > kMAX_INPUTS)
-        {
-            logError("expects 3 to 5 inputs (x, weight, offset[, bias[, mask]]) and 1 output");
-            return -1;
-        }
-        Dims dims[kMAX_INPUTS];
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[i] = in[i].dims;
-        }
-        std::string const error = checkShapes(dims, nbInputs, &out[0].dims);
-        if (!error.empty())
-        {
-            logError(error);
-            return -1;
-        }
-        mNbInputs = nbInputs;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(e.what());
-    }
-    return -1;
+    return acceptShapes(in, nbInputs, out, nbOutputs);
 }
 
 int32_t DeformConv2dPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* outputDesc,
@@ -422,15 +426,8 @@ int32_t DeformConv2dPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTen
 {
     try
     {
-        Dims dims[kMAX_INPUTS];
-        for (int32_t i = 0; i < mNbInputs; ++i)
+        if (!shapesFit(inputDesc, mNbInputs, outputDesc[0]))
         {
-            dims[i] = inputDesc[i].dims;
-        }
-        std::string const error = checkShapes(dims, mNbInputs, &outputDesc[0].dims);
-        if (!error.empty())
-        {
-            logError(error);
             return -1;
         }
         DataType const dataType = inputDesc[0].type;
@@ -439,8 +436,8 @@ int32_t DeformConv2dPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTen
             logError("x must be float32 or float16");
             return -1;
         }
-        Dims const& x = dims[0];
-        Dims const& w = dims[1];
+        Dims const& x = inputDesc[0].dims;
+        Dims const& w = inputDesc[1].dims;
         Dims const& y = outputDesc[0].dims;
         DeformConv2dParams p{};
         p.n = static_cast<int32_t>(x.d[0]);

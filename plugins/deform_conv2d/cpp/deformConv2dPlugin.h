@@ -71,6 +71,12 @@ public:
 private:
     //! Empty when the input/output dims fit together (unknown dims, -1, are not checked), else why not.
     std::string checkShapes(nvinfer1::Dims const* inputs, int32_t nbInputs, nvinfer1::Dims const* output) const;
+    //! checkShapes on tensor descriptors of either kind; logs the mismatch. Defined in the .cpp (used there only).
+    template <typename Desc>
+    bool shapesFit(Desc const* inputs, int32_t nbInputs, Desc const& output) const;
+    //! What configurePlugin and onShapeChange do: check counts and shapes, then keep the input count.
+    template <typename Desc>
+    int32_t acceptShapes(Desc const* inputs, int32_t nbInputs, Desc const* outputs, int32_t nbOutputs) noexcept;
 
     Attributes mAttrs;
     int32_t mNbInputs{3};
