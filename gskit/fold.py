@@ -760,6 +760,7 @@ def infer_tensor_types(graph: gs.Graph, odd_types: _GsLosses | None = None) -> N
         if isinstance(tensor, gs.Constant) and _nbytes(tensor) > _INFER_VALUE_BYTES:
             dtype, shape = tensor.dtype, tuple(tensor.shape)
             tensor.to_variable(dtype=dtype, shape=shape)
+            tensor.type = "tensor_type"  # to_variable leaves out what Variable.__init__ sets; export needs it
             view.inputs.append(tensor)
     try:
         proto = _export(view, odd_types)

@@ -165,7 +165,8 @@ def check_file(path: str | os.PathLike) -> None:
 
 def to_graph(model: onnx.ModelProto) -> gs.Graph:
     """Import a ModelProto as a gs.Graph; weights still on disk stay there, readable on demand."""
-    graph = gs.import_onnx(model)
+    with _without_shapeless_io_value_info(model):
+        graph = gs.import_onnx(model)
     for sub in (graph, *graph.subgraphs(recursive=True)):
         for tensor in sub.tensors().values():
             if not isinstance(tensor, gs.Constant):
@@ -177,6 +178,40 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
             if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
                 tensor._values = DiskValues(lazy.tensor)
     return graph
+
+
+@contextmanager
+def _without_shapeless_io_value_info(model: onnx.ModelProto) -> Iterator[None]:
+    """Hide value_info entries that repeat a graph input/output without the shape its declaration has.
+
+    graphsurgeon lets such an entry override the declared type, so the output was written without a shape
+    and failed onnx's checker. The entries are put back afterwards: the caller's model is left as it was.
+    """
+    hidden: list[tuple[onnx.GraphProto, list[onnx.ValueInfoProto]]] = []
+    for proto_graph in graph_protos(model.graph):
+        shaped = {
+            info.name
+            for info in (*proto_graph.input, *proto_graph.output)
+            if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape")
+        }
+        if not shaped:
+            continue
+        keep = [
+            info
+            for info in proto_graph.value_info
+            if info.name not in shaped or info.type.tensor_type.HasField("shape")
+        ]
+        if len(keep) == len(proto_graph.value_info):
+            continue
+        hidden.append((proto_graph, list(proto_graph.value_info)))
+        del proto_graph.value_info[:]
+        proto_graph.value_info.extend(keep)
+    try:
+        yield
+    finally:
+        for proto_graph, infos in hidden:
+            del proto_graph.value_info[:]
+            proto_graph.value_info.extend(infos)
 
 
 def to_model(graph: gs.Graph) -> onnx.ModelProto:

@@ -193,3 +193,59 @@ def test_torch_flatten_and_view_chains_fold(tmp_path, dynamo, rng):
     assert "Shape" not in [n.op_type for n in folded.graph.node]
     assert report.nodes_after <= _polygraphy_count(model)
     _assert_same_outputs(model, folded, {model.graph.input[0].name: x.numpy()})
+
+
+@pytest.mark.torch
+def test_seed_flatten_export_without_value_info_folds_to_one_reshape(tmp_path, rng):
+    """Seed 002's model: torch.flatten(x, 2, 3) after convolutions whose weights exceed 64 KiB."""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                nn.Conv2d(16, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(),
+            )  # fmt: skip
+            self.pool, self.head = nn.AdaptiveAvgPool1d(1), nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = torch.flatten(self.features(x), 2, 3)
+            return self.head(torch.flatten(self.pool(x), 1))
+
+    path = tmp_path / "seed.onnx"
+    x = torch.rand(1, 3, 64, 64)
+    torch.onnx.export(
+        Net().eval(), (x,), str(path), dynamo=False, do_constant_folding=False, opset_version=17
+    )
+    model = gsmodel.load(path)
+    assert not model.graph.value_info and "Slice" in [n.op_type for n in model.graph.node]
+    folded, _ = fold(model)
+    ops = [n.op_type for n in folded.graph.node]
+    assert "Shape" not in ops and "Slice" not in ops and "Concat" not in ops
+    assert ops.count("Reshape") == 1
+    assert len(ops) <= _polygraphy_count(model)
+    _assert_same_outputs(model, folded, {model.graph.input[0].name: x.numpy()}, atol=1e-5)
+
+
+def test_output_repeated_in_value_info_without_shape_keeps_its_shape(tmp_path):
+    """A value_info entry with only a dtype must not wipe the declared output shape (checker fails then)."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3] x) => (float[2,3] y) { s = Shape(x)  r = Reshape(x, s)  y = Relu(r) }""")
+    shapeless = onnx.ValueInfoProto(name="y")
+    shapeless.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    model.graph.value_info.append(shapeless)
+    onnx.checker.check_model(model, full_check=True)
+    src = tmp_path / "m.onnx"
+    gsmodel.save(model, src)
+    assert main(["fold", str(src), "-o", str(tmp_path / "f.onnx")]) == 0
+    folded = gsmodel.load(tmp_path / "f.onnx")
+    onnx.checker.check_model(folded, full_check=True)
+    dims = [d.dim_value for d in folded.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [2, 3]
+    # to_graph hides the entry only while importing: the caller's model is left as it was
+    gsmodel.to_graph(model)
+    assert [v.name for v in model.graph.value_info] == ["y"]
+    assert not model.graph.value_info[0].type.tensor_type.HasField("shape")
