@@ -748,11 +748,14 @@ def _drop_non_tensor_constants(graph: gs.Graph) -> None:
 # --- shape inference ---------------------------------------------------------------------------------------
 
 
-def infer_tensor_types(graph: gs.Graph, odd_types: _GsLosses | None = None) -> None:
+def infer_tensor_types(
+    graph: gs.Graph, odd_types: _GsLosses | None = None, *, dtypes_only: bool = False
+) -> None:
     """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
 
     Large constants are given to onnx as typed inputs, so this works on models over 2 GB. Failures are logged,
-    not raised: callers use the result as extra information only.
+    not raised: callers use the result as extra information only. ``dtypes_only`` leaves shapes as they are
+    (pattern matching needs dtypes only and should not add shapes to the model it writes).
     """
     odd_types = odd_types or _GsLosses()
     view = graph.copy()
@@ -777,7 +780,7 @@ def infer_tensor_types(graph: gs.Graph, odd_types: _GsLosses | None = None) -> N
             info = infos.get(name)
             if info is None or not isinstance(tensor, gs.Variable):
                 continue
-            _apply_value_info(tensor, info)
+            _apply_value_info(tensor, info, dtypes_only)
 
 
 @dataclass
@@ -840,15 +843,16 @@ def _export(graph: gs.Graph, odd_types: _GsLosses) -> onnx.ModelProto:
     return model
 
 
-def _apply_value_info(tensor: gs.Variable, info: onnx.ValueInfoProto) -> None:
+def _apply_value_info(tensor: gs.Variable, info: onnx.ValueInfoProto, dtypes_only: bool = False) -> None:
     kind = info.type.WhichOneof("value")
     if kind and kind != "tensor_type":
-        tensor.type = kind
+        if not dtypes_only:
+            tensor.type = kind
         return
     ttype = info.type.tensor_type
     if tensor.dtype is None and ttype.elem_type:
         tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
-    if tensor.shape is None and ttype.HasField("shape"):
+    if tensor.shape is None and ttype.HasField("shape") and not dtypes_only:
         tensor.shape = [
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
         ]

@@ -471,3 +471,105 @@ def export_case(name: str, directory, dynamo: bool):
     from tests.exported_models import export
 
     return export(name, directory, dynamo=dynamo)
+
+
+def _hf_norms_net(dtype_name: str):
+    """Two Hugging Face style RMSNorms (LLaMA's code: compute in float32, cast back, then the weight)."""
+    import torch
+
+    class HFRMSNorm(torch.nn.Module):
+        def __init__(self, size: int, eps: float = 1e-6) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(size) + 0.5)
+            self.eps = eps
+
+        def forward(self, hidden):
+            in_dtype = hidden.dtype
+            hidden = hidden.to(torch.float32)
+            variance = hidden.pow(2).mean(-1, keepdim=True)
+            hidden = hidden * torch.rsqrt(variance + self.eps)
+            return self.weight * hidden.to(in_dtype)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+            self.norm1, self.norm2 = HFRMSNorm(16), HFRMSNorm(16, eps=1e-5)
+
+        def forward(self, x):
+            return self.norm2(self.proj(self.norm1(self.proj(x))))
+
+    torch.manual_seed(0)
+    return Net().to(getattr(torch, dtype_name)).eval()
+
+
+def _export_plain(net, x, path, dynamo: bool) -> onnx.ModelProto:
+    """Export and load the file as written: no shape inference, no sanitize (what `gskit replace` reads)."""
+    import torch
+
+    from gskit.model import load
+
+    torch.onnx.export(net, (x,), str(path), dynamo=dynamo, opset_version=18 if dynamo else 17)
+    return load(path)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_hugging_face_rms_norm_found_without_cleanup(dtype_name, dynamo, tmp_path) -> None:
+    """No-op Casts (float32) and the float32 round trip (float16) sit inside HF's RMSNorm: both match."""
+    import torch
+
+    net = _hf_norms_net(dtype_name)
+    x = torch.randn(2, 5, 16, dtype=getattr(torch, dtype_name))
+    model = _export_plain(net, x, tmp_path / "hf.onnx", dynamo)
+    graph = to_graph(model)
+    report = replace(graph, ALL)
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("RMSNorm") == 2, ops
+    assert "Cast" not in ops and "ReduceMean" not in ops
+    replaced = to_model(graph)
+    onnx.checker.check_model(replaced, full_check=True)
+    feeds = {model.graph.input[0].name: x.numpy()}
+    want = gort.run(model, feeds)
+    got = gort.run(replaced, feeds, plugins=PluginRegistry([RMS_NORM]))
+    # float16: the plugin applies the weight before rounding to float16 once, the original rounds twice
+    tol = 1e-5 if dtype_name == "float32" else 2e-3
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype
+        np.testing.assert_allclose(got[name].astype(np.float32), value.astype(np.float32), rtol=tol, atol=tol)
+    assert report.replaced == 2
+
+
+def test_explain_names_the_cast_that_blocks_a_match() -> None:
+    """A Cast that changes the dtype inside an RMSNorm is not looked through; --explain names it."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,8] x) => (float16[2,8] y) <float16[8] w = {1,1,1,1,1,1,1,1}> {
+      sq = Mul (x, x)
+      ms = ReduceMean <axes = [-1]> (sq)
+      eps = Constant <value = float {1e-6}> ()
+      ve = Add (ms, eps)
+      std = Sqrt (ve)
+      n = Div (x, std)
+      h = Cast <to = 10> (n)
+      y = Mul (h, w)
+    }""")
+    graph = to_graph(model)
+    report = replace(graph, [RMS_NORM], explain=True)
+    assert report.replaced == 0
+    reasons = [e.reason for e in report.explanations if e.node == "Cast(h)"]
+    assert reasons and "Cast node 'Cast(h)' (to FLOAT16, from float32)" in reasons[0]
+
+
+def test_no_op_cast_between_pattern_nodes_joins_the_match(rng: np.random.Generator) -> None:
+    """TorchScript's ``.to(float32)`` of a float32 tensor: matched, and the Cast goes with the match."""
+    text = LN_OPSET17.replace("n = Div (d, std)", "nd = Div (d, std)\n    n = Cast <to = 1> (nd)")
+    text = text.replace("d = Sub (x, mean)", "d0 = Sub (x, mean)\n    d = Cast <to = 1> (d0)")
+    model = parse_model(text)
+    graph = to_graph(model)
+    assert replace(graph, [LAYER_NORM]).replaced == 1
+    assert [n.op for n in graph.nodes] == ["LayerNorm"]
+    feeds = _x(rng)
+    got = gort.run(to_model(graph), feeds, plugins=PluginRegistry([LAYER_NORM]))["y"]
+    np.testing.assert_allclose(got, gort.run(model, feeds)["y"], rtol=1e-5, atol=1e-5)

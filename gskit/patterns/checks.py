@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from gskit.patterns.match import MatchResult
 from gskit.patterns.rules import Match
@@ -43,3 +44,26 @@ def per_last_axis(match: Match, x: str, *names: str) -> MatchResult:
 def all_of(*results: MatchResult) -> MatchResult:
     """The first failure among ``results``, or success."""
     return next((r for r in results if not r), MatchResult.success())
+
+
+def casts_back_to(match: Match, x: str, capture: str) -> MatchResult:
+    """The Cast captured as ``capture`` (its ``to``) returns to the dtype of input ``x``, which is known.
+
+    Patterns that widen ``x`` for the computation (Hugging Face norms compute in float32 and cast back)
+    become one plugin node that reads and writes ``x``'s dtype; that is only the same computation when the
+    result is cast back to that dtype.
+    """
+    tensor = match.inputs[x]
+    to = match.captures.get(capture)
+    if tensor.dtype is None:
+        return MatchResult.fail(
+            f"dtype of {x} '{tensor.name}' is unknown, so the Cast back cannot be checked", match.anchor
+        )
+    have = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype))
+    if to != have:
+        return MatchResult.fail(
+            f"the result is cast to {onnx.TensorProto.DataType.Name(int(to))}, not to the dtype of {x} "
+            f"'{tensor.name}' ({np.dtype(tensor.dtype)})",
+            match.anchor,
+        )
+    return MatchResult.success()

@@ -4,10 +4,18 @@ The matcher starts at an anchor node (a node whose ``(domain, op_type)`` is the 
 and walks the pattern backwards through producers. Every choice (the two orders of a commutative op)
 is a generator branch, so a failed branch backtracks. When tracing is on, each failure is recorded
 with the number of pattern nodes matched so far; the deepest one is what ``--explain`` reports.
+
+Exporters leave no-op ``Cast`` nodes (a Cast to the dtype its input already has; TorchScript writes one
+for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the pattern wants another op,
+the matcher looks through such a Cast: between two pattern nodes the Cast joins the match (it is replaced
+with the rest and its output must not be used outside), in front of a pattern argument the argument binds
+to the Cast's input. So matching does not depend on a cleanup having run first. A Cast is a no-op only
+when its input's dtype is known; ``gskit.patterns.replace`` infers missing dtypes before matching.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator, Mapping
@@ -166,20 +174,23 @@ class Binding:
     vars: Mapping[str, gs.Tensor] = field(default_factory=dict)
     captures: Mapping[str, Any] = field(default_factory=dict)
     constants: tuple[gs.Tensor, ...] = ()
+    #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
+    casts: tuple[gs.Node, ...] = ()
 
     def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
-        return Binding(
-            {**self.nodes, id(pnode): node}, self.used | {id(node)}, self.vars, self.captures, self.constants
-        )
+        return dataclasses.replace(self, nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
 
     def with_var(self, name: str, tensor: gs.Tensor) -> Binding:
-        return Binding(self.nodes, self.used, {**self.vars, name: tensor}, self.captures, self.constants)
+        return dataclasses.replace(self, vars={**self.vars, name: tensor})
 
     def with_capture(self, name: str, value: Any) -> Binding:
-        return Binding(self.nodes, self.used, self.vars, {**self.captures, name: value}, self.constants)
+        return dataclasses.replace(self, captures={**self.captures, name: value})
 
     def with_constant(self, tensor: gs.Tensor) -> Binding:
-        return Binding(self.nodes, self.used, self.vars, self.captures, (*self.constants, tensor))
+        return dataclasses.replace(self, constants=(*self.constants, tensor))
+
+    def with_cast(self, node: gs.Node) -> Binding:
+        return dataclasses.replace(self, used=self.used | {id(node)}, casts=(*self.casts, node))
 
 
 def label(node: gs.Node) -> str:
@@ -191,6 +202,26 @@ def label(node: gs.Node) -> str:
 
 def producer(tensor: gs.Tensor) -> gs.Node | None:
     return tensor.inputs[0] if tensor.inputs else None
+
+
+def is_noop_cast(node: gs.Node | None) -> bool:
+    """A ``Cast`` to the dtype its input is known to have already."""
+    if node is None or op_key(node) != ("", "Cast") or not node.inputs:
+        return False
+    dtype = node.inputs[0].dtype
+    if dtype is None:
+        return False
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) == node.attrs.get("to")
+    except (TypeError, KeyError, ValueError):  # a dtype numpy or onnx does not know: not a no-op
+        return False
+
+
+def through_noop_casts(tensor: gs.Tensor) -> gs.Tensor:
+    """The tensor a chain of no-op Casts ending at ``tensor`` starts from (``tensor`` itself if none)."""
+    while is_noop_cast(producer(tensor)):
+        tensor = tensor.inputs[0].inputs[0]
+    return tensor
 
 
 def present(node: gs.Node, i: int) -> bool:
@@ -297,14 +328,19 @@ class Matcher:
                     not isinstance(v, NodeOutput)
                     or (
                         i < len(node.inputs)
-                        and bool(node.inputs[i].inputs)
-                        and self._skeleton(v.node, node.inputs[i].inputs[0], seen)
+                        and bool((source := self._source(v, node.inputs[i])).inputs)
+                        and self._skeleton(v.node, source.inputs[0], seen)
                     )
                     for i, v in enumerate(order)
                 )
                 for order in pn.orders
             )
         return seen[key]
+
+    @staticmethod
+    def _source(pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
+        """Where the matcher looks for ``pv``'s node: past no-op Casts unless the pattern wants a Cast."""
+        return tensor if pv.node.op_type == "Cast" else through_noop_casts(tensor)
 
     def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
         self.tracer.fail(len(binding.nodes), node, reason)
@@ -394,6 +430,7 @@ class Matcher:
             self._fail(b, None, "an input the pattern needs is absent")
             return
         if isinstance(pv, Var):
+            tensor = through_noop_casts(tensor)  # the argument is what the no-op Casts read
             bound = b.vars.get(pv.name)
             if bound is None:
                 yield b.with_var(pv.name, tensor)
@@ -409,6 +446,17 @@ class Matcher:
         if isinstance(pv, ConstValue):
             yield from self._constant(pv, tensor, b)
             return
+        source = self._source(pv, tensor)
+        while tensor is not source:  # no-op Casts between two pattern nodes join the match
+            cast = producer(tensor)
+            if any(c is cast for c in b.casts):  # reached again through another pattern path
+                tensor = cast.inputs[0]
+                continue
+            if id(cast) in b.used:
+                self._fail(b, cast, f"node '{label(cast)}' would match two pattern nodes")
+                return
+            b = b.with_cast(cast)
+            tensor = cast.inputs[0]
         node = producer(tensor)
         if node is None:
             self._fail(
@@ -432,7 +480,7 @@ class Matcher:
                 )
             return
         if node.op != pv.node.op_type:  # cheap rejection before the generator of _node
-            self._fail(b, node, f"node '{label(node)}' is {node.op}, pattern wants {pv.node.op_type}")
+            self._fail(b, node, _wrong_op(node, pv.node.op_type))
             return
         yield from self._node(pv.node, node, b)
 
@@ -449,6 +497,19 @@ class Matcher:
             self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {pv.value}")
             return
         yield b.with_constant(tensor)
+
+
+def _wrong_op(node: gs.Node, want: str) -> str:
+    if op_key(node) == ("", "Cast"):
+        source = node.inputs[0].dtype if node.inputs else None
+        to = node.attrs.get("to")
+        to_name = onnx.TensorProto.DataType.Name(to) if isinstance(to, int) else to
+        was = "unknown dtype" if source is None else str(np.dtype(source))
+        return (
+            f"Cast node '{label(node)}' (to {to_name}, from {was}) sits where the pattern wants {want}; "
+            f"only a Cast to the dtype its input already has is looked through"
+        )
+    return f"node '{label(node)}' is {node.op}, pattern wants {want}"
 
 
 def _all_equal(value: np.ndarray, want: float | int) -> bool:

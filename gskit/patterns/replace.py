@@ -142,6 +142,7 @@ def replace(
         specs = [s for s in specs if s.name in set(only)]
     report = ReplaceReport(plugins=[PluginReport(s.qualified_name) for s in specs])
     graphs = [graph, *graph.subgraphs(recursive=True)]
+    _infer_cast_dtypes(graph, graphs)
     functions = {(f.domain or "", f.name): f for f in graph.functions}
     indexes = [GraphIndex.build(g, functions) for g in graphs]
 
@@ -155,6 +156,20 @@ def replace(
         _apply(graph, indexes, accepted, keep_function, report)
     log.info("replaced %d region(s) with plugin nodes", report.replaced)
     return report
+
+
+def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
+    """Give Cast inputs their dtypes when some are unknown, so the matcher can tell no-op Casts.
+
+    Exports without value_info (TorchScript's) leave intermediate dtypes unknown. One best-effort onnx
+    inference fills dtypes only, and only when some Cast needs it.
+    """
+    if any(
+        op_key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None for g in graphs for n in g.nodes
+    ):
+        from gskit.fold import infer_tensor_types  # fold imports onnxruntime: only when needed
+
+        infer_tensor_types(graph, dtypes_only=True)
 
 
 def _find(

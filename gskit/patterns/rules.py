@@ -181,7 +181,7 @@ class GraphPattern(Rule):
         binding = Matcher(self.graph, tracer).match(node)
         if binding is None:
             return None
-        nodes = tuple(binding.nodes[id(p)] for p in self.graph.nodes)
+        nodes = (*(binding.nodes[id(p)] for p in self.graph.nodes), *binding.casts)
         outputs = tuple(binding.nodes[id(o.node)].outputs[o.index] for o in self.graph.outputs)
         return Match(
             self,
