@@ -573,3 +573,61 @@ def test_no_op_cast_between_pattern_nodes_joins_the_match(rng: np.random.Generat
     feeds = _x(rng)
     got = gort.run(to_model(graph), feeds, plugins=PluginRegistry([LAYER_NORM]))["y"]
     np.testing.assert_allclose(got, gort.run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def _ln_forms_net():
+    """nn.LayerNorm without bias, and a Flax-style layer norm with the variance as E[x^2] - E[x]^2."""
+    import torch
+
+    class FlaxLayerNorm(torch.nn.Module):
+        def __init__(self, size: int, eps: float = 1e-6) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.rand(size) + 0.5)
+            self.bias = torch.nn.Parameter(torch.rand(size))
+            self.eps = eps
+
+        def forward(self, x):
+            mean = x.mean(-1, keepdim=True)
+            var = (x * x).mean(-1, keepdim=True) - mean * mean
+            return (x - mean) * torch.rsqrt(var + self.eps) * self.scale + self.bias
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+            self.plain, self.flax = torch.nn.LayerNorm(16, bias=False), FlaxLayerNorm(16)
+            with torch.no_grad():
+                self.plain.weight.uniform_(0.5, 1.5)
+
+        def forward(self, x):
+            return self.flax(self.proj(self.plain(self.proj(x))))
+
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("dynamo", "opset"), [(False, 16), (False, 17), (True, 18)])
+def test_layer_norm_without_bias_and_variance_form_found(dynamo, opset, tmp_path) -> None:
+    """Both norms are found on every export (LayerNormalization without bias from opset 17 on, the
+    decomposed form before): the bias-free one gets a zero bias."""
+    import torch
+
+    x = torch.randn(2, 5, 16)
+    path = tmp_path / "ln.onnx"
+    torch.onnx.export(_ln_forms_net(), (x,), str(path), dynamo=dynamo, opset_version=opset)
+    model = onnx.load(path)
+    graph = to_graph(model)
+    report = replace(graph, ALL)
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("LayerNorm") == 2 and "ReduceMean" not in ops and "LayerNormalization" not in ops, ops
+    by_name = {p.plugin: p for p in report.plugins}
+    assert by_name[LAYER_NORM.qualified_name].found == 2
+    assert all(len(n.inputs) == 3 for n in graph.nodes if n.op == "LayerNorm")
+    replaced = to_model(graph)
+    onnx.checker.check_model(replaced, full_check=True)
+    feeds = {model.graph.input[0].name: x.numpy()}
+    want = gort.run(model, feeds)
+    got = gort.run(replaced, feeds, plugins=PluginRegistry([LAYER_NORM]))
+    for name, value in want.items():  # E[x^2] - E[x]^2 loses digits in float32; the plugin does not
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4)

@@ -253,6 +253,9 @@ def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
     accepted: list[_Candidate] = []
     for cand in sorted(candidates, key=lambda c: c.rank):
         winner = next((claimed[id(n)] for n in cand.match.nodes if id(n) in claimed), None)
+        if winner is not None and winner.spec is cand.spec and _inside(cand, winner):
+            cand.report.found -= 1  # the same instance, seen by a smaller form of the same plugin
+            continue
         if winner is not None:
             cand.report.skipped.append(
                 Skip(
@@ -268,6 +271,11 @@ def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
             claimed[id(node)] = cand
         accepted.append(cand)
     return accepted
+
+
+def _inside(small: _Candidate, large: _Candidate) -> bool:
+    nodes = {id(n) for n in large.match.nodes}
+    return all(id(n) in nodes for n in small.match.nodes)
 
 
 def _apply(

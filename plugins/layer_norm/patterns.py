@@ -4,10 +4,14 @@ Decomposed (TorchScript and dynamo exporters; ``axes`` as attribute or, from ops
 
     mean = ReduceMean(x, axes=[-1]); d = Sub(x, mean)
     var = ReduceMean(Pow(d, 2), axes=[-1])          # or Mul(d, d)
-    y = Div(d, Sqrt(Add(var, eps))) * weight + bias  # or Mul(d, Reciprocal(Sqrt(...)))
+    y = Div(d, Sqrt(Add(var, eps))) * weight + bias  # or Mul(d, Reciprocal(Sqrt(...))), Mul(d, Div(1, ...))
 
-and ``LayerNormalization(x, weight, bias, axis=-1)``. ``epsilon`` comes from the constant; a form with no
-``Add`` before ``Sqrt`` (what the dynamo exporter leaves of a 1e-12 epsilon) becomes ``epsilon = 0``.
+The variance may also be written ``E[x^2] - E[x]^2`` (Flax/JAX code and models converted from it):
+``Sub(ReduceMean(Mul(x, x)), Mul(mean, mean))`` (or with ``Pow(., 2)``). Then ``LayerNormalization(x, weight,
+bias, axis=-1)``. ``epsilon`` comes from the constant; a form with no ``Add`` before ``Sqrt`` (what the
+dynamo exporter leaves of a 1e-12 epsilon) becomes ``epsilon = 0``. A layer norm without a bias
+(``nn.LayerNorm(bias=False)``, or a zero bias the dynamo exporter dropped, e.g. ModernBERT) gets a zero bias
+constant of the weight's size, since the plugin takes three inputs.
 Calls of the local function ``torch.nn.modules.normalization::LayerNorm`` (TorchScript export with
 ``export_modules_as_functions={nn.LayerNorm}``) are replaced too when its body normalizes the last
 axis only and the call has a weight and a bias; ``epsilon`` is the call's ``eps`` attribute.
@@ -17,7 +21,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from gskit.patterns import FunctionPattern, GraphPattern, Match, MatchResult, OpPattern
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from gskit.patterns import (
+    FunctionPattern,
+    GraphPattern,
+    Match,
+    MatchResult,
+    OpPattern,
+    Rewrite,
+    constant_value,
+)
 from gskit.patterns.checks import all_of, one_number, per_last_axis
 
 
@@ -26,30 +41,89 @@ def _square(op: Any, d: Any, form: str) -> Any:
 
 
 def _normalize(op: Any, d: Any, std: Any, form: str) -> Any:
-    return op.Div(d, std) if form == "div" else op.Mul(d, op.Reciprocal(std))
+    if form == "div":
+        return op.Div(d, std)
+    if form == "reciprocal":
+        return op.Mul(d, op.Reciprocal(std))
+    return op.Mul(d, op.Div(1.0, std))  # TorchScript's rsqrt
 
 
-def _decomposed(square: str, normalize: str, *, with_eps: bool = True) -> GraphPattern:
-    def layer_norm(op: Any, x: Any, weight: Any, bias: Any) -> Any:
-        d = op.Sub(x, op.ReduceMean(x, axes=[-1], keepdims=1))
-        var = op.ReduceMean(_square(op, d, square), axes=[-1], keepdims=1)
+def _zero_bias_shape(match: Match) -> tuple[tuple[int, ...], Any] | MatchResult:
+    """Shape and dtype of a zero bias: the weight's when it is a constant, else x's last dim and dtype."""
+    weight, x = (
+        match.inputs.get("weight", match.inputs.get("1")),
+        match.inputs.get("x", match.inputs.get("0")),
+    )
+    value = constant_value(weight)
+    if value is not None:
+        return (int(value.shape[-1]) if value.ndim else 1,), value.dtype
+    last = x.shape[-1] if x.shape else None
+    if isinstance(last, int) and x.dtype is not None:
+        return (last,), x.dtype
+    return MatchResult.fail(
+        f"no bias, and the size of a zero bias is unknown (weight '{weight.name}' is not a constant and "
+        f"the last dim of '{x.name}' is not known)",
+        match.anchor,
+    )
+
+
+def _zero_bias(match: Match) -> gs.Constant:
+    shape, dtype = _zero_bias_shape(match)  # type: ignore[misc]  # the check ran first
+    # Named after the anchor's output, which is unique in its graph.
+    return gs.Constant(f"{match.anchor.outputs[0].name}__zero_bias", np.zeros(shape, dtype=dtype))
+
+
+def _needs_zero_bias(match: Match) -> MatchResult:
+    shape = _zero_bias_shape(match)
+    return shape if isinstance(shape, MatchResult) else MatchResult.success()
+
+
+class _ZeroBiasPattern(GraphPattern):
+    """A decomposed layer norm that ends at the weight's Mul: the plugin gets a zero bias."""
+
+    def rewrite(self, match: Match) -> Rewrite:
+        base = super().rewrite(match)
+        return Rewrite((*base.inputs, _zero_bias(match)), base.attrs)
+
+
+def _decomposed(
+    square: str, normalize: str, *, with_eps: bool = True, variance: str = "centered", bias: bool = True
+) -> GraphPattern:
+    def layer_norm(op: Any, x: Any, weight: Any, bias: Any = None) -> Any:
+        mean = op.ReduceMean(x, axes=[-1], keepdims=1)
+        d = op.Sub(x, mean)
+        if variance == "centered":
+            var = op.ReduceMean(_square(op, d, square), axes=[-1], keepdims=1)
+        else:  # E[x^2] - E[x]^2
+            var = op.Sub(
+                op.ReduceMean(_square(op, x, square), axes=[-1], keepdims=1), _square(op, mean, square)
+            )
         std = op.Sqrt(op.Add(var, op.capture("eps")) if with_eps else var)
-        return op.Add(op.Mul(_normalize(op, d, std, normalize), weight), bias)
+        scaled = op.Mul(_normalize(op, d, std, normalize), weight)
+        return op.Add(scaled, bias) if bias is not None else scaled
 
+    if not bias:
+        pattern_fn: Any = lambda op, x, weight: layer_norm(op, x, weight)  # noqa: E731
+        pattern_fn.__name__ = "layer_norm"
+    else:
+        pattern_fn = layer_norm
+    names = ("x", "weight", "bias") if bias else ("x", "weight")
+    checks = [lambda m: per_last_axis(m, *names)]
     if with_eps:
-        return GraphPattern(
-            layer_norm,
-            attrs={"epsilon": "eps"},
-            check=lambda m: all_of(one_number(m, "eps"), per_last_axis(m, "x", "weight", "bias")),
-            name=f"layer_norm[{square},{normalize}]",
-        )
+        checks.append(lambda m: one_number(m, "eps"))
+    if not bias:
+        checks.append(_needs_zero_bias)
     # The dynamo exporter's optimizer deletes an Add of a tiny constant (BERT's 1e-12), leaving Sqrt(var):
     # the same computation as LayerNorm with epsilon 0.
-    return GraphPattern(
-        layer_norm,
-        attrs=lambda m: {"epsilon": 0.0},
-        check=lambda m: per_last_axis(m, "x", "weight", "bias"),
-        name=f"layer_norm[{square},{normalize},no-eps]",
+    attrs: Any = {"epsilon": "eps"} if with_eps else (lambda m: {"epsilon": 0.0})
+    tags = [square, normalize] + ([] if with_eps else ["no-eps"])
+    tags += ([] if variance == "centered" else ["E[x^2]-E[x]^2"]) + ([] if bias else ["no-bias"])
+    kind = GraphPattern if bias else _ZeroBiasPattern
+    return kind(
+        pattern_fn,
+        attrs=attrs,
+        check=lambda m: all_of(*(c(m) for c in checks)),
+        name=f"layer_norm[{','.join(tags)}]",
     )
 
 
@@ -64,8 +138,16 @@ def _last_axis(match: Match) -> MatchResult:
     if len(node.outputs) > 1 and any(t.outputs for t in node.outputs[1:]):
         return MatchResult.fail(f"LayerNormalization '{node.name}' has its mean or inverse std used", node)
     if len(node.inputs) < 3 or not node.inputs[2].name:
-        return MatchResult.fail(f"LayerNormalization '{node.name}' has no bias (the plugin needs one)", node)
+        return _needs_zero_bias(match)
     return MatchResult.success()
+
+
+def _op_inputs(match: Match) -> tuple:
+    node = match.anchor
+    if len(node.inputs) >= 3 and node.inputs[2].name:
+        return (0, 1, 2)
+    shape, dtype = _zero_bias_shape(match)  # type: ignore[misc]  # _last_axis ran first
+    return (0, 1, np.zeros(shape, dtype=dtype))
 
 
 def _torch_function(match: Match) -> MatchResult:
@@ -78,14 +160,22 @@ def _torch_function(match: Match) -> MatchResult:
     return MatchResult.success()
 
 
+_SQUARES, _NORMALIZE = ("pow", "mul"), ("div", "reciprocal", "one_div")
+
 PATTERNS: tuple = (
-    *(_decomposed(s, n) for s in ("pow", "mul") for n in ("div", "reciprocal")),
-    *(_decomposed(s, n, with_eps=False) for s in ("pow", "mul") for n in ("div", "reciprocal")),
+    *(
+        _decomposed(s, n, with_eps=e, bias=b)
+        for b in (True, False)
+        for e in (True, False)
+        for s in _SQUARES
+        for n in _NORMALIZE
+    ),
+    *(_decomposed(s, n, variance="raw", bias=b) for b in (True, False) for s in _SQUARES for n in _NORMALIZE),
     OpPattern(
         "LayerNormalization",
         "",
         attrs={"epsilon": "epsilon"},
-        inputs=(0, 1, 2),
+        inputs=_op_inputs,
         check=_last_axis,
         name="LayerNormalization(axis=-1)",
     ),
