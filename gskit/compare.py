@@ -6,6 +6,11 @@ their numpy references; a TensorRT runner can take either side). Polygraphy's ``
 decides pass/fail per output: an element matches when its absolute error is at most ``atol`` **or** its
 relative error (to the reference side) is at most ``rtol``; shapes must be equal.
 
+Tolerances follow each output's dtype: the given ``atol``/``rtol`` (1e-5 by default) are what float32 outputs
+get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 1e-3, about one
+unit in the last place; bfloat16: 1e-2). A plugin that rounds once where the original rounded twice is then
+not reported as a failure, while a real error still is.
+
 gskit adds what Polygraphy leaves to the caller: inputs from gskit's feeds, outputs matched by name with
 an error when the prepared model lacks one, and a typed report.
 """
@@ -35,6 +40,17 @@ log = logging.getLogger(__name__)
 
 ModelSource = onnx.ModelProto | str | os.PathLike
 
+#: Lowest (atol, rtol) an output of this dtype is compared with: about one unit in the last place.
+DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (1e-3, 1e-3), "bfloat16": (1e-2, 1e-2)}
+
+
+def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:
+    """``(atol, rtol)`` for an output of ``dtype``: the given ones, raised to the dtype's floor."""
+    floor_atol, floor_rtol = DTYPE_TOLERANCE.get(
+        str(np.dtype(dtype)) if dtype is not None else "", (0.0, 0.0)
+    )
+    return max(atol, floor_atol), max(rtol, floor_rtol)
+
 
 @dataclass(frozen=True)
 class OutputComparison:
@@ -48,6 +64,9 @@ class OutputComparison:
         max_rel_err: largest difference relative to the reference value (``inf`` when the shapes differ).
         passed: every element within ``atol`` or ``rtol``, and the shapes are equal.
         shape_under_test: shape in the run under test.
+        atol: absolute tolerance this output was compared with (follows its dtype, see
+            :func:`tolerance_for`).
+        rtol: relative tolerance this output was compared with.
     """
 
     name: str
@@ -57,6 +76,8 @@ class OutputComparison:
     max_rel_err: float
     passed: bool
     shape_under_test: tuple[int, ...] = ()
+    atol: float = 1e-5
+    rtol: float = 1e-5
 
 
 @dataclass(frozen=True)
@@ -67,8 +88,9 @@ class CompareReport:
         outputs: one entry per output of the reference model, in its order.
         passed: all outputs passed.
         input_shapes: the shape of each input fed to both runs.
-        atol: absolute tolerance used.
-        rtol: relative tolerance used.
+        atol: absolute tolerance given (float32 outputs; lower-precision outputs get at least their dtype's
+            floor, see each output's ``atol``).
+        rtol: relative tolerance given (likewise).
         reference: name of the reference runner.
         under_test: name of the runner under test.
     """
@@ -179,8 +201,9 @@ def compare_runners(
     try:
         with quiet_polygraphy():
             results = Comparator.run([reference, under_test], data_loader=[feeds])
+            atols, rtols = _per_output(results[0][1][0], atol, rtol)
             accuracy = Comparator.compare_accuracy(
-                results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)
+                results, compare_func=SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
             )
     except PolygraphyException as err:
         raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
@@ -195,7 +218,7 @@ def compare_runners(
             f"{under_test.name} did not produce output(s) {missing}; outputs are matched by name"
         )
     verdicts = _verdicts(accuracy)
-    rows = [_row(name, ref_out[name], test_out[name], verdicts.get(name)) for name in names]
+    rows = [_row(name, ref_out[name], test_out[name], verdicts.get(name), atols, rtols) for name in names]
     return CompareReport(
         outputs=rows,
         passed=all(r.passed for r in rows),
@@ -229,11 +252,12 @@ def compare_arrays(
             raise GskitError(f"the {side} lacks tensor(s) {missing}; tensors are matched by name")
     ref = {n: np.asarray(reference[n]) for n in names}
     test = {n: np.asarray(under_test[n]) for n in names}
+    atols, rtols = _per_output(ref, atol, rtol)
     with quiet_polygraphy():
-        verdicts = SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)(
+        verdicts = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)(
             IterationResult(ref, runner_name="reference"), IterationResult(test, runner_name="under test")
         )
-    return [_row(n, ref[n], test[n], verdicts.get(n)) for n in names]
+    return [_row(n, ref[n], test[n], verdicts.get(n), atols, rtols) for n in names]
 
 
 # -- TensorRT (full TensorRT and a GPU) ------------------------------------------------------------------
@@ -366,7 +390,23 @@ def _verdicts(accuracy: Any) -> dict[str, Any]:
     return {}
 
 
-def _row(name: str, expected: Any, actual: Any, verdict: Any) -> OutputComparison:
+def _per_output(reference: Mapping[str, Any], atol: float, rtol: float) -> tuple[dict, dict]:
+    """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes."""
+    atols: dict[str, float] = {"": atol}
+    rtols: dict[str, float] = {"": rtol}
+    for name, value in reference.items():
+        atols[name], rtols[name] = tolerance_for(getattr(value, "dtype", None), atol, rtol)
+    return atols, rtols
+
+
+def _row(
+    name: str,
+    expected: Any,
+    actual: Any,
+    verdict: Any,
+    atols: Mapping[str, float],
+    rtols: Mapping[str, float],
+) -> OutputComparison:
     expected, actual = np.asarray(expected), np.asarray(actual)
     if expected.shape != actual.shape:
         abs_err = rel_err = math.inf
@@ -382,6 +422,8 @@ def _row(name: str, expected: Any, actual: Any, verdict: Any) -> OutputCompariso
         max_rel_err=rel_err,
         passed=passed,
         shape_under_test=tuple(int(d) for d in actual.shape),
+        atol=atols.get(name, atols[""]),
+        rtol=rtols.get(name, rtols[""]),
     )
 
 

@@ -178,3 +178,37 @@ def test_runner_failure_is_one_line_without_polygraphy_chatter(tmp_path, capsys)
         compare_runners(runner_a, runner_b, {"x": np.zeros((2, 3, 5), np.float32)})
     captured = capsys.readouterr()
     assert "[!]" not in captured.out + captured.err
+
+
+def test_tolerance_follows_the_output_dtype():
+    """One float16 unit of difference passes on a float16 output; the same change fails in float32."""
+    text = """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g ({t}[2, 4] x) => ({t}[2, 4] y) {{
+            f = Constant<value = float {{{k}}}>()
+            c = Cast<to = {to}>(f)
+            y = Mul(x, c)
+        }}
+    """
+    one_ulp = 1 + 2**-10  # the float16 number right after 1.0
+    feeds = {"x": np.full((2, 4), 1.0, dtype=np.float16)}
+    half = compare(
+        parse_model(text.format(t="float16", to=10, k=1.0)),
+        parse_model(text.format(t="float16", to=10, k=one_ulp)),
+        feeds=feeds,
+    )
+    assert half.passed and half.outputs[0].atol == 1e-3 and half.outputs[0].rtol == 1e-3
+    assert half.atol == 1e-5  # the given tolerance is still what float32 outputs get
+    feeds = {"x": feeds["x"].astype(np.float32)}
+    single = compare(
+        parse_model(text.format(t="float", to=1, k=1.0)),
+        parse_model(text.format(t="float", to=1, k=one_ulp)),
+        feeds=feeds,
+    )
+    assert not single.passed and single.outputs[0].atol == 1e-5
+    wrong = compare(
+        parse_model(text.format(t="float16", to=10, k=1.0)),
+        parse_model(text.format(t="float16", to=10, k=1.01)),
+        feeds={"x": np.full((2, 4), 1.0, dtype=np.float16)},
+    )
+    assert not wrong.passed

@@ -128,6 +128,10 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     ]
     inputs = ", ".join(f"{n}: {'x'.join(map(str, s))}" for n, s in result.input_shapes.items())
     tolerances = f"atol={result.atol:g}, rtol={result.rtol:g}"
+    raised = {
+        o.dtype: (o.atol, o.rtol) for o in result.outputs if (o.atol, o.rtol) != (result.atol, result.rtol)
+    }
+    tolerances += "".join(f"; {dtype} outputs: atol={a:g}, rtol={r:g}" for dtype, (a, r) in raised.items())
     title = f"{result.reference} vs {result.under_test} ({tolerances}; inputs {inputs})"
     out = report.console()
     out.print(report.table(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows))
