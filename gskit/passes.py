@@ -256,23 +256,18 @@ def run_replace(state: RunState, options: ReplaceOptions) -> tuple[str, Any]:
 
 
 def run_infer_shapes(state: RunState, options: InferShapesOptions) -> tuple[str, Any]:
-    from gskit.shapes import infer_graph_shapes
+    from gskit.shapes import infer_graph_shapes, unshaped_plugin_outputs
 
     infer_graph_shapes(state.graph, state.registry, strict=options.strict)
-    missing = [
-        f"{node.name or node.op}:{out.name}"
-        for sub in (state.graph, *state.graph.subgraphs(recursive=True))
-        for node in sub.nodes
-        if state.registry.for_node(node) is not None
-        for out in node.outputs
-        if out.dtype is None or out.shape is None
-    ]
+    unshaped = unshaped_plugin_outputs(state.graph, state.registry)
+    # Only a plugin rule that gives no rank for inputs with one stops the run: TensorRT asks the plugin for
+    # its output shapes. Where an upstream op lost the shape, TensorRT still knows it from the network.
+    blocking = [u.describe() for u in unshaped if u.origin is None]
     if options.strict:
-        _ensure(not missing, "infer_shapes", f"plugin outputs without a shape: {missing[:5]}")
-    return (
-        "every plugin output has a shape" if not missing else f"{len(missing)} plugin outputs unshaped",
-        None,
-    )
+        _ensure(not blocking, "infer_shapes", "; ".join(blocking[:3]))
+    if not unshaped:
+        return "every plugin output has a rank", unshaped
+    return f"{len(unshaped)} plugin output(s) without a rank: {unshaped[0].describe()}", unshaped
 
 
 def run_fold(state: RunState, options: FoldOptions) -> tuple[str, Any]:

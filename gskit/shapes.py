@@ -22,6 +22,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,72 @@ def missing_shapes(model: onnx.ModelProto) -> list[str]:
         ):
             known.add(vi.name)
     return [out for node in graph.node for out in node.output if out and out not in known]
+
+
+@dataclass(frozen=True)
+class UnshapedPluginOutput:
+    """A plugin node's output whose rank shape inference could not give.
+
+    Attributes:
+        node: the plugin node (name, or ``op`` when unnamed).
+        output: the output tensor's name.
+        origin: the upstream tensor where the shape was lost (its producer's inputs all have a rank, or it
+            is a graph input), or None when the plugin's own inputs all have a rank (the rule lost it).
+        origin_op: the op that produced ``origin`` ("graph input" for one).
+    """
+
+    node: str
+    output: str
+    origin: str | None
+    origin_op: str | None
+
+    def describe(self) -> str:
+        if self.origin is None:
+            return (
+                f"{self.node}:{self.output} has no rank although every input of {self.node} has one; "
+                f"the plugin's output rule (spec.infer) must give a rank, TensorRT asks the plugin for it"
+            )
+        return f"{self.node}:{self.output} has no rank: shape lost at '{self.origin}' ({self.origin_op})"
+
+
+def unshaped_plugin_outputs(graph: gs.Graph, registry: PluginRegistry) -> list[UnshapedPluginOutput]:
+    """Plugin outputs without a rank after inference, each with the upstream tensor that lost its shape.
+
+    The walk back from a plugin's inputs visits each tensor once per call, so it is linear in graph size.
+    """
+    found: list[UnshapedPluginOutput] = []
+    origins: dict[int, gs.Tensor] = {}
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for node in sub.nodes:
+            if registry.for_node(node) is None:
+                continue
+            for out in node.outputs:
+                if out.shape is not None:
+                    continue
+                unshaped = [t for t in node.inputs if t.name and t.shape is None]
+                lost = _lost_at(unshaped[0], origins) if unshaped else None
+                op = None if lost is None else (lost.inputs[0].op if lost.inputs else "graph input")
+                found.append(
+                    UnshapedPluginOutput(node.name or node.op, out.name, lost.name if lost else None, op)
+                )
+    return found
+
+
+def _lost_at(tensor: gs.Tensor, memo: dict[int, gs.Tensor]) -> gs.Tensor:
+    """The first tensor without a rank on the way back from ``tensor`` (whose shape is unknown)."""
+    path, current = [], tensor
+    while id(current) not in memo:
+        path.append(current)
+        producer = current.inputs[0] if current.inputs else None
+        unshaped = [t for t in producer.inputs if t.name and t.shape is None] if producer else []
+        if not unshaped:  # every input of the producer has a rank, or a graph input: lost here
+            memo[id(current)] = current
+            break
+        current = unshaped[0]
+    origin = memo[id(current)]
+    for visited in path:
+        memo[id(visited)] = origin
+    return origin
 
 
 # -- schema construction -----------------------------------------------------------------------------------

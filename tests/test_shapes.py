@@ -277,3 +277,71 @@ def test_plugin_named_like_an_onnx_op_does_not_break_onnx_reference() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+LN_AFTER_RESHAPE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 6, 8] x, int64[{k}] s) => (float[N, 48] y)
+  <float[8] w = {{1, 2, 1, 2, 1, 2, 1, 2}}, float[8] b = {{0, 1, 0, 1, 0, 1, 0, 1}}> {{
+  r = Reshape(x, s)
+  mean = ReduceMean <axes = [-1]> (r)
+  d = Sub(r, mean)
+  two = Constant <value = float {{2.0}}> ()
+  sq = Pow(d, two)
+  var = ReduceMean <axes = [-1]> (sq)
+  eps = Constant <value = float {{0.001}}> ()
+  ve = Add(var, eps)
+  std = Sqrt(ve)
+  nd = Div(d, std)
+  nw = Mul(nd, w)
+  n = Add(nw, b)
+  y = Flatten(n)
+}}
+"""
+
+
+@pytest.mark.parametrize("k", ["3", "K"], ids=["rank-known", "rank-unknown"])
+def test_plugin_after_op_of_unknown_dims_keeps_what_is_known(k, tmp_path, rng):
+    """A LayerNorm after a Reshape whose target shape is data: onnx knows the rank only when the shape
+    input has a fixed length. Either way prepare runs through; an unknown rank is named where it was lost."""
+    from gskit.prepare import prepare
+    from gskit.recipe import load_recipe
+
+    src = tmp_path / "m.onnx"
+    gsmodel.save(parse_model(LN_AFTER_RESHAPE.format(k=k)), src)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "steps:\n  - replace\n  - infer_shapes\n  - validate: {shapes: {x: [2, 6, 8]}, inputs: feeds.npz}\n"
+    )
+    np.savez(
+        tmp_path / "feeds.npz", x=rng.standard_normal((2, 6, 8)).astype(np.float32), s=np.array([2, 6, 8])
+    )
+    report = prepare(src, tmp_path / "out", recipe=load_recipe(recipe))
+    step = next(s for s in report.steps if s.name == "infer_shapes")
+    assert report.passed and step.status == "ok", step.summary
+    prepared = onnx.load(tmp_path / "out" / "model.onnx")
+    assert [n.op_type for n in prepared.graph.node] == ["Reshape", "LayerNorm", "Flatten"]
+    if k == "3":
+        assert step.summary == "every plugin output has a rank"
+        (info,) = [v for v in prepared.graph.value_info if v.name == "n"]
+        assert info.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        assert len(info.type.tensor_type.shape.dim) == 3
+    else:
+        assert "shape lost at 'r' (Reshape)" in step.summary
+
+
+def test_plugin_rule_that_loses_the_rank_stops_infer_shapes(tmp_path):
+    """Inputs with a rank and a plugin rule giving none: the run stops and names the plugin node."""
+    from gskit.plugin import PluginRegistry, PluginSpec, TensorInfo
+    from gskit.shapes import unshaped_plugin_outputs
+
+    spec = PluginSpec(name="Blind", namespace="test.gskit", infer=lambda i, a: [TensorInfo(i[0].dtype, None)])
+    graph = gsmodel.to_graph(
+        parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "test.gskit" : 1]>
+        g (float[2, 3] x) => (float[2, 3] y) { b = test.gskit.Blind (x)  y = Relu(b) }""")
+    )
+    registry = PluginRegistry([spec])
+    infer_graph_shapes(graph, registry)
+    (lost,) = unshaped_plugin_outputs(graph, registry)
+    assert lost.origin is None and "output rule (spec.infer) must give a rank" in lost.describe()
