@@ -111,6 +111,25 @@ def same_as_input(index: int = 0) -> InferFn:
     return infer
 
 
+def per_channel_of(index: int = 0, weight: int = 1) -> InferFn:
+    """Output rule for norms over the last axis: input ``index``'s dtype and shape, with an unknown last dim
+    taken from the ``(C,)`` input ``weight`` (upstream ops whose output dims onnx cannot infer)."""
+
+    same = same_as_input(index)
+
+    def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> Sequence[TensorInfo]:
+        (out,) = same(inputs, attrs)
+        scale = inputs[weight] if weight < len(inputs) else None
+        if out.shape and not isinstance(out.shape[-1], int) and scale is not None and scale.shape:
+            last = scale.shape[-1]
+            if isinstance(last, int) and last > 1:
+                return [TensorInfo(out.dtype, (*out.shape[:-1], last))]
+        return [out]
+
+    infer.__name__ = f"per_channel_of_{index}_{weight}"
+    return infer
+
+
 @dataclass(frozen=True)
 class PluginSpec:
     """Everything gskit needs to know about one plugin.

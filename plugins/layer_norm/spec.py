@@ -8,7 +8,7 @@ own ``LayerNormalization`` over the last axis. The name is not an ONNX op (ONNX 
 
 from __future__ import annotations
 
-from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+from gskit.plugin import Attribute, AttrType, PluginSpec, per_channel_of
 
 from .patterns import PATTERNS
 from .reference import layer_norm
@@ -22,7 +22,7 @@ SPEC = PluginSpec(
     attributes=(
         Attribute("epsilon", AttrType.FLOAT, 1e-5, doc="added to the variance before the square root"),
     ),
-    infer=same_as_input(0),
+    infer=per_channel_of(0, 1),
     reference=layer_norm,
     patterns=PATTERNS,
     doc=(

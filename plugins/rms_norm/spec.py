@@ -8,7 +8,7 @@ RMSNormalization (opset 23).
 
 from __future__ import annotations
 
-from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
+from gskit.plugin import Attribute, AttrType, PluginSpec, per_channel_of
 
 from .patterns import PATTERNS
 from .reference import rms_norm
@@ -22,7 +22,7 @@ SPEC = PluginSpec(
     attributes=(
         Attribute("epsilon", AttrType.FLOAT, 1e-5, doc="added to the mean of squares before the square root"),
     ),
-    infer=same_as_input(0),
+    infer=per_channel_of(0, 1),
     reference=rms_norm,
     patterns=PATTERNS,
     doc=(
