@@ -250,9 +250,16 @@ def run_replace(state: RunState, options: ReplaceOptions) -> tuple[str, Any]:
     _ensure(again.replaced == 0, "replace", f"{again.replaced} pattern instance(s) left after replacement")
     skipped = sum(len(p.skipped) for p in report.plugins)
     per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
+    left = report.norm_like_left
+    missed = (
+        f"; {len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
+        f"{' ...' if len(left) > 3 else ''}; gskit replace --explain says why)"
+        if left
+        else ""
+    )
     return f"{report.replaced} replaced, {skipped} skipped" + (
         f" ({per_plugin})" if per_plugin else ""
-    ), report
+    ) + missed, report
 
 
 def run_infer_shapes(state: RunState, options: InferShapesOptions) -> tuple[str, Any]:

@@ -631,3 +631,23 @@ def test_layer_norm_without_bias_and_variance_form_found(dynamo, opset, tmp_path
     got = gort.run(replaced, feeds, plugins=PluginRegistry([LAYER_NORM]))
     for name, value in want.items():  # E[x^2] - E[x]^2 loses digits in float32; the plugin does not
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4)
+
+
+def test_norms_left_unreplaced_are_counted_and_prepare_says_so(tmp_path) -> None:
+    """A norm over another axis is not replaced: the report and prepare's replace summary count it."""
+    text = LN_OPSET20.replace("int64[1] ax = {2}", "int64[1] ax = {1}")
+    graph = to_graph(parse_model(text))
+    report = replace(graph, [LAYER_NORM, RMS_NORM])
+    assert report.replaced == 0 and report.norm_like_left == ["Sqrt(std)"]
+    replaced = to_graph(parse_model(LN_OPSET17))
+    assert replace(replaced, ALL).norm_like_left == []
+
+    from gskit.model import save
+    from gskit.prepare import prepare
+    from gskit.recipe import load_recipe
+
+    save(parse_model(text), tmp_path / "m.onnx")
+    (tmp_path / "r.yaml").write_text("steps:\n  - replace\n")
+    result = prepare(tmp_path / "m.onnx", tmp_path / "out", recipe=load_recipe(tmp_path / "r.yaml"))
+    (step,) = result.steps
+    assert "1 norm-like computation(s) left unreplaced (at Sqrt(std)" in step.summary

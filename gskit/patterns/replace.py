@@ -86,6 +86,8 @@ class ReplaceReport:
     explanations: list[Explanation] = field(default_factory=list)
     functions_removed: list[str] = field(default_factory=list)
     functions_kept: list[str] = field(default_factory=list)
+    #: norm-like computations still in the graph after replacement (see :func:`norm_like_left`)
+    norm_like_left: list[str] = field(default_factory=list)
 
     @property
     def replaced(self) -> int:
@@ -154,8 +156,44 @@ def replace(
     accepted = _resolve_overlaps(candidates)
     if accepted:
         _apply(graph, indexes, accepted, keep_function, report)
+    report.norm_like_left = norm_like_left(graphs)
     log.info("replaced %d region(s) with plugin nodes", report.replaced)
     return report
+
+
+#: ONNX's own normalization ops; left in the graph they are norms no pattern took.
+_NORM_OPS = frozenset(
+    {("", "LayerNormalization"), ("", "RMSNormalization"), ("", "SimplifiedLayerNormalization")}
+)
+#: Ops between a mean and the square root in the norms exporters write (epsilon, E[x^2] - E[x]^2, casts).
+_VARIANCE_STEPS = frozenset({("", "Add"), ("", "Sub"), ("", "Cast")})
+
+
+def norm_like_left(graphs: Sequence[gs.Graph]) -> list[str]:
+    """Names of norm-like computations in ``graphs``: a ``Sqrt`` of a ``ReduceMean`` (through at most three
+    Add/Sub/Cast steps) and ONNX's own normalization ops. One check per Sqrt node, so it is cheap.
+
+    After :func:`replace` these are the norms no pattern matched (``gskit replace --explain`` says why).
+    """
+    left = []
+    for g in graphs:
+        for node in g.nodes:
+            key = op_key(node)
+            if key in _NORM_OPS:
+                left.append(label(node))
+            elif key == ("", "Sqrt") and _reads_a_mean(node):
+                left.append(label(node))
+    return left
+
+
+def _reads_a_mean(node: gs.Node) -> bool:
+    frontier = [node]
+    for _ in range(4):
+        producers = [t.inputs[0] for n in frontier for t in n.inputs if t.inputs]
+        if any(op_key(p) == ("", "ReduceMean") for p in producers):
+            return True
+        frontier = [p for p in producers if op_key(p) in _VARIANCE_STEPS]
+    return False
 
 
 def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
