@@ -613,6 +613,21 @@ def _fold_shape_nodes(graph: gs.Graph) -> None:
             values = _fold_shape_user(user, out, dims)
             if values is not None:
                 _make_constant(user.outputs[0], values)
+            elif _is_int_cast(user):  # TensorFlow exports cast the shape to int32 before picking dims
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(user.attrs["to"])
+                for picker in list(user.outputs[0].outputs):
+                    values = _fold_shape_user(picker, user.outputs[0], dims)
+                    if values is not None:
+                        _make_constant(picker.outputs[0], values.astype(dtype))
+
+
+def _is_int_cast(node: gs.Node) -> bool:
+    return (
+        node.op == "Cast"
+        and (node.domain or "") in ("", "ai.onnx")
+        and node.attrs.get("to") in (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
+        and bool(node.outputs)
+    )
 
 
 def _shape_slice(dims: list, start: int, end: int | None) -> list:
@@ -781,6 +796,69 @@ def infer_tensor_types(
             if info is None or not isinstance(tensor, gs.Variable):
                 continue
             _apply_value_info(tensor, info, dtypes_only)
+    if not dtypes_only and _shape_inputs_unknown(graph):
+        _infer_symbolic_shapes(graph, inferred)
+
+
+def _shape_inputs_unknown(graph: gs.Graph) -> bool:
+    """Some ``Shape`` reads a tensor of unknown rank, or with a dim onnx could not name (``unk__N``)."""
+    return any(
+        n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
+        for n in graph.nodes
+    )
+
+
+def _invented_dims(shape: Any) -> bool:
+    return any(isinstance(d, str) and d.startswith("unk__") for d in shape)
+
+
+def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
+    """Second opinion for the main graph: onnxruntime's symbolic shape inference, as Polygraphy uses.
+
+    onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``; onnxruntime's inference
+    computes such dims as expressions, so a ``Shape -> Gather`` of a static dim after it folds. Run only when
+    some ``Shape`` still reads a tensor of unknown shape (it is slower); failures are logged, not raised.
+    """
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        with _quiet_symbolic_inference():
+            inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True)
+    except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
+        log.info("fold: onnxruntime's symbolic shape inference failed (%s)", _first_line(err))
+        return
+    if inferred is None:
+        return
+    infos = {info.name: info for info in inferred.graph.value_info}
+    for name, tensor in graph.tensors().items():
+        info = infos.get(name)
+        if info is None or not isinstance(tensor, gs.Variable):
+            continue
+        if tensor.shape is None:
+            _apply_value_info(tensor, info)
+        elif _invented_dims(tensor.shape) and len(info.type.tensor_type.shape.dim) == len(tensor.shape):
+            # a fixed size onnx could not work out replaces its placeholder name
+            tensor.shape = [
+                d.dim_value
+                if isinstance(old, str) and old.startswith("unk__") and d.HasField("dim_value")
+                else old
+                for old, d in zip(tensor.shape, info.type.tensor_type.shape.dim, strict=True)
+            ]
+
+
+@contextmanager
+def _quiet_symbolic_inference() -> Iterator[None]:
+    """onnxruntime's symbolic inference logs warnings for every op it guesses; gskit logs what matters."""
+    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    old, logger.level = logger.level, logging.ERROR
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [repr(err)])[0]
 
 
 @dataclass
