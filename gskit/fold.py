@@ -2,9 +2,10 @@
 
 ``fold(model)`` repeats, up to ``max_passes`` times or until nothing changes:
 
-1. shape inference (on a weightless view of the graph, so it works past 2 GB),
+1. shape inference (on a weightless view of the graph, so it works past 2 GB); where onnx leaves the input
+   of a ``Shape`` unknown, onnxruntime's symbolic shape inference (Polygraphy's default) is asked too,
 2. gskit's own shape folding: ``Shape`` (honouring its ``start``/``end`` attributes) and ``Shape -> Gather`` /
-   ``Shape -> Slice`` become constants where the dims they read are static,
+   ``Shape -> Slice`` (also through an integer ``Cast``) become constants where the dims they read are static,
 3. graphsurgeon's ``fold_constants`` evaluating every node whose inputs are all constant on onnxruntime, with
    graphsurgeon's shape folding, cast elision, ``If`` flattening and subgraph recursion turned off,
 4. gskit's own flattening of ``If`` nodes with a constant condition, and recursion into subgraphs,
