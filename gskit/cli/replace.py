@@ -94,6 +94,12 @@ def _print(report: ReplaceReport, written: str) -> None:
         out.print(f"local functions removed (no call left): {', '.join(report.functions_removed)}")
     if report.functions_kept:
         out.print(f"local functions kept for onnxruntime: {', '.join(report.functions_kept)}")
+    if report.norm_like_left:
+        left = report.norm_like_left
+        out.print(
+            f"{len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
+            f"{' ...' if len(left) > 3 else ''}); --explain says which check failed"
+        )
     if report.explanations:
         ranked = sorted(report.explanations, key=lambda e: -e.depth)
         shown = ranked[:MAX_EXPLAIN_ROWS]
