@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 
-from gskit.patterns.match import MatchResult
+from gskit.patterns.match import MatchResult, elem_type, elem_type_name
 from gskit.patterns.rules import Match
 
 
@@ -55,15 +54,15 @@ def casts_back_to(match: Match, x: str, capture: str) -> MatchResult:
     """
     tensor = match.inputs[x]
     to = match.captures.get(capture)
-    if tensor.dtype is None:
+    have = elem_type(tensor.dtype)
+    if have is None:
         return MatchResult.fail(
             f"dtype of {x} '{tensor.name}' is unknown, so the Cast back cannot be checked", match.anchor
         )
-    have = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype))
     if to != have:
         return MatchResult.fail(
-            f"the result is cast to {onnx.TensorProto.DataType.Name(int(to))}, not to the dtype of {x} "
-            f"'{tensor.name}' ({np.dtype(tensor.dtype)})",
+            f"the result is cast to {elem_type_name(to)}, not to the dtype of {x} '{tensor.name}' "
+            f"({elem_type_name(have)})",
             match.anchor,
         )
     return MatchResult.success()

@@ -204,17 +204,31 @@ def producer(tensor: gs.Tensor) -> gs.Node | None:
     return tensor.inputs[0] if tensor.inputs else None
 
 
+def elem_type(dtype: Any) -> int | None:
+    """The onnx element type of a graphsurgeon dtype: a numpy dtype, or the onnx enum graphsurgeon keeps for
+    types numpy lacks (bfloat16, float8); None when unknown."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, (int, np.integer)):
+        return int(dtype)
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def elem_type_name(dtype: Any) -> str:
+    """``FLOAT16``, ``BFLOAT16`` ... for messages; ``unknown dtype`` when unknown."""
+    code = elem_type(dtype)
+    return "unknown dtype" if code is None else onnx.TensorProto.DataType.Name(code)
+
+
 def is_noop_cast(node: gs.Node | None) -> bool:
     """A ``Cast`` to the dtype its input is known to have already."""
     if node is None or op_key(node) != ("", "Cast") or not node.inputs:
         return False
-    dtype = node.inputs[0].dtype
-    if dtype is None:
-        return False
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) == node.attrs.get("to")
-    except (TypeError, KeyError, ValueError):  # a dtype numpy or onnx does not know: not a no-op
-        return False
+    have = elem_type(node.inputs[0].dtype)
+    return have is not None and have == node.attrs.get("to")
 
 
 def through_noop_casts(tensor: gs.Tensor) -> gs.Tensor:
@@ -501,10 +515,8 @@ class Matcher:
 
 def _wrong_op(node: gs.Node, want: str) -> str:
     if op_key(node) == ("", "Cast"):
-        source = node.inputs[0].dtype if node.inputs else None
-        to = node.attrs.get("to")
-        to_name = onnx.TensorProto.DataType.Name(to) if isinstance(to, int) else to
-        was = "unknown dtype" if source is None else str(np.dtype(source))
+        was = elem_type_name(node.inputs[0].dtype if node.inputs else None)
+        to_name = elem_type_name(node.attrs.get("to"))
         return (
             f"Cast node '{label(node)}' (to {to_name}, from {was}) sits where the pattern wants {want}; "
             f"only a Cast to the dtype its input already has is looked through"

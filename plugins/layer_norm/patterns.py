@@ -58,7 +58,7 @@ def _zero_bias_shape(match: Match) -> tuple[tuple[int, ...], Any] | MatchResult:
     if value is not None:
         return (int(value.shape[-1]) if value.ndim else 1,), value.dtype
     last = x.shape[-1] if x.shape else None
-    if isinstance(last, int) and x.dtype is not None:
+    if isinstance(last, int) and isinstance(x.dtype, (np.dtype, type)):  # not bfloat16's bare onnx enum
         return (last,), x.dtype
     return MatchResult.fail(
         f"no bias, and the size of a zero bias is unknown (weight '{weight.name}' is not a constant and "
