@@ -654,3 +654,40 @@ def test_norms_left_unreplaced_are_counted_and_prepare_says_so(tmp_path) -> None
     result = prepare(tmp_path / "m.onnx", tmp_path / "out", recipe=load_recipe(tmp_path / "r.yaml"))
     (step,) = result.steps
     assert "1 norm-like computation(s) left unreplaced (at Sqrt(std)" in step.summary
+
+
+KERAS_LN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[{shape}] x) => (float[{shape}] y)
+  <float[8] w = {{1,2,3,4,5,6,7,8}}, float[8] b = {{0,1,0,1,0,1,0,1}}> {{
+    mean = GlobalAveragePool (x)
+    d = Sub (x, mean)
+    sq = Mul (d, d)
+    var = GlobalAveragePool (sq)
+    eps = Constant <value = float {{0.001}}> ()
+    ve = Add (var, eps)
+    std = Sqrt (ve)
+    inv = Reciprocal (std)
+    s = Mul (inv, w)
+    xs = Mul (x, s)
+    ms = Mul (mean, s)
+    shift = Sub (b, ms)
+    y = Add (xs, shift)
+}}
+"""
+
+
+def test_keras_layer_norm_from_tf2onnx(rng: np.random.Generator) -> None:
+    """tf2onnx's Keras LayerNormalization (scale folded into both terms, means as GlobalAveragePool) is a
+    LayerNorm for a 3-D input; for a 4-D input GlobalAveragePool averages two axes and it is not."""
+    model = parse_model(KERAS_LN.format(shape="2,3,8"))
+    graph = to_graph(model)
+    assert replace(graph, ALL).replaced == 1 and [n.op for n in graph.nodes] == ["LayerNorm"]
+    assert graph.nodes[0].attrs["epsilon"] == pytest.approx(1e-3)
+    feeds = _x(rng)
+    got = gort.run(to_model(graph), feeds, plugins=PluginRegistry([LAYER_NORM]))["y"]
+    np.testing.assert_allclose(got, gort.run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+    four_d = to_graph(parse_model(KERAS_LN.format(shape="2,3,4,8")))
+    report = replace(four_d, ALL)
+    assert report.replaced == 0 and report.norm_like_left == ["Sqrt(std)"]
+    assert "only for a 3-D input" in report.plugins[0].skipped[0].reason

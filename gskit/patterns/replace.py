@@ -165,12 +165,14 @@ def replace(
 _NORM_OPS = frozenset(
     {("", "LayerNormalization"), ("", "RMSNormalization"), ("", "SimplifiedLayerNormalization")}
 )
+#: Means a norm takes; tf2onnx writes the mean over the last axis of a 3-D tensor as GlobalAveragePool.
+_MEAN_OPS = frozenset({("", "ReduceMean"), ("", "GlobalAveragePool")})
 #: Ops between a mean and the square root in the norms exporters write (epsilon, E[x^2] - E[x]^2, casts).
 _VARIANCE_STEPS = frozenset({("", "Add"), ("", "Sub"), ("", "Cast")})
 
 
 def norm_like_left(graphs: Sequence[gs.Graph]) -> list[str]:
-    """Names of norm-like computations in ``graphs``: a ``Sqrt`` of a ``ReduceMean`` (through at most three
+    """Names of norm-like computations in ``graphs``: a ``Sqrt`` of a mean (through at most three
     Add/Sub/Cast steps) and ONNX's own normalization ops. One check per Sqrt node, so it is cheap.
 
     After :func:`replace` these are the norms no pattern matched (``gskit replace --explain`` says why).
@@ -190,7 +192,7 @@ def _reads_a_mean(node: gs.Node) -> bool:
     frontier = [node]
     for _ in range(4):
         producers = [t.inputs[0] for n in frontier for t in n.inputs if t.inputs]
-        if any(op_key(p) == ("", "ReduceMean") for p in producers):
+        if any(op_key(p) in _MEAN_OPS for p in producers):
             return True
         frontier = [p for p in producers if op_key(p) in _VARIANCE_STEPS]
     return False
@@ -200,14 +202,18 @@ def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
     """Give Cast inputs their dtypes when some are unknown, so the matcher can tell no-op Casts.
 
     Exports without value_info (TorchScript's) leave intermediate dtypes unknown. One best-effort onnx
-    inference fills dtypes only, and only when some Cast needs it.
+    inference fills dtypes only, and only when some Cast needs it; shapes too when a ``GlobalAveragePool``
+    (a mean over the last axis only for a 3-D input) reads a tensor of unknown rank.
     """
-    if any(
-        op_key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None for g in graphs for n in g.nodes
-    ):
+    nodes = [n for g in graphs for n in g.nodes]
+    casts = any(op_key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None for n in nodes)
+    pools = any(
+        op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
+    )
+    if casts or pools:
         from gskit.fold import infer_tensor_types  # fold imports onnxruntime: only when needed
 
-        infer_tensor_types(graph, dtypes_only=True)
+        infer_tensor_types(graph, dtypes_only=not pools)
 
 
 def _find(

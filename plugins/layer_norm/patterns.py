@@ -7,11 +7,13 @@ Decomposed (TorchScript and dynamo exporters; ``axes`` as attribute or, from ops
     y = Div(d, Sqrt(Add(var, eps))) * weight + bias  # or Mul(d, Reciprocal(Sqrt(...))), Mul(d, Div(1, ...))
 
 The variance may also be written ``E[x^2] - E[x]^2`` (Flax/JAX code and models converted from it):
-``Sub(ReduceMean(Mul(x, x)), Mul(mean, mean))`` (or with ``Pow(., 2)``). Then ``LayerNormalization(x, weight,
-bias, axis=-1)``. ``epsilon`` comes from the constant; a form with no ``Add`` before ``Sqrt`` (what the
-dynamo exporter leaves of a 1e-12 epsilon) becomes ``epsilon = 0``. A layer norm without a bias
-(``nn.LayerNorm(bias=False)``, or a zero bias the dynamo exporter dropped, e.g. ModernBERT) gets a zero bias
-constant of the weight's size, since the plugin takes three inputs.
+``Sub(ReduceMean(Mul(x, x)), Mul(mean, mean))`` (or with ``Pow(., 2)``). Keras' LayerNormalization exported
+by tf2onnx folds the scale into both terms, ``x * s + (bias - mean * s)`` with ``s = weight / sqrt(var +
+eps)``, its means sometimes written as ``GlobalAveragePool`` (for a 3-D input, the last axis' mean). Then
+``LayerNormalization(x, weight, bias, axis=-1)``. ``epsilon`` comes from the constant; a form with no ``Add``
+before ``Sqrt`` (what the dynamo exporter leaves of a 1e-12 epsilon) becomes ``epsilon = 0``. A layer norm
+without a bias (``nn.LayerNorm(bias=False)``, or a zero bias the dynamo exporter dropped, as in ModernBERT)
+gets a zero bias constant of the weight's size, since the plugin takes three inputs.
 Calls of the local function ``torch.nn.modules.normalization::LayerNorm`` (TorchScript export with
 ``export_modules_as_functions={nn.LayerNorm}``) are replaced too when its body normalizes the last
 axis only and the call has a weight and a bias; ``epsilon`` is the call's ``eps`` attribute.
@@ -127,6 +129,39 @@ def _decomposed(
     )
 
 
+def _keras(mean_op: str) -> GraphPattern:
+    """Keras' LayerNormalization as tf2onnx writes it: the scale folded into both terms,
+    ``x * s + (bias - mean * s)`` with ``s = weight / sqrt(var + eps)``; tf2onnx's optimizer may write the
+    mean of a 3-D tensor as ``GlobalAveragePool`` (the mean over its last axis)."""
+
+    def mean_of(op: Any, t: Any) -> Any:
+        return op.ReduceMean(t, axes=[-1], keepdims=1) if mean_op == "ReduceMean" else op.GlobalAveragePool(t)
+
+    def layer_norm(op: Any, x: Any, weight: Any, bias: Any) -> Any:
+        mean = mean_of(op, x)
+        d = op.Sub(x, mean)
+        var = mean_of(op, op.Mul(d, d))
+        scale = op.Mul(op.Reciprocal(op.Sqrt(op.Add(var, op.capture("eps")))), weight)
+        return op.Add(op.Mul(x, scale), op.Sub(bias, op.Mul(mean, scale)))
+
+    def three_d(match: Match) -> MatchResult:
+        shape = match.inputs["x"].shape
+        if mean_op == "GlobalAveragePool" and (shape is None or len(shape) != 3):
+            return MatchResult.fail(
+                f"GlobalAveragePool is the mean over the last axis only for a 3-D input; "
+                f"'{match.inputs['x'].name}' has shape {shape}",
+                match.anchor,
+            )
+        return MatchResult.success()
+
+    return GraphPattern(
+        layer_norm,
+        attrs={"epsilon": "eps"},
+        check=lambda m: all_of(three_d(m), one_number(m, "eps"), per_last_axis(m, "x", "weight", "bias")),
+        name=f"layer_norm[keras,{mean_op}]",
+    )
+
+
 def _last_axis(match: Match) -> MatchResult:
     node = match.anchor
     axis = node.attrs.get("axis", -1)
@@ -171,6 +206,7 @@ PATTERNS: tuple = (
         for n in _NORMALIZE
     ),
     *(_decomposed(s, n, variance="raw", bias=b) for b in (True, False) for s in _SQUARES for n in _NORMALIZE),
+    *(_keras(m) for m in ("ReduceMean", "GlobalAveragePool")),
     OpPattern(
         "LayerNormalization",
         "",
