@@ -765,13 +765,14 @@ def _drop_non_tensor_constants(graph: gs.Graph) -> None:
 
 
 def infer_tensor_types(
-    graph: gs.Graph, odd_types: _GsLosses | None = None, *, dtypes_only: bool = False
+    graph: gs.Graph, odd_types: _GsLosses | None = None, *, dtypes_only: bool = False, symbolic: bool = True
 ) -> None:
     """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
 
     Large constants are given to onnx as typed inputs, so this works on models over 2 GB. Failures are logged,
     not raised: callers use the result as extra information only. ``dtypes_only`` leaves shapes as they are
-    (pattern matching needs dtypes only and should not add shapes to the model it writes).
+    (pattern matching needs dtypes only and should not add shapes to the model it writes). ``symbolic`` asks
+    onnxruntime's symbolic shape inference where onnx leaves the input of a ``Shape`` unknown (slower).
     """
     odd_types = odd_types or _GsLosses()
     view = graph.copy()
@@ -797,7 +798,7 @@ def infer_tensor_types(
             if info is None or not isinstance(tensor, gs.Variable):
                 continue
             _apply_value_info(tensor, info, dtypes_only)
-    if not dtypes_only and _shape_inputs_unknown(graph):
+    if symbolic and not dtypes_only and _shape_inputs_unknown(graph):
         _infer_symbolic_shapes(graph, inferred)
 
 

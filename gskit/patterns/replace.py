@@ -213,7 +213,7 @@ def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
     if casts or pools:
         from gskit.fold import infer_tensor_types  # fold imports onnxruntime: only when needed
 
-        infer_tensor_types(graph, dtypes_only=not pools)
+        infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
 
 
 def _find(
