@@ -820,6 +820,8 @@ def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
     onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``; onnxruntime's inference
     computes such dims as expressions, so a ``Shape -> Gather`` of a static dim after it folds. Run only when
     some ``Shape`` still reads a tensor of unknown shape (it is slower); failures are logged, not raised.
+    ``auto_merge`` (as Polygraphy runs it) lets it take two dims an op requires to match as equal, which is
+    what the model itself assumes for the op to be valid; only fixed sizes it derives are taken over.
     """
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
