@@ -7,9 +7,10 @@ decides pass/fail per output: an element matches when its absolute error is at m
 relative error (to the reference side) is at most ``rtol``; shapes must be equal.
 
 Tolerances follow each output's dtype: the given ``atol``/``rtol`` (1e-5 by default) are what float32 outputs
-get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 1e-3, about one
-unit in the last place; bfloat16: 1e-2). A plugin that rounds once where the original rounded twice is then
-not reported as a failure, while a real error still is.
+get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 4e-3, about four
+units in the last place; bfloat16: 3e-2, likewise). The original rounds to float16 after each op (a float16
+LayerNormalization differs from an exact one by up to three units on BERT), a plugin rounds once: that is then
+not reported as a failure, while a real error (a wrong epsilon, a lost bias) still is.
 
 gskit adds what Polygraphy leaves to the caller: inputs from gskit's feeds, outputs matched by name with
 an error when the prepared model lacks one, and a typed report.
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 
 ModelSource = onnx.ModelProto | str | os.PathLike
 
-#: Lowest (atol, rtol) an output of this dtype is compared with: about one unit in the last place.
-DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (1e-3, 1e-3), "bfloat16": (1e-2, 1e-2)}
+#: Lowest (atol, rtol) an output of this dtype is compared with: about four units in the last place.
+DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
 
 
 def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:

@@ -197,7 +197,7 @@ def test_tolerance_follows_the_output_dtype():
         parse_model(text.format(t="float16", to=10, k=one_ulp)),
         feeds=feeds,
     )
-    assert half.passed and half.outputs[0].atol == 1e-3 and half.outputs[0].rtol == 1e-3
+    assert half.passed and half.outputs[0].atol == 4e-3 and half.outputs[0].rtol == 4e-3
     assert half.atol == 1e-5  # the given tolerance is still what float32 outputs get
     feeds = {"x": feeds["x"].astype(np.float32)}
     single = compare(
