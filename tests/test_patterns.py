@@ -691,3 +691,26 @@ def test_keras_layer_norm_from_tf2onnx(rng: np.random.Generator) -> None:
     report = replace(four_d, ALL)
     assert report.replaced == 0 and report.norm_like_left == ["Sqrt(std)"]
     assert "only for a 3-D input" in report.plugins[0].skipped[0].reason
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_float16_layer_norm_validates_with_the_dtype_tolerance(dynamo, tmp_path) -> None:
+    """A float16 nn.LayerNorm (LayerNormalization on onnxruntime) against the plugin: within the float16
+    tolerance gskit's comparison uses, which the float32 default would not be."""
+    import torch
+
+    from gskit.compare import compare
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)).half().eval()
+    with torch.no_grad():
+        net[1].weight.uniform_(0.5, 3.0)
+    x = torch.randn(4, 16, 64, dtype=torch.float16)
+    model = _export_plain(net, x, tmp_path / "ln16.onnx", dynamo)
+    graph = to_graph(model)
+    assert replace(graph, [LAYER_NORM]).replaced == 1
+    feeds = {model.graph.input[0].name: x.numpy()}
+    report = compare(model, to_model(graph), feeds=feeds, plugins=PluginRegistry([LAYER_NORM]))
+    assert report.passed, report.outputs
+    assert report.outputs[0].dtype == "float16" and report.outputs[0].atol == 4e-3
