@@ -173,19 +173,22 @@ def compare_runners(
         GskitError: a runner fails, or the runner under test lacks one of the outputs.
     """
     from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator.struct import RunResults
     from polygraphy.exception import PolygraphyException
 
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
+    # One runner at a time, so a failure names the side that failed: the reference failing means the inputs
+    # do not fit the model, which is a different finding (and fix) from the model under test failing.
+    results = RunResults()
+    results.extend(_run_side(reference, feeds, ReferenceRunError))
+    results.extend(_run_side(under_test, feeds, GskitError))
     try:
         with quiet_polygraphy():
-            results = Comparator.run([reference, under_test], data_loader=[feeds])
             accuracy = Comparator.compare_accuracy(
                 results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)
             )
     except PolygraphyException as err:
         raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
-    except GskitError:
-        raise
     ref_out = results[0][1][0]
     test_out = results[1][1][0]
     names = list(outputs) if outputs is not None else list(ref_out.keys())
@@ -205,6 +208,60 @@ def compare_runners(
         reference=reference.name,
         under_test=under_test.name,
     )
+
+
+class ReferenceRunError(GskitError):
+    """The reference (original) model cannot run on the inputs: the inputs are wrong, not the preparation.
+
+    Attributes:
+        failure: onnxruntime's one-line reason (it names the failing node).
+        input_shapes: the shape of each input that was fed.
+    """
+
+    def __init__(
+        self, message: str, failure: str = "", input_shapes: Mapping[str, tuple] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.input_shapes = dict(input_shapes or {})
+
+
+def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitError]) -> Any:
+    """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        with quiet_polygraphy():
+            return Comparator.run([runner], data_loader=[feeds])
+    except GskitError as err:
+        if error is GskitError or isinstance(err, error):
+            raise
+        failure = str(err)
+    except PolygraphyException as err:
+        failure = _first_line(err)
+    except Exception as err:  # onnxruntime's pybind errors (and a plugin reference's) arrive unwrapped
+        failure = ort_backend.short_error(err)
+    shapes = feed_shapes(feeds)
+    if error is ReferenceRunError:
+        raise ReferenceRunError(
+            f"the {runner.name} model cannot run on the inputs {describe_feeds(feeds)}: {failure}",
+            failure,
+            shapes,
+        )
+    raise error(f"the {runner.name} model failed to run on {describe_feeds(feeds)}: {failure}")
+
+
+def describe_feeds(feeds: Mapping[str, np.ndarray]) -> str:
+    """``x float32[1x3x64x64], sr int64[] = 3``: names, dtypes and shapes (and the value of a scalar)."""
+    parts = []
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        text = f"{name} {value.dtype}[{'x'.join(str(d) for d in value.shape)}]"
+        if value.size == 1:
+            text += f" = {value.reshape(-1)[0].item()!r}"
+        parts.append(text)
+    return "{" + ", ".join(parts) + "}"
 
 
 def compare_arrays(

@@ -440,3 +440,69 @@ def test_fp16_recipe_keeps_plugin_nodes_fp32(tmp_path: Path) -> None:
     types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input)}
     for node in plugins:  # the plugin specs do not declare fp16: their data stays fp32 behind Casts
         assert types[node.input[0]] == onnx.TensorProto.FLOAT
+
+
+#: An audio-like front end: reflect-pads 8 samples on each side, so any sequence of 8 or fewer samples fails
+#: in onnxruntime (the default size of a symbolic dim is 2).
+REFLECT_PAD = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[1, T] x) => (float[1, U] y) {
+  pads = Constant<value = int64[4] {0, 8, 0, 8}>()
+  p = Pad<mode = "reflect">(x, pads)
+  y = Relu(p)
+}
+"""
+
+#: Needs exactly 1000 elements: no generated size fits.
+FIXED_RESHAPE = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N] x) => (float[10, 100] y) {
+  shape = Constant<value = int64[2] {10, 100}>()
+  y = Reshape(x, shape)
+}
+"""
+
+
+def test_original_failing_on_small_inputs_is_retried_larger(tmp_path: Path, capfd) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "pad.onnx", tmp_path / "out"
+    onnx.save(parse_model(REFLECT_PAD), model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["comparison"]["input_shapes"] == {"x": [1, 16]}
+    validate = next(s for s in report["steps"] if s["name"] == "validate")
+    assert "1 smaller size(s) failed in the original" in validate["summary"]
+    # onnxruntime's own coloured error lines for the failed try stay hidden (no --verbose).
+    assert "onnxruntime" not in capfd.readouterr().err
+
+
+def test_original_that_fits_no_generated_input_says_so_in_one_line(tmp_path: Path, capfd) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "reshape.onnx", tmp_path / "out"
+    onnx.save(parse_model(FIXED_RESHAPE), model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 2
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "the original model cannot run on generated inputs" in lines[0]
+    assert "Reshape" in lines[0] and "x float32[" in lines[0] and "--shape NAME:DIMS" in lines[0]
+    assert "--inputs F.npz" in lines[0]
+    assert "[E:onnxruntime" not in err
+
+
+def test_onnxruntime_logs_follow_gskit_verbosity() -> None:
+    import logging
+
+    logger = logging.getLogger("gskit")
+    old = logger.level
+    try:
+        logger.setLevel(logging.WARNING)
+        assert ortb.log_severity() == 4
+        logger.setLevel(logging.INFO)
+        assert ortb.log_severity() == 2
+        logger.setLevel(logging.DEBUG)
+        assert ortb.log_severity() == 1
+    finally:
+        logger.setLevel(old)
