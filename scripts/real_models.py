@@ -31,7 +31,10 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = Path(__file__).with_suffix(".toml")
@@ -239,7 +242,7 @@ def _first_output_class():
 
 
 def _FirstOutput(model, input_name: str, **kwargs):  # noqa: N802 - reads like the class it makes
-    return _first_output_class()(model, input_name, **kwargs)
+    return _first_output_class()(model, input_name, **kwargs).eval()
 
 
 def ground_truth(module) -> dict[str, int]:
