@@ -252,6 +252,30 @@ def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitErr
     raise error(f"the {runner.name} model failed to run on {describe_feeds(feeds)}: {failure}")
 
 
+def unsteady_outputs(
+    model: ModelSource, feeds: Mapping[str, np.ndarray], plugins: PluginRegistry | None = None
+) -> list[str]:
+    """Outputs of ``model`` that differ between two onnxruntime runs on the same ``feeds``.
+
+    A model exported in training mode (Dropout with ``training_mode`` on) or with random ops gives new outputs
+    on every run: no prepared model can match it, and saying so is the useful answer to a failed validation.
+    """
+    session = ort_backend.session(model, plugins=plugins)
+    first = ort_backend.run(session, feeds)
+    second = ort_backend.run(session, feeds)
+    differ = []
+    for name, value in first.items():
+        a, b = np.asarray(value), np.asarray(second[name])
+        same = a.shape == b.shape and (
+            np.array_equal(a, b, equal_nan=True)
+            if np.issubdtype(a.dtype, np.inexact)
+            else np.array_equal(a, b)
+        )
+        if not same:
+            differ.append(name)
+    return differ
+
+
 def describe_feeds(feeds: Mapping[str, np.ndarray]) -> str:
     """``x float32[1x3x64x64], sr int64[] = 3``: names, dtypes and shapes (and the value of a scalar)."""
     parts = []

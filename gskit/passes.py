@@ -348,11 +348,12 @@ def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
     prepared = state.snapshot()
     common = dict(atol=options.atol, rtol=options.rtol, plugins=state.registry)
     if options.inputs:
+        feeds = load_feeds(options.inputs)
         try:
-            report = compare(state.original_path, prepared, feeds=load_feeds(options.inputs), **common)
+            report = compare(state.original_path, prepared, feeds=feeds, **common)
         except ReferenceRunError as err:
             raise StepError(f"validate: {err}; check the file given as inputs ({options.inputs})") from err
-        return _validated(state, report, "")
+        return _validated(state, report, _unsteady_note(state, report, feeds))
     original = gsmodel.load(state.original_path, load_weights=False)
     failures = []
     for default_dim, image_dim in VALIDATION_SIZES:
@@ -368,11 +369,26 @@ def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
             continue
         note = f" (inputs {_shapes_text(report.input_shapes)}"
         note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
-        return _validated(state, report, note)
+        return _validated(state, report, note + _unsteady_note(state, report, feeds))
     tried, failure = failures[-1]
     raise StepError(
         f"validate: the original model cannot run on generated inputs (last tried {tried}, "
         f"{len(failures)} size(s) in all): {failure}; {INPUTS_HINT}"
+    )
+
+
+def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
+    """On a failed validation: whether the original itself gives different outputs on two identical runs."""
+    if report.passed:
+        return ""
+    from gskit.compare import unsteady_outputs
+
+    unsteady = unsteady_outputs(state.original_path, feeds, state.registry)
+    if not unsteady:
+        return ""
+    return (
+        f"; the ORIGINAL model gives different {unsteady} on two runs of the same inputs (random ops, or "
+        "Dropout exported in training mode): no prepared model can match it; export it in eval mode"
     )
 
 

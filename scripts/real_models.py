@@ -19,6 +19,7 @@ every exit code is 0, 1 or 2 with a reason for each non-zero exit; 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -304,13 +305,38 @@ def transformers_models(cache: Path, only: set[str] | None) -> list[Entry]:
     return entries
 
 
+@contextlib.contextmanager
+def _masks_without_vmap(active: bool):
+    """transformers >= 4.5x builds causal masks with torch.vmap, which the TorchScript exporter cannot trace
+    ("unordered_map::at"); its pre-torch-2.6 mask code builds the same mask without vmap."""
+    if not active:
+        yield
+        return
+    import transformers.masking_utils as masks
+
+    saved = (
+        masks._is_torch_greater_or_equal_than_2_6,
+        masks.sdpa_mask,
+        dict(masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping),
+    )
+    masks._is_torch_greater_or_equal_than_2_6 = False
+    masks.sdpa_mask = masks.sdpa_mask_older_torch
+    masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"] = masks.sdpa_mask_older_torch
+    try:
+        yield
+    finally:
+        masks._is_torch_greater_or_equal_than_2_6, masks.sdpa_mask = saved[0], saved[1]
+        masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.clear()
+        masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.update(saved[2])
+
+
 def _export(module, args, path: Path, opset: int, dynamo: bool) -> None:
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gskit-corpus-") as tmp:
         out = Path(tmp) / path.name
-        with torch.no_grad():
+        with torch.no_grad(), _masks_without_vmap(not dynamo):
             torch.onnx.export(
                 module,
                 args,

@@ -506,3 +506,25 @@ def test_onnxruntime_logs_follow_gskit_verbosity() -> None:
         assert ortb.log_severity() == 1
     finally:
         logger.setLevel(old)
+
+
+#: Dropout exported in training mode: onnxruntime draws a new mask on every run.
+TRAINING_DROPOUT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 64] x) => (float[2, 64] y) {
+  ratio = Constant<value = float {0.5}>()
+  training = Constant<value = bool {1}>()
+  y = Dropout(x, ratio, training)
+}
+"""
+
+
+def test_validation_failure_from_an_unsteady_original_says_so(tmp_path: Path) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "dropout.onnx", tmp_path / "out"
+    onnx.save(parse_model(TRAINING_DROPOUT), model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 1
+    report = json.loads((out / "report.json").read_text())
+    validate = next(s for s in report["steps"] if s["name"] == "validate")
+    assert "the ORIGINAL model gives different ['y'] on two runs" in validate["summary"]
