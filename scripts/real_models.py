@@ -181,7 +181,10 @@ def _architectures():
         return _FirstOutput(tf.Qwen2Model(config), "input_ids", use_cache=False), (ids,)
 
     def mistral():
-        config = tf.MistralConfig(vocab_size=128, **TINY, num_key_value_heads=2, max_position_embeddings=64)
+        # No sliding window (as Mistral v0.2+): its mask needs bitwise_and, which opset 17 lacks.
+        config = tf.MistralConfig(
+            vocab_size=128, **TINY, num_key_value_heads=2, max_position_embeddings=64, sliding_window=None
+        )
         return _FirstOutput(tf.MistralModel(config), "input_ids", use_cache=False), (ids,)
 
     def t5_encoder():
