@@ -528,3 +528,20 @@ def test_validation_failure_from_an_unsteady_original_says_so(tmp_path: Path) ->
     report = json.loads((out / "report.json").read_text())
     validate = next(s for s in report["steps"] if s["name"] == "validate")
     assert "the ORIGINAL model gives different ['y'] on two runs" in validate["summary"]
+
+
+def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A library failing deep inside a step (a gskit bug) still ends in one line naming the step, exit 2."""
+    from gskit import passes
+
+    def broken(state, options):
+        raise ValueError("graphsurgeon could not do it\nsecond line")
+
+    monkeypatch.setitem(passes.STEP_RUNNERS, "fold", broken)
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("gskit prepare: error:"))
+    assert "step 'fold'" in line and "unexpected ValueError: graphsurgeon could not do it" in line
+    assert "--debug" in line and "second line" not in err
+    assert json.loads((out / "report.json").read_text())["steps"][-1]["status"] == "failed"
