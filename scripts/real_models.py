@@ -484,10 +484,11 @@ def print_table(rows: list[Row]) -> None:
                 f"{row.seconds:.1f}s",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 3)]
+    # Left-aligned text columns, then exit code, nodes and time right-aligned, the reason last (it is long).
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
     for line in lines:
-        head = "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False))
-        print(f"{head}  {line[-4]:>4}  {line[-2]:>10}  {line[-1]:>7}  {line[-3]}")
+        head = "  ".join(cell.ljust(w) for cell, w in zip(line[:4], widths, strict=True))
+        print(f"{head}  {line[4]:>4}  {line[6]:>11}  {line[7]:>7}  {line[5]}")
 
 
 def main(argv: list[str] | None = None) -> int:
