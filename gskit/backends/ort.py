@@ -123,6 +123,10 @@ def _session(
         raise GskitError(f"onnxruntime cannot load the model: {first}") from err
 
 
+#: The level the command line asked for (--verbose, --debug); None: follow the "gskit" logger.
+_CLI_LEVEL: int | None = None
+
+
 def log_severity() -> int:
     """onnxruntime's log level that follows gskit's: its lines stay hidden unless --verbose or --debug.
 
@@ -130,14 +134,22 @@ def log_severity() -> int:
     colour (and graph-optimizer warnings such as "UnsqueezeElimination cannot remove node" flood).
     """
     logger = logging.getLogger("gskit")
-    if logger.isEnabledFor(logging.DEBUG):
+    level = _CLI_LEVEL if _CLI_LEVEL is not None else logger.getEffectiveLevel()
+    if level <= logging.DEBUG:
         return 1  # info
-    return 2 if logger.isEnabledFor(logging.INFO) else 4  # warnings / fatal only
+    return 2 if level <= logging.INFO else 4  # warnings / fatal only
 
 
-def quiet_default_logger() -> None:
+def quiet_default_logger(level: int | None = None) -> None:
     """Apply :func:`log_severity` to onnxruntime's process-wide logger (sessions made by other libraries,
-    e.g. graphsurgeon's constant folding, log through it)."""
+    e.g. graphsurgeon's constant folding, log through it).
+
+    Args:
+        level: the ``logging`` level the command line chose; kept for later sessions. None: keep the last.
+    """
+    global _CLI_LEVEL
+    if level is not None:
+        _CLI_LEVEL = level
     ort.set_default_logger_severity(log_severity())
 
 
