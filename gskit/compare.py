@@ -137,6 +137,7 @@ def compare(
             f"{source_label(prepared)} lacks output(s) {missing} of {source_label(original)}; "
             "outputs are matched by name"
         )
+    generated = feeds is None
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
     reference = onnxrt_runner(
         original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
@@ -145,7 +146,16 @@ def compare(
         under_test = onnxrt_runner(
             prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
         )
-        return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+        try:
+            return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+        except ReferenceRunError as err:
+            if not generated:
+                raise
+            raise ReferenceRunError(
+                f"{err}; give shapes that fit with --shape NAME:DIMS or real inputs with --inputs F.npz",
+                err.failure,
+                err.input_shapes,
+            ) from err
     with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
         under_test = trt_runner(path, feeds, trt_plugins, name="tensorrt")
         return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)

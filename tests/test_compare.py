@@ -178,3 +178,29 @@ def test_runner_failure_is_one_line_without_polygraphy_chatter(tmp_path, capsys)
         compare_runners(runner_a, runner_b, {"x": np.zeros((2, 3, 5), np.float32)})
     captured = capsys.readouterr()
     assert "[!]" not in captured.out + captured.err
+
+
+def test_original_failing_on_generated_inputs_names_node_and_fix(tmp_path):
+    """The ORIGINAL failing is told apart from the prepared one failing, with the node and the fix."""
+    from gskit.compare import ReferenceRunError
+
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[N] x) => (float[10, 100] y) {
+          shape = Constant<value = int64[2] {10, 100}>()
+          y = Reshape<allowzero = 0>(x, shape)
+        }
+        """
+    )
+    model.graph.node[1].name = "the_reshape"
+    with pytest.raises(ReferenceRunError) as caught:
+        compare(model, model)
+    message = str(caught.value)
+    assert message.startswith("the original model cannot run on the inputs {x float32[2]}")
+    assert "the_reshape" in message and "--shape NAME:DIMS" in message and "\n" not in message
+    assert caught.value.input_shapes == {"x": (2,)}
+    # With the caller's own inputs there is no shape to suggest, only the failure.
+    with pytest.raises(ReferenceRunError) as caught:
+        compare(model, model, feeds={"x": np.zeros(7, np.float32)})
+    assert "--shape" not in str(caught.value)
