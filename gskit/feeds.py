@@ -54,6 +54,7 @@ def random_feeds(
             f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}"
         )
     rng = np.random.default_rng(seed)
+    compared = compared_constants(graph)
     feeds: dict[str, np.ndarray] = {}
     for tensor in graph.inputs:
         if isinstance(tensor, gs.Constant):
@@ -65,8 +66,43 @@ def random_feeds(
             shape = _concrete_shape(tensor, dim_values, default_dim, image_dim)
         else:
             _check_fits(tensor, tuple(shape))
-        feeds[tensor.name] = random_array(rng, np.dtype(_np_dtype(tensor.dtype)), shape)
+        dtype = np.dtype(_np_dtype(tensor.dtype))
+        if tensor.name in compared and np.prod(shape, dtype=np.int64) == 1:
+            feeds[tensor.name] = np.full(shape, compared[tensor.name], dtype=dtype)
+        else:
+            feeds[tensor.name] = random_array(rng, dtype, shape)
     return feeds
+
+
+def compared_constants(graph: gs.Graph) -> dict[str, int | float]:
+    """Single-value inputs that the model compares with a constant (``Equal(sr, 16000)`` before an ``If``).
+
+    Such an input is a mode switch (a sample rate, a flag), not data: a random value takes a branch that
+    real inputs never take, or none that works. The model's own constant is the value to feed.
+    """
+    found: dict[str, int | float] = {}
+    for tensor in graph.inputs:
+        for node in tensor.outputs:
+            if node.op != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+                continue
+            other = node.inputs[1] if node.inputs[0] is tensor else node.inputs[0]
+            value = _single_constant(other)
+            if value is not None:
+                found.setdefault(tensor.name, value)
+    return found
+
+
+def _single_constant(tensor: gs.Tensor) -> int | float | None:
+    values = None
+    if isinstance(tensor, gs.Constant):
+        values = tensor.values
+    elif len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
+        attr = tensor.inputs[0].attrs.get("value")
+        values = getattr(attr, "values", None)
+    if values is None:
+        return None
+    values = np.asarray(values)
+    return values.reshape(-1)[0].item() if values.size == 1 else None
 
 
 def resolve_feeds(

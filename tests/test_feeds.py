@@ -61,3 +61,22 @@ def test_image_dims_and_metadata_fixed_dims() -> None:
     # Height and width of an image input get the image size; 'seq' comes from the model's metadata.
     assert feeds["x"].shape == (2, 3, 64, 64) and feeds["t"].shape == (2, 10)
     assert random_feeds(model)["x"].shape == (2, 3, 2, 2)
+
+
+def test_mode_switch_input_gets_the_constant_the_model_compares_it_with() -> None:
+    # A VAD's sample rate: Equal(sr, 16000) picks the If branch; a random int would pick the wrong one.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, T] x, int64 sr, int64[1] flag) => (bool a, bool[1] b, float[N, T] y) <int64[1] k = {1}> {
+          rate = Constant<value = int64 {16000}>()
+          a = Equal(sr, rate)
+          b = Equal(k, flag)
+          y = Relu(x)
+        }
+        """
+    )
+    feeds = random_feeds(model, seed=3)
+    assert feeds["sr"].shape == () and feeds["sr"].dtype == np.int64 and int(feeds["sr"]) == 16000
+    assert feeds["flag"].tolist() == [1]
+    assert feeds["x"].dtype == np.float32 and feeds["x"].shape == (2, 2)
