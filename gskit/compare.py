@@ -286,6 +286,46 @@ def unsteady_outputs(
     return differ
 
 
+def failing_node(model: onnx.ModelProto, failure: str) -> tuple[str, list[str]] | None:
+    """The main-graph node onnxruntime's message names (``Name:'...'``) and the graph inputs it depends on.
+
+    Follows producers back from the node's inputs, and from the outer-scope names its subgraphs read (an
+    ``If`` branch reading ``input``). None when the message names no node of the main graph.
+    """
+    import re
+
+    names = re.findall(r"Name:'([^']*)'", failure)
+    nodes = {node.name: node for node in model.graph.node if node.name}
+    node = next((nodes[n] for n in names if n in nodes), None)
+    if node is None:
+        return None
+    producers = {out: n for n in model.graph.node for out in n.output}
+    graph_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = list(_read_names(node))
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in graph_inputs:
+            found.append(name)
+        elif name in producers:
+            stack.extend(_read_names(producers[name]))
+    order = [i.name for i in model.graph.input]
+    return f"{node.name} ({node.op_type})", sorted(found, key=order.index)
+
+
+def _read_names(node: onnx.NodeProto) -> list[str]:
+    """What a node reads: its inputs and every name used in its subgraphs (outer-scope ones among them)."""
+    names = list(node.input)
+    for graph in (a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH):
+        for inner in graph.node:
+            names.extend(_read_names(inner))
+    return names
+
+
 def describe_feeds(feeds: Mapping[str, np.ndarray]) -> str:
     """``x float32[1x3x64x64], sr int64[] = 3``: names, dtypes and shapes (and the value of a scalar)."""
     parts = []

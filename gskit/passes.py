@@ -342,7 +342,7 @@ INPUTS_HINT = (
 
 
 def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
-    from gskit.compare import ReferenceRunError, compare, describe_feeds
+    from gskit.compare import ReferenceRunError, compare, describe_feeds, failing_node
     from gskit.feeds import load_feeds, random_feeds
 
     prepared = state.snapshot()
@@ -371,9 +371,11 @@ def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
         note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
         return _validated(state, report, note + _unsteady_note(state, report, feeds))
     tried, failure = failures[-1]
+    culprit = failing_node(original, failure)
+    where = f"node {culprit[0]} fails on input(s) {culprit[1]}: " if culprit and culprit[1] else ""
     raise StepError(
         f"validate: the original model cannot run on generated inputs (last tried {tried}, "
-        f"{len(failures)} size(s) in all): {failure}; {INPUTS_HINT}"
+        f"{len(failures)} size(s) in all): {where}{failure}; {INPUTS_HINT}"
     )
 
 

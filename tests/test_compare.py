@@ -204,3 +204,28 @@ def test_original_failing_on_generated_inputs_names_node_and_fix(tmp_path):
     with pytest.raises(ReferenceRunError) as caught:
         compare(model, model, feeds={"x": np.zeros(7, np.float32)})
     assert "--shape" not in str(caught.value)
+
+
+def test_failing_node_follows_producers_and_branch_reads():
+    from gskit.compare import failing_node
+
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[N] x, int64 sr, float[N] unused) => (float[N] y) {
+          rate = Constant<value = int64 {16000}>()
+          c = Equal(sr, rate)
+          y = If(c) <
+            then_branch = t () => (float[N] a) { a = Relu(x) },
+            else_branch = e () => (float[N] b) { b = Neg(x) }
+          >
+        }
+        """
+    )
+    model.graph.node[2].name = "the_if"
+    message = (
+        "Non-zero status code returned while running If node. Name:'the_if' Status Message: ... Name:'inner'"
+    )
+    # The If reads sr through the Equal and x inside its branches; 'unused' is not upstream.
+    assert failing_node(model, message) == ("the_if (If)", ["x", "sr"])
+    assert failing_node(model, "no node named here") is None

@@ -481,13 +481,16 @@ def test_original_that_fits_no_generated_input_says_so_in_one_line(tmp_path: Pat
     from conftest import parse_model
 
     model, out = tmp_path / "reshape.onnx", tmp_path / "out"
-    onnx.save(parse_model(FIXED_RESHAPE), model)
+    proto = parse_model(FIXED_RESHAPE)
+    proto.graph.node[1].name = "y_reshape"
+    onnx.save(proto, model)
     assert main(["prepare", str(model), "-o", str(out)]) == 2
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in err
     assert "the original model cannot run on generated inputs" in lines[0]
     assert "Reshape" in lines[0] and "x float32[" in lines[0] and "--shape NAME:DIMS" in lines[0]
+    assert "node y_reshape (Reshape) fails on input(s) ['x']" in lines[0]
     assert "--inputs F.npz" in lines[0]
     assert "[E:onnxruntime" not in err
 
