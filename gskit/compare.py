@@ -160,6 +160,7 @@ def compare(
             f"{source_label(prepared)} lacks output(s) {missing} of {source_label(original)}; "
             "outputs are matched by name"
         )
+    generated = feeds is None
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
     reference = onnxrt_runner(
         original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
@@ -168,7 +169,16 @@ def compare(
         under_test = onnxrt_runner(
             prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
         )
-        return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+        try:
+            return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+        except ReferenceRunError as err:
+            if not generated:
+                raise
+            raise ReferenceRunError(
+                f"{err}; give shapes that fit with --shape NAME:DIMS or real inputs with --inputs F.npz",
+                err.failure,
+                err.input_shapes,
+            ) from err
     with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
         under_test = trt_runner(path, feeds, trt_plugins, name="tensorrt")
         return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
@@ -196,20 +206,23 @@ def compare_runners(
         GskitError: a runner fails, or the runner under test lacks one of the outputs.
     """
     from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator.struct import RunResults
     from polygraphy.exception import PolygraphyException
 
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
+    # One runner at a time, so a failure names the side that failed: the reference failing means the inputs
+    # do not fit the model, which is a different finding (and fix) from the model under test failing.
+    results = RunResults()
+    results.extend(_run_side(reference, feeds, ReferenceRunError))
+    results.extend(_run_side(under_test, feeds, GskitError))
     try:
         with quiet_polygraphy():
-            results = Comparator.run([reference, under_test], data_loader=[feeds])
             atols, rtols = _per_output(results[0][1][0], atol, rtol)
             accuracy = Comparator.compare_accuracy(
                 results, compare_func=SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
             )
     except PolygraphyException as err:
         raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
-    except GskitError:
-        raise
     ref_out = results[0][1][0]
     test_out = results[1][1][0]
     names = list(outputs) if outputs is not None else list(ref_out.keys())
@@ -229,6 +242,124 @@ def compare_runners(
         reference=reference.name,
         under_test=under_test.name,
     )
+
+
+class ReferenceRunError(GskitError):
+    """The reference (original) model cannot run on the inputs: the inputs are wrong, not the preparation.
+
+    Attributes:
+        failure: onnxruntime's one-line reason (it names the failing node).
+        input_shapes: the shape of each input that was fed.
+    """
+
+    def __init__(
+        self, message: str, failure: str = "", input_shapes: Mapping[str, tuple] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.input_shapes = dict(input_shapes or {})
+
+
+def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitError]) -> Any:
+    """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        with quiet_polygraphy():
+            return Comparator.run([runner], data_loader=[feeds])
+    except GskitError as err:
+        if error is GskitError or isinstance(err, error):
+            raise
+        failure = str(err)
+    except PolygraphyException as err:
+        failure = _first_line(err)
+    except Exception as err:  # onnxruntime's pybind errors (and a plugin reference's) arrive unwrapped
+        failure = ort_backend.short_error(err)
+    shapes = feed_shapes(feeds)
+    if error is ReferenceRunError:
+        raise ReferenceRunError(
+            f"the {runner.name} model cannot run on the inputs {describe_feeds(feeds)}: {failure}",
+            failure,
+            shapes,
+        )
+    raise error(f"the {runner.name} model failed to run on {describe_feeds(feeds)}: {failure}")
+
+
+def unsteady_outputs(
+    model: ModelSource, feeds: Mapping[str, np.ndarray], plugins: PluginRegistry | None = None
+) -> list[str]:
+    """Outputs of ``model`` that differ between two onnxruntime runs on the same ``feeds``.
+
+    A model exported in training mode (Dropout with ``training_mode`` on) or with random ops gives new outputs
+    on every run: no prepared model can match it, and saying so is the useful answer to a failed validation.
+    """
+    session = ort_backend.session(model, plugins=plugins)
+    first = ort_backend.run(session, feeds)
+    second = ort_backend.run(session, feeds)
+    differ = []
+    for name, value in first.items():
+        a, b = np.asarray(value), np.asarray(second[name])
+        same = a.shape == b.shape and (
+            np.array_equal(a, b, equal_nan=True)
+            if np.issubdtype(a.dtype, np.inexact)
+            else np.array_equal(a, b)
+        )
+        if not same:
+            differ.append(name)
+    return differ
+
+
+def failing_node(model: onnx.ModelProto, failure: str) -> tuple[str, list[str]] | None:
+    """The main-graph node onnxruntime's message names (``Name:'...'``) and the graph inputs it depends on.
+
+    Follows producers back from the node's inputs, and from the outer-scope names its subgraphs read (an
+    ``If`` branch reading ``input``). None when the message names no node of the main graph.
+    """
+    import re
+
+    names = re.findall(r"Name:'([^']*)'", failure)
+    nodes = {node.name: node for node in model.graph.node if node.name}
+    node = next((nodes[n] for n in names if n in nodes), None)
+    if node is None:
+        return None
+    producers = {out: n for n in model.graph.node for out in n.output}
+    graph_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = list(_read_names(node))
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in graph_inputs:
+            found.append(name)
+        elif name in producers:
+            stack.extend(_read_names(producers[name]))
+    order = [i.name for i in model.graph.input]
+    return f"{node.name} ({node.op_type})", sorted(found, key=order.index)
+
+
+def _read_names(node: onnx.NodeProto) -> list[str]:
+    """What a node reads: its inputs and every name used in its subgraphs (outer-scope ones among them)."""
+    names = list(node.input)
+    for graph in (a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH):
+        for inner in graph.node:
+            names.extend(_read_names(inner))
+    return names
+
+
+def describe_feeds(feeds: Mapping[str, np.ndarray]) -> str:
+    """``x float32[1x3x64x64], sr int64[] = 3``: names, dtypes and shapes (and the value of a scalar)."""
+    parts = []
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        text = f"{name} {value.dtype}[{'x'.join(str(d) for d in value.shape)}]"
+        if value.size == 1:
+            text += f" = {value.reshape(-1)[0].item()!r}"
+        parts.append(text)
+    return "{" + ", ".join(parts) + "}"
 
 
 def compare_arrays(

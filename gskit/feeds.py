@@ -23,6 +23,8 @@ def random_feeds(
     *,
     seed: int = 0,
     dim_values: Mapping[str, int] | None = None,
+    default_dim: int = DEFAULT_DYNAMIC_DIM,
+    image_dim: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Random inputs for every graph input that is not an initializer.
 
@@ -32,14 +34,19 @@ def random_feeds(
         model: the model (or graph) whose inputs to fill.
         shapes: full shapes per input name, overriding the model's dims.
         seed: seed of the generator, so two runs get the same data.
-        dim_values: values for symbolic dims by name (e.g. ``{"batch": 4}``); others get DEFAULT_DYNAMIC_DIM.
+        dim_values: values for symbolic dims by name (e.g. ``{"batch": 4}``); for a ModelProto, symbolic dims
+            that its metadata fixes (``metadata_props`` ``height = 640``) come first, overridden by these.
+        default_dim: the size of a symbolic or unknown dim that nothing else fixes.
+        image_dim: the size of unknown height and width of an image input (rank 4, 1-4 channels fixed), so
+            the image survives the model's down-sampling; ``None``: ``default_dim``.
 
     Raises:
         GskitError: ``shapes`` names an unknown input, or an input has no dtype.
     """
     graph = model if isinstance(model, gs.Graph) else gs.import_onnx(model)
     shapes = dict(shapes or {})
-    dim_values = dict(dim_values or {})
+    metadata = metadata_dim_values(model) if isinstance(model, onnx.ModelProto) else {}
+    dim_values = {**metadata, **(dim_values or {})}
     known = {t.name for t in graph.inputs}
     unknown = set(shapes) - known
     if unknown:
@@ -47,6 +54,7 @@ def random_feeds(
             f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}"
         )
     rng = np.random.default_rng(seed)
+    compared = compared_constants(graph)
     feeds: dict[str, np.ndarray] = {}
     for tensor in graph.inputs:
         if isinstance(tensor, gs.Constant):
@@ -55,11 +63,46 @@ def random_feeds(
             raise GskitError(f"input '{tensor.name}' has no dtype; set it with `gskit edit --input-dtype`")
         shape = shapes.get(tensor.name)
         if shape is None:
-            shape = _concrete_shape(tensor, dim_values)
+            shape = _concrete_shape(tensor, dim_values, default_dim, image_dim)
         else:
             _check_fits(tensor, tuple(shape))
-        feeds[tensor.name] = random_array(rng, np.dtype(_np_dtype(tensor.dtype)), shape)
+        dtype = np.dtype(_np_dtype(tensor.dtype))
+        if tensor.name in compared and np.prod(shape, dtype=np.int64) == 1:
+            feeds[tensor.name] = np.full(shape, compared[tensor.name], dtype=dtype)
+        else:
+            feeds[tensor.name] = random_array(rng, dtype, shape)
     return feeds
+
+
+def compared_constants(graph: gs.Graph) -> dict[str, int | float]:
+    """Single-value inputs that the model compares with a constant (``Equal(sr, 16000)`` before an ``If``).
+
+    Such an input is a mode switch (a sample rate, a flag), not data: a random value takes a branch that
+    real inputs never take, or none that works. The model's own constant is the value to feed.
+    """
+    found: dict[str, int | float] = {}
+    for tensor in graph.inputs:
+        for node in tensor.outputs:
+            if node.op != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+                continue
+            other = node.inputs[1] if node.inputs[0] is tensor else node.inputs[0]
+            value = _single_constant(other)
+            if value is not None:
+                found.setdefault(tensor.name, value)
+    return found
+
+
+def _single_constant(tensor: gs.Tensor) -> int | float | None:
+    values = None
+    if isinstance(tensor, gs.Constant):
+        values = tensor.values
+    elif len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
+        attr = tensor.inputs[0].attrs.get("value")
+        values = getattr(attr, "values", None)
+    if values is None:
+        return None
+    values = np.asarray(values)
+    return values.reshape(-1)[0].item() if values.size == 1 else None
 
 
 def resolve_feeds(
@@ -162,20 +205,48 @@ def _check_fits(tensor: gs.Variable, shape: tuple[int, ...]) -> None:
             )
 
 
-def _concrete_shape(tensor: gs.Variable, dim_values: Mapping[str, int]) -> tuple[int, ...]:
+def _concrete_shape(
+    tensor: gs.Variable, dim_values: Mapping[str, int], default_dim: int, image_dim: int | None
+) -> tuple[int, ...]:
     if tensor.shape is None:
         raise GskitError(
             f"input '{tensor.name}' has unknown rank; give its shape with --shape {tensor.name}:DIMS"
         )
+    image = (
+        image_dim is not None
+        and len(tensor.shape) == 4
+        and isinstance(tensor.shape[1], int)
+        and 1 <= tensor.shape[1] <= 4
+    )
     dims = []
-    for dim in tensor.shape:
+    for axis, dim in enumerate(tensor.shape):
         if isinstance(dim, int) and dim >= 0:
             dims.append(dim)
         elif isinstance(dim, str) and dim in dim_values:
             dims.append(int(dim_values[dim]))
+        elif image and axis >= 2:
+            dims.append(int(image_dim))  # type: ignore[arg-type]
         else:
-            dims.append(DEFAULT_DYNAMIC_DIM)
+            dims.append(default_dim)
     return tuple(dims)
+
+
+def metadata_dim_values(model: onnx.ModelProto) -> dict[str, int]:
+    """Symbolic input dims that the model's own metadata fixes: a ``metadata_props`` key named like the dim
+    (``height``, or ``dim:height``) with a positive integer value."""
+    names = {
+        d.dim_param
+        for i in model.graph.input
+        if i.type.HasField("tensor_type")
+        for d in i.type.tensor_type.shape.dim
+        if d.dim_param
+    }
+    found = {}
+    for prop in model.metadata_props:
+        key = prop.key.removeprefix("dim:")
+        if key in names and prop.value.strip().isdigit() and int(prop.value) > 0:
+            found[key] = int(prop.value)
+    return found
 
 
 def _np_dtype(dtype) -> np.dtype:

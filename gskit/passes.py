@@ -330,25 +330,81 @@ def run_check_trt(state: RunState, options: CheckTrtOptions) -> tuple[str, Any]:
     return f"{report.source}: {bad} node(s) rejected, {plugins} plugin node(s) with known plugins", report
 
 
-def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
-    from gskit.compare import compare
-    from gskit.feeds import load_feeds
+#: Sizes of the dims that generated validation inputs leave open, tried in order while the ORIGINAL model
+#: fails on them: (any symbolic or unknown dim, unknown height and width of an image input). Small first, so
+#: validation stays fast; an image of 64 survives a 32x down-sampling, 320 what detectors' Resize chains need,
+#: 512 samples an audio front end's reflect padding.
+VALIDATION_SIZES: tuple[tuple[int, int], ...] = ((2, 64), (16, 128), (64, 320), (512, 640))
 
-    feeds = load_feeds(options.inputs) if options.inputs else None
-    report = compare(
-        state.original_path,
-        state.snapshot(),
-        feeds=feeds,
-        shapes=options.shapes or None,
-        seed=options.seed,
-        atol=options.atol,
-        rtol=options.rtol,
-        plugins=state.registry,
+#: How a user gives validation inputs that fit (the CLI flags and the recipe options).
+INPUTS_HINT = (
+    "give shapes that fit with --shape NAME:DIMS (recipe: validate: {shapes: {NAME: [DIMS]}}) "
+    "or real inputs with --inputs F.npz (recipe: validate: {inputs: F.npz})"
+)
+
+
+def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
+    from gskit.compare import ReferenceRunError, compare, describe_feeds, failing_node
+    from gskit.feeds import load_feeds, random_feeds
+
+    prepared = state.snapshot()
+    common = dict(atol=options.atol, rtol=options.rtol, plugins=state.registry)
+    if options.inputs:
+        feeds = load_feeds(options.inputs)
+        try:
+            report = compare(state.original_path, prepared, feeds=feeds, **common)
+        except ReferenceRunError as err:
+            raise StepError(f"validate: {err}; check the file given as inputs ({options.inputs})") from err
+        return _validated(state, report, _unsteady_note(state, report, feeds))
+    original = gsmodel.load(state.original_path, load_weights=False)
+    failures = []
+    for default_dim, image_dim in VALIDATION_SIZES:
+        feeds = random_feeds(
+            original, options.shapes or None, seed=options.seed, default_dim=default_dim, image_dim=image_dim
+        )
+        if failures and describe_feeds(feeds) == failures[-1][0]:
+            continue  # nothing left open to grow: the same inputs would fail the same way
+        try:
+            report = compare(state.original_path, prepared, feeds=feeds, **common)
+        except ReferenceRunError as err:
+            failures.append((describe_feeds(feeds), err.failure))
+            continue
+        note = f" (inputs {_shapes_text(report.input_shapes)}"
+        note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
+        return _validated(state, report, note + _unsteady_note(state, report, feeds))
+    tried, failure = failures[-1]
+    culprit = failing_node(original, failure)
+    where = f"node {culprit[0]} fails on input(s) {culprit[1]}: " if culprit and culprit[1] else ""
+    raise StepError(
+        f"validate: the original model cannot run on generated inputs (last tried {tried}, "
+        f"{len(failures)} size(s) in all): {where}{failure}; {INPUTS_HINT}"
     )
+
+
+def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
+    """On a failed validation: whether the original itself gives different outputs on two identical runs."""
+    if report.passed:
+        return ""
+    from gskit.compare import unsteady_outputs
+
+    unsteady = unsteady_outputs(state.original_path, feeds, state.registry)
+    if not unsteady:
+        return ""
+    return (
+        f"; the ORIGINAL model gives different {unsteady} on two runs of the same inputs (random ops, or "
+        "Dropout exported in training mode): no prepared model can match it; export it in eval mode"
+    )
+
+
+def _validated(state: RunState, report: Any, note: str) -> tuple[str, Any]:
     state.comparison = report
     worst = max((o.max_abs_err for o in report.outputs), default=0.0)
     verdict = "passed" if report.passed else f"FAILED on {[o.name for o in report.failed]}"
-    return f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}", report
+    return f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}", report
+
+
+def _shapes_text(shapes: dict[str, tuple[int, ...]]) -> str:
+    return ", ".join(f"{name}:{'x'.join(str(d) for d in dims) or 'scalar'}" for name, dims in shapes.items())
 
 
 def run_build(state: RunState, options: BuildOptions) -> tuple[str, Any]:

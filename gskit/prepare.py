@@ -148,7 +148,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         before = gsmodel.count_nodes(state.graph)
         start = time.perf_counter()
         try:
-            summary, _details = STEP_RUNNERS[step.name](state, step.options)
+            summary, _details = _run_step(step.name, state, step.options)
         except GskitError as err:
             result = StepResult(
                 step.name, step.line, time.perf_counter() - start, before, before, "failed", str(err)
@@ -184,6 +184,20 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     for region in state.replaced:
         counts[region.plugin] = counts.get(region.plugin, 0) + 1
     report.plugins_inserted = counts
+
+
+def _run_step(name: str, state: RunState, options: Any) -> tuple[str, Any]:
+    """One step; an exception that is not a GskitError is a gskit bug, still reported as one line."""
+    try:
+        return STEP_RUNNERS[name](state, options)
+    except GskitError:
+        raise
+    except Exception as err:  # a library deep inside a step (onnx, graphsurgeon, onnxruntime) failing
+        text = str(err).strip().splitlines()
+        raise GskitError(
+            f"unexpected {type(err).__name__}: {text[0] if text else ''} (a gskit bug: rerun with "
+            f"`gskit --debug prepare ...` for the traceback and report it, or skip the step with --recipe)"
+        ) from err
 
 
 def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:

@@ -309,3 +309,37 @@ def test_cli_plugins_option_repeats_like_the_other_commands(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(GskitError, match="no such file or folder: .*missing"):
         _cli([*argv, "--plugins", str(tmp_path / "missing")])
+
+
+#: Every graph output comes straight from a plugin node, as in an encoder export that ends in a norm.
+PLUGIN_OUTPUTS_ONLY = """
+<ir_version: 10, opset_import: ["" : 17, "my.ns" : 1]>
+g (float[N,4] x) => (float[M] y) {
+  a = Relu(x)
+  u = Unique(a)
+  y = my.ns.Swish<plugin_namespace: string = "my.ns", plugin_version: string = "2", beta: float = 1.5>(u)
+}
+"""
+
+
+@rtx
+def test_rtx_checks_up_to_the_plugin_inputs_when_every_output_is_a_plugins(tmp_path, swish_plugin_dir):
+    # Before: "nothing left to check" and an error. Now the plugin's input is checked in its place, so the
+    # parser still sees (and rejects) the Unique feeding the plugin and takes the Relu before it.
+    report = check_trt(
+        _save(tmp_path, PLUGIN_OUTPUTS_ONLY), plugins=[swish_plugin_dir], backend="tensorrt_rtx"
+    )
+    assert [(i.op_type, i.status) for i in report.issues] == [
+        ("Unique", UNSUPPORTED),
+        ("Swish", NEEDS_PLUGIN),
+    ]
+    assert any("cut out" in note for note in report.notes)
+
+
+@rtx
+def test_rtx_model_of_only_plugin_nodes_is_reported_not_an_error(tmp_path, swish_plugin_dir):
+    text = PLUGIN_OUTPUTS_ONLY.replace("  a = Relu(x)\n  u = Unique(a)\n", "").replace(">(u)", ">(x)")
+    text = text.replace("float[M] y", "float[N,4] y")
+    report = check_trt(_save(tmp_path, text), plugins=[swish_plugin_dir], backend="tensorrt_rtx")
+    assert [(i.op_type, i.status) for i in report.issues] == [("Swish", NEEDS_PLUGIN)]
+    assert any("nothing for TensorRT-RTX's parser to check" in n for n in report.notes)

@@ -174,7 +174,7 @@ def test_runner_failure_is_one_line_without_polygraphy_chatter(tmp_path, capsys)
     path = tmp_path / "m.onnx"
     gsmodel.save(parse_model(ORIGINAL), path)
     runner_a, runner_b = onnxrt_runner(path, None, "a"), onnxrt_runner(path, None, "b")
-    with pytest.raises(GskitError, match="comparison failed to run: .*incompatible shape"):
+    with pytest.raises(GskitError, match="the a model cannot run on the inputs .*incompatible shape"):
         compare_runners(runner_a, runner_b, {"x": np.zeros((2, 3, 5), np.float32)})
     captured = capsys.readouterr()
     assert "[!]" not in captured.out + captured.err
@@ -212,3 +212,54 @@ def test_tolerance_follows_the_output_dtype():
         feeds={"x": np.full((2, 4), 1.0, dtype=np.float16)},
     )
     assert not wrong.passed
+
+
+def test_original_failing_on_generated_inputs_names_node_and_fix(tmp_path):
+    """The ORIGINAL failing is told apart from the prepared one failing, with the node and the fix."""
+    from gskit.compare import ReferenceRunError
+
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[N] x) => (float[10, 100] y) {
+          shape = Constant<value = int64[2] {10, 100}>()
+          y = Reshape<allowzero = 0>(x, shape)
+        }
+        """
+    )
+    model.graph.node[1].name = "the_reshape"
+    with pytest.raises(ReferenceRunError) as caught:
+        compare(model, model)
+    message = str(caught.value)
+    assert message.startswith("the original model cannot run on the inputs {x float32[2]}")
+    assert "the_reshape" in message and "--shape NAME:DIMS" in message and "\n" not in message
+    assert caught.value.input_shapes == {"x": (2,)}
+    # With the caller's own inputs there is no shape to suggest, only the failure.
+    with pytest.raises(ReferenceRunError) as caught:
+        compare(model, model, feeds={"x": np.zeros(7, np.float32)})
+    assert "--shape" not in str(caught.value)
+
+
+def test_failing_node_follows_producers_and_branch_reads():
+    from gskit.compare import failing_node
+
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[N] x, int64 sr, float[N] unused) => (float[N] y) {
+          rate = Constant<value = int64 {16000}>()
+          c = Equal(sr, rate)
+          y = If(c) <
+            then_branch = t () => (float[N] a) { a = Relu(x) },
+            else_branch = e () => (float[N] b) { b = Neg(x) }
+          >
+        }
+        """
+    )
+    model.graph.node[2].name = "the_if"
+    message = (
+        "Non-zero status code returned while running If node. Name:'the_if' Status Message: ... Name:'inner'"
+    )
+    # The If reads sr through the Equal and x inside its branches; 'unused' is not upstream.
+    assert failing_node(model, message) == ("the_if (If)", ["x", "sr"])
+    assert failing_node(model, "no node named here") is None

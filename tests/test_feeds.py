@@ -46,3 +46,37 @@ def test_shape_override_that_does_not_fit_is_named(shape: tuple[int, ...], messa
 def test_unknown_input_is_named() -> None:
     with pytest.raises(GskitError, match=r"unknown input\(s\) \['z'\]; model inputs are \['idx', 'x'\]"):
         random_feeds(MODEL, {"z": (1,)})
+
+
+def test_image_dims_and_metadata_fixed_dims() -> None:
+    import onnx
+
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3, "h", "w"])
+    t = onnx.helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, ["batch", "seq"])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [x, t], [y])
+    model = onnx.helper.make_model(graph)
+    onnx.helper.set_model_props(model, {"seq": "10", "h": "not a number"})
+    feeds = random_feeds(model, default_dim=2, image_dim=64)
+    # Height and width of an image input get the image size; 'seq' comes from the model's metadata.
+    assert feeds["x"].shape == (2, 3, 64, 64) and feeds["t"].shape == (2, 10)
+    assert random_feeds(model)["x"].shape == (2, 3, 2, 2)
+
+
+def test_mode_switch_input_gets_the_constant_the_model_compares_it_with() -> None:
+    # A VAD's sample rate: Equal(sr, 16000) picks the If branch; a random int would pick the wrong one.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, T] x, int64 sr, int64[1] flag) => (bool a, bool[1] b, float[N, T] y) <int64[1] k = {1}> {
+          rate = Constant<value = int64 {16000}>()
+          a = Equal(sr, rate)
+          b = Equal(k, flag)
+          y = Relu(x)
+        }
+        """
+    )
+    feeds = random_feeds(model, seed=3)
+    assert feeds["sr"].shape == () and feeds["sr"].dtype == np.int64 and int(feeds["sr"]) == 16000
+    assert feeds["flag"].tolist() == [1]
+    assert feeds["x"].dtype == np.float32 and feeds["x"].shape == (2, 2)

