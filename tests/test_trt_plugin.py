@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plugin_folders import plugin_folders
 
 from gskit import trt_plugin
 from gskit.errors import PluginError
 from gskit.plugin import Attribute, AttrType, PluginSpec, load_spec_file
 
 REPO = Path(__file__).resolve().parent.parent
-PLUGIN_FOLDERS = sorted(p.parent for p in (REPO / "plugins").glob("*/trt_plugin.py"))
+PLUGIN_FOLDERS = plugin_folders("trt_plugin.py")
 
 
 def _names(signature) -> str:

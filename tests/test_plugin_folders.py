@@ -1,0 +1,132 @@
+"""Every plugin folder, found on disk (tests/plugin_folders.py): its layout, and the plugin on onnxruntime.
+
+For each folder: the files of the plugin layout are there, the spec's patterns are ``patterns.PATTERNS``,
+and a one-node model of the plugin (default attributes, the spec module's example inputs) gets its output
+dtype and rank from gskit's shape inference and runs on onnxruntime (through the numpy reference) to the
+reference's own result (float32: rtol 1e-6, atol 0; the same numpy code runs on both sides).
+
+The last test adds one plugin folder in a temporary root beside copies of the shipped ones, points
+``$GSKIT_TEST_PLUGIN_ROOTS`` at it and runs the plugin-wide test files in a fresh pytest: each one collects
+the new plugin, and its tests pass, without a change anywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from plugin_folders import (
+    REPO,
+    ROOTS_ENV,
+    example_inputs,
+    ids,
+    input_names,
+    load_plugin,
+    one_node_model,
+    plugin_folders,
+    plugin_roots,
+)
+
+from gskit.backends import ort
+from gskit.patterns import Rule
+from gskit.plugin import PluginRegistry
+from gskit.shapes import infer_shapes
+
+#: Files every plugin folder has (plugins/README.md, "Layout of a plugin folder").
+LAYOUT = ("__init__.py", "spec.py", "reference.py", "patterns.py", "README.md", "test_reference.py")
+#: Test files that run over every plugin folder.
+PLUGIN_WIDE_TESTS = (
+    "tests/test_plugin_folders.py",
+    "tests/test_trt_plugin.py",
+    "tests/test_trt_aot_ptx.py",
+    "tests/test_trt_gpu.py",
+)
+FOLDERS = plugin_folders()
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=ids(FOLDERS))
+def test_folder_has_the_plugin_layout(folder: Path) -> None:
+    missing = [name for name in LAYOUT if not (folder / name).is_file()]
+    assert not missing, f"{folder.name} lacks {missing}"
+    spec, module = load_plugin(folder)
+    patterns = sys.modules[module.__name__ + ".patterns"]
+    assert spec.patterns == tuple(patterns.PATTERNS)
+    assert all(isinstance(rule, Rule) for rule in spec.patterns)
+    assert spec.reference is not None
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=ids(FOLDERS))
+def test_plugin_runs_on_onnxruntime_as_its_reference_does(folder: Path) -> None:
+    spec, _ = load_plugin(folder)
+    arrays = example_inputs(folder, np.random.default_rng(0))
+    registry = PluginRegistry([spec])
+    model = infer_shapes(one_node_model(spec, arrays), registry)
+    expected = spec.run_reference(arrays, {})
+    inferred = {v.name: v.type.tensor_type for v in (*model.graph.value_info, *model.graph.output)}
+    for name, want in zip(spec.outputs, expected, strict=True):
+        assert inferred[name].elem_type == onnx.helper.np_dtype_to_tensor_dtype(want.dtype)
+        assert len(inferred[name].shape.dim) == want.ndim
+    got = ort.run(model, dict(zip(input_names(spec), arrays, strict=True)), plugins=registry)
+    for name, want in zip(spec.outputs, expected, strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=0)
+
+
+def test_the_shipped_plugins_are_found() -> None:
+    if os.environ.get(ROOTS_ENV):
+        pytest.skip(f"plugin roots replaced by ${ROOTS_ENV}")
+    assert plugin_roots() == [REPO / "plugins"]
+    assert {"clamp_swish", "layer_norm", "rms_norm", "deform_conv2d"} <= {f.name for f in FOLDERS}
+
+
+def _twin(source: Path, target: Path) -> None:
+    """A new plugin folder: ``source`` copied under another folder name and op name."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "build", "cpp"))
+    spec = target / "spec.py"
+    text, count = re.subn(r'name="ClampSwish"', 'name="ClampSwishTwin"', spec.read_text())
+    assert count == 1
+    spec.write_text(text)
+
+
+def test_a_new_plugin_folder_is_picked_up_by_every_plugin_wide_test(tmp_path: Path) -> None:
+    if os.environ.get(ROOTS_ENV):
+        pytest.skip("already running under a replaced plugin root")
+    root = tmp_path / "plugins"
+    for folder in FOLDERS:
+        shutil.copytree(folder, root / folder.name, ignore=shutil.ignore_patterns("__pycache__", "build"))
+    _twin(REPO / "plugins" / "clamp_swish", root / "clamp_swish_twin")
+    env = {**os.environ, ROOTS_ENV: str(root), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+
+    collected = subprocess.run(
+        [*base, "--collect-only", *PLUGIN_WIDE_TESTS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    for test_file in PLUGIN_WIDE_TESTS:
+        mine = [line for line in collected.stdout.splitlines() if line.startswith(test_file)]
+        for name in [*(f.name for f in FOLDERS), "clamp_swish_twin"]:  # the shipped ones stay too
+            found = any(re.search(rf"\[{name}[\]-]", line) for line in mine)
+            assert found, f"{test_file} does not collect plugin folder {name}"
+
+    ran = subprocess.run(
+        [*base, "-k", "clamp_swish_twin", "tests/test_plugin_folders.py", "tests/test_trt_plugin.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    passed = re.search(r"(\d+) passed", ran.stdout)
+    assert passed and int(passed.group(1)) >= 4, ran.stdout[-2000:]
