@@ -102,31 +102,26 @@ def test_a_new_plugin_folder_is_picked_up_by_every_plugin_wide_test(tmp_path: Pa
         shutil.copytree(folder, root / folder.name, ignore=shutil.ignore_patterns("__pycache__", "build"))
     _twin(REPO / "plugins" / "clamp_swish", root / "clamp_swish_twin")
     env = {**os.environ, ROOTS_ENV: str(root), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
-    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
 
-    collected = subprocess.run(
-        [*base, "--collect-only", *PLUGIN_WIDE_TESTS],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    def pytest_run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return done.stdout
+
+    collected = pytest_run("--collect-only", *PLUGIN_WIDE_TESTS).splitlines()
     for test_file in PLUGIN_WIDE_TESTS:
-        mine = [line for line in collected.stdout.splitlines() if line.startswith(test_file)]
+        mine = [line for line in collected if line.startswith(test_file)]
         for name in [*(f.name for f in FOLDERS), "clamp_swish_twin"]:  # the shipped ones stay too
             found = any(re.search(rf"\[{name}[\]-]", line) for line in mine)
             assert found, f"{test_file} does not collect plugin folder {name}"
 
-    ran = subprocess.run(
-        [*base, "-k", "clamp_swish_twin", "tests/test_plugin_folders.py", "tests/test_trt_plugin.py"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
-    passed = re.search(r"(\d+) passed", ran.stdout)
-    assert passed and int(passed.group(1)) >= 4, ran.stdout[-2000:]
+    ran = pytest_run("-k", "clamp_swish_twin", "tests/test_plugin_folders.py", "tests/test_trt_plugin.py")
+    passed = re.search(r"(\d+) passed", ran)
+    assert passed and int(passed.group(1)) >= 4, ran[-2000:]
