@@ -50,7 +50,7 @@ def infer_tensor_types(graph: gs.Graph, odd_types: GsLosses | None = None) -> No
     try:
         proto = export_graph(view, odd_types)
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception as err:  # onnx raises several types; folding still works without the extra shapes
+    except Exception as err:  # onnx raises several types; the passes still work without the extra shapes
         log.info("shape inference failed (%s); keeping the shapes in the model", err)
         return
     infos: dict[str, onnx.ValueInfoProto] = {}
