@@ -5,9 +5,10 @@ and a one-node model of the plugin (default attributes, the spec module's exampl
 dtype and rank from gskit's shape inference and runs on onnxruntime (through the numpy reference) to the
 reference's own result (float32: rtol 1e-6, atol 0; the same numpy code runs on both sides).
 
-The last test adds one plugin folder in a temporary root beside copies of the shipped ones, points
+The last test adds new plugin folders in a temporary root beside copies of the shipped ones (a renamed
+copy of ClampSwish, and a ``gskit plugin new`` folder with its reference written), points
 ``$GSKIT_TEST_PLUGIN_ROOTS`` at it and runs the plugin-wide test files in a fresh pytest: each one collects
-the new plugin, and its tests pass, without a change anywhere else.
+the new plugins, and their tests pass, without a change anywhere else.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from plugin_folders import (
 from gskit.backends import ort
 from gskit.patterns import Rule
 from gskit.plugin import PluginRegistry
+from gskit.scaffold import new_plugin
 from gskit.shapes import infer_shapes
 
 #: Files every plugin folder has (plugins/README.md, "Layout of a plugin folder").
@@ -94,13 +96,29 @@ def _twin(source: Path, target: Path) -> None:
     spec.write_text(text)
 
 
-def test_a_new_plugin_folder_is_picked_up_by_every_plugin_wide_test(tmp_path: Path) -> None:
+def _scaffolded(root: Path) -> None:
+    """A new plugin from ``gskit plugin new`` with its reference written (softsign)."""
+    new_plugin("soft_sign", root)
+    path = root / "soft_sign" / "reference.py"
+    text, count = re.subn(
+        r"    raise NotImplementedError\(.*\)\n",
+        "    return (x / (1 + np.abs(x))).astype(x.dtype)\n",
+        path.read_text(),
+    )
+    assert count == 1
+    path.write_text(text)
+
+
+def test_new_plugin_folders_are_picked_up_by_every_plugin_wide_test(tmp_path: Path) -> None:
+    """Two new folders beside copies of the shipped ones: a copy of ClampSwish under another name (it has an
+    AOT kernel, so the AOT test takes it too) and a ``gskit plugin new`` folder with its reference written."""
     if os.environ.get(ROOTS_ENV):
         pytest.skip("already running under a replaced plugin root")
     root = tmp_path / "plugins"
     for folder in FOLDERS:
         shutil.copytree(folder, root / folder.name, ignore=shutil.ignore_patterns("__pycache__", "build"))
     _twin(REPO / "plugins" / "clamp_swish", root / "clamp_swish_twin")
+    _scaffolded(root)
     env = {**os.environ, ROOTS_ENV: str(root), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
 
     def pytest_run(*args: str) -> str:
@@ -118,10 +136,12 @@ def test_a_new_plugin_folder_is_picked_up_by_every_plugin_wide_test(tmp_path: Pa
     collected = pytest_run("--collect-only", *PLUGIN_WIDE_TESTS).splitlines()
     for test_file in PLUGIN_WIDE_TESTS:
         mine = [line for line in collected if line.startswith(test_file)]
-        for name in [*(f.name for f in FOLDERS), "clamp_swish_twin"]:  # the shipped ones stay too
+        new = ["clamp_swish_twin"] + ([] if test_file.endswith("aot_ptx.py") else ["soft_sign"])
+        for name in [*(f.name for f in FOLDERS), *new]:  # the shipped ones stay too
             found = any(re.search(rf"\[{name}[\]-]", line) for line in mine)
             assert found, f"{test_file} does not collect plugin folder {name}"
 
-    ran = pytest_run("-k", "clamp_swish_twin", "tests/test_plugin_folders.py", "tests/test_trt_plugin.py")
+    wide = ("tests/test_plugin_folders.py", "tests/test_trt_plugin.py")
+    ran = pytest_run("-k", "clamp_swish_twin or soft_sign", *wide)
     passed = re.search(r"(\d+) passed", ran)
-    assert passed and int(passed.group(1)) >= 4, ran[-2000:]
+    assert passed and int(passed.group(1)) >= 8 and "failed" not in ran, ran[-2000:]
