@@ -1,8 +1,9 @@
 """Compare two models (or two runs) output by output on the same inputs.
 
 Built on Polygraphy's ``Comparator``: each side is a Polygraphy runner, so any backend Polygraphy can
-run plugs in (``onnxrt_runner`` here gives an ``OnnxrtRunner`` whose session runs plugin nodes through
-their numpy references; a TensorRT runner can take either side). Polygraphy's ``SimpleCompareFunc``
+run plugs in (``gskit.backends.ort.runner`` gives an ``OnnxrtRunner`` whose session runs plugin nodes
+through their numpy references; ``gskit.backends.trt.trt_runner`` a TensorRT runner). Runners come from
+``gskit.backends``; this module only compares. Polygraphy's ``SimpleCompareFunc``
 decides pass/fail per output: an element matches when its absolute error is at most ``atol`` **or** its
 relative error (to the reference side) is at most ``rtol``; shapes must be equal.
 
@@ -33,6 +34,7 @@ import onnx
 
 from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
+from gskit.backends import trt as trt_backend
 from gskit.errors import GskitError
 from gskit.feeds import feed_shapes, resolve_feeds
 from gskit.plugin import PluginRegistry
@@ -162,11 +164,11 @@ def compare(
         )
     generated = feeds is None
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
-    reference = onnxrt_runner(
+    reference = ort_backend.runner(
         original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
     )
     if backend == "onnxruntime":
-        under_test = onnxrt_runner(
+        under_test = ort_backend.runner(
             prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
         )
         try:
@@ -180,15 +182,8 @@ def compare(
                 err.input_shapes,
             ) from err
     with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
-        under_test = trt_runner(path, feeds, trt_plugins, name="tensorrt")
+        under_test = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
         return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
-
-
-def onnxrt_runner(model: ModelSource, plugins: PluginRegistry | None, name: str) -> Any:
-    """A Polygraphy ``OnnxrtRunner`` whose session knows plugin references (made on activation)."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-
-    return OnnxrtRunner(lambda: ort_backend.session(model, plugins=plugins), name=name)
 
 
 def compare_runners(
@@ -396,8 +391,6 @@ def compare_arrays(
 
 #: Backends of the run under test.
 COMPARE_BACKENDS = ("onnxruntime", "trt")
-#: What to do when TensorRT or the GPU is missing.
-TRT_HINT = "run in docker/ (docker/run-gpu-tests.sh) or on a GPU machine with pip install 'gskit[trt]'"
 
 
 def check_backend(backend: str, engine: str | os.PathLike | None = None) -> str:
@@ -411,39 +404,8 @@ def check_backend(backend: str, engine: str | os.PathLike | None = None) -> str:
     if engine is not None:
         backend = "trt"
     if backend == "trt":
-        require_trt()
+        trt_backend.require_gpu_tensorrt("--backend trt")
     return backend
-
-
-def require_trt() -> None:
-    """Raise unless full TensorRT imports and CUDA sees a GPU.
-
-    Raises:
-        GskitError: full TensorRT is not installed (TensorRT-RTX runs no plugins), or no GPU.
-    """
-    from gskit.backends.trt import full_tensorrt_available
-
-    if not full_tensorrt_available():
-        raise GskitError(
-            f"--backend trt needs TensorRT and a GPU (full TensorRT is not installed); {TRT_HINT}"
-        )
-    if _gpu_count() < 1:
-        raise GskitError(f"--backend trt needs TensorRT and a GPU (CUDA sees no GPU); {TRT_HINT}")
-
-
-def _gpu_count() -> int:
-    import ctypes
-
-    from polygraphy import cuda
-
-    try:
-        with quiet_polygraphy():
-            handle = cuda.wrapper().handle
-        count = ctypes.c_int(0)
-        status = handle.cudaGetDeviceCount(ctypes.byref(count))
-    except Exception:  # no CUDA runtime library, or Polygraphy's critical log raising
-        return 0
-    return count.value if status == 0 else 0
 
 
 @contextmanager
@@ -457,61 +419,6 @@ def model_file(model: ModelSource) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:
         yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
-
-
-def trt_runner(
-    path: str | os.PathLike,
-    feeds: Mapping[str, np.ndarray],
-    plugins: Sequence[str | os.PathLike] = (),
-    *,
-    name: str = "tensorrt",
-    debug_unfused: bool = False,
-    mark_debug: Sequence[str] = (),
-) -> Any:
-    """A Polygraphy ``TrtRunner`` for an engine file or an ONNX model (built for the shapes of ``feeds``).
-
-    Args:
-        path: ``.onnx`` (built on activation, strongly typed, one profile min = opt = max = the fed
-            shapes) or a serialized engine.
-        feeds: the inputs the runner will get (their shapes fix the profile).
-        plugins: plugin libraries / folders (``gskit.backends.trt.find_plugin_files``), loaded now.
-        name: the runner's name in reports.
-        debug_unfused: mark every tensor that survives TensorRT's fusions as a debug tensor, so the engine
-            is the one TensorRT would build anyway (ONNX models only, TensorRT >= 10.x with the API).
-        mark_debug: tensors to mark as debug tensors (ONNX models only); may prevent fusions.
-
-    Raises:
-        GskitError: full TensorRT or a GPU is missing, or a plugin file cannot be loaded.
-    """
-    require_trt()
-    from polygraphy.backend.common import BytesFromPath
-    from polygraphy.backend.trt import (
-        CreateConfig,
-        EngineFromBytes,
-        EngineFromNetwork,
-        MarkDebug,
-        NetworkFromOnnxPath,
-        Profile,
-        TrtRunner,
-    )
-
-    from gskit.backends import trt as trt_backend
-
-    trt_backend.load_plugin_files(trt_backend.find_plugin_files(plugins))
-    path = Path(path)
-    if path.suffix != ".onnx":
-        return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=name)
-    profile = Profile()
-    for input_name, value in feeds.items():
-        shape = tuple(np.asarray(value).shape)
-        profile.add(input_name, shape, shape, shape)
-    options: dict[str, Any] = {"strongly_typed": True}
-    if debug_unfused:
-        options["mark_unfused_tensors_as_debug_tensors"] = True
-    network = NetworkFromOnnxPath(str(path), **options)
-    if mark_debug:
-        network = MarkDebug(network, list(mark_debug))
-    return TrtRunner(EngineFromNetwork(network, config=CreateConfig(profiles=[profile])), name=name)
 
 
 def _verdicts(accuracy: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from gskit.backends import ort as ort_backend
+from gskit.backends import trt as trt_backend
 from gskit.compare import (
     ModelSource,
     OutputComparison,
@@ -39,7 +40,6 @@ from gskit.compare import (
     model_file,
     quiet_polygraphy,
     source_model,
-    trt_runner,
 )
 from gskit.errors import GskitError
 from gskit.feeds import feed_shapes, resolve_feeds
@@ -293,9 +293,9 @@ def _under_test(
     if backend == "onnxruntime":
         yield OrtTensors(prepared_proto, feeds, plugins, "prepared (onnxruntime)")
         return
-    unfused = _trt_marks_unfused()
+    unfused = trt_backend.marks_unfused_debug_tensors()
     with model_file(prepared) as path:
-        runner = trt_runner(
+        runner = trt_backend.trt_runner(
             path,
             feeds,
             trt_plugins,
@@ -313,9 +313,3 @@ def _under_test(
             yield _TrtTensors(runner, feeds)
         finally:
             runner.deactivate()
-
-
-def _trt_marks_unfused() -> bool:
-    import tensorrt
-
-    return hasattr(tensorrt.INetworkDefinition, "mark_unfused_tensors_as_debug_tensors")

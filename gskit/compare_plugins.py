@@ -22,6 +22,7 @@ import onnx_graphsurgeon as gs
 
 from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
+from gskit.backends import trt as trt_backend
 from gskit.compare import (
     ModelSource,
     OutputComparison,
@@ -29,12 +30,12 @@ from gskit.compare import (
     compare_arrays,
     source_label,
     source_model,
-    trt_runner,
 )
 from gskit.compare_layers import OrtTensors
 from gskit.errors import GskitError
 from gskit.feeds import feed_shapes, resolve_feeds
 from gskit.isolate import isolate
+from gskit.ops import is_plugin_node
 from gskit.plugin import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def compare_plugins(
     registry = plugins if plugins is not None else PluginRegistry()
     original_proto = source_model(original)
     prepared_graph = gsmodel.to_graph(source_model(prepared))
-    nodes = [n for n in prepared_graph.nodes if _is_plugin(n)]
+    nodes = [n for n in prepared_graph.nodes if is_plugin_node(n) and n.domain != ort_backend.PYOP_DOMAIN]
     if not nodes:
         raise GskitError(
             f"{source_label(prepared)} has no plugin node (custom-domain node) in its main graph"
@@ -233,7 +234,7 @@ def _run_unit(
         return ort_backend.run(model, feeds, outputs=outputs, plugins=registry)
     with tempfile.TemporaryDirectory(prefix="gskit-plugin-") as tmp:
         path = gsmodel.save(model, Path(tmp) / "plugin.onnx", check=False)
-        runner = trt_runner(path, feeds, trt_plugins, name="tensorrt")
+        runner = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
         try:
             with runner:
                 values = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
@@ -265,11 +266,6 @@ def _unchecked(
         max_rel_err=float("inf"),
         note=why,
     )
-
-
-def _is_plugin(node: gs.Node) -> bool:
-    domain = node.domain or ""
-    return domain not in ort_backend.BUILTIN_DOMAINS and domain != ort_backend.PYOP_DOMAIN
 
 
 def _op(node: gs.Node) -> str:

@@ -32,13 +32,13 @@ import onnx_graphsurgeon as gs
 from gskit import model as gsmodel
 from gskit.edit import unique_name
 from gskit.errors import GskitError
-from gskit.fold import infer_tensor_types, is_plugin_node
+from gskit.ops import DEFAULT_DOMAINS, is_default_domain, is_plugin_node, node_key, plugin_keys
+from gskit.tensor_types import infer_tensor_types
 
 log = logging.getLogger(__name__)
 
 ModelT = TypeVar("ModelT", onnx.ModelProto, gs.Graph)
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
-_STANDARD = ("", "ai.onnx")
 #: Ops whose int64 inputs may be given as int32 (their index type is a separate type parameter).
 _INT32_INDEX_INPUTS = {
     "Gather": (1,),
@@ -77,7 +77,7 @@ def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     Raises:
         GskitError: the converter cannot convert some op (the message names it) or the target is invalid.
     """
-    current = next((o.version for o in model.opset_import if o.domain in _STANDARD), None)
+    current = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if current == target:
         return model
     if target < 1 or target > onnx.defs.onnx_opset_version():
@@ -179,7 +179,7 @@ class _Fp16:
             return "blocked op"
         if any(True for _ in gsmodel.node_subgraphs(node)):
             return "has subgraphs"
-        if is_plugin_node(node) and ((node.domain or ""), node.op) not in self.fp16_plugins:
+        if is_plugin_node(node) and node_key(node) not in self.fp16_plugins:
             return "plugin node (spec does not declare fp16 support)"
         return None
 
@@ -311,8 +311,8 @@ def _fixed_float_inputs(node: gs.Node) -> set[int]:
     return fixed
 
 
-def _fp16_plugins(plugins: Any) -> frozenset[tuple[str, str]]:
-    return frozenset((s.namespace, s.name) for s in (plugins or ()) if s.supports_fp16)
+def _fp16_plugins(plugins: Any) -> frozenset[tuple[str, str, str]]:
+    return plugin_keys(s for s in (plugins or ()) if s.supports_fp16)
 
 
 def _check_names(label: str, names: tuple[str, ...], tensors: list[gs.Tensor]) -> None:
@@ -358,7 +358,7 @@ def int64_to_int32(
     if constants:
         converted: dict[int, gs.Constant] = {}
         for node in graph.nodes:
-            for index in _INT32_INDEX_INPUTS.get(node.op, ()) if (node.domain or "") in _STANDARD else ():
+            for index in _INT32_INDEX_INPUTS.get(node.op, ()) if is_default_domain(node.domain) else ():
                 if index >= len(node.inputs):
                     continue
                 tensor = node.inputs[index]

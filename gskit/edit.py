@@ -28,13 +28,13 @@ from onnx import TensorProto
 
 from gskit import model as gsmodel
 from gskit.errors import GskitError
+from gskit.ops import DEFAULT_DOMAINS, canonical_domain
 
 log = logging.getLogger(__name__)
 
 #: Constants up to this many bytes are given to onnx shape inference as values (enough for shapes, pads,
 #: axes); bigger ones only by type, so inference never copies weights.
 INFERENCE_CONSTANT_MAX_BYTES = 1 << 16
-_STANDARD_DOMAINS = ("", "ai.onnx")
 
 Dim = int | str | None
 DtypeLike = np.dtype | type | str | int
@@ -399,7 +399,7 @@ def constants_to_initializers(graph: gs.Graph) -> gs.Graph:
     for sub in (graph, *graph.subgraphs(recursive=True)):
         keep = []
         for node in sub.nodes:
-            if node.op != "Constant" or node.domain not in _STANDARD_DOMAINS or len(node.outputs) != 1:
+            if node.op != "Constant" or node.domain not in DEFAULT_DOMAINS or len(node.outputs) != 1:
                 keep.append(node)
                 continue
             out = node.outputs[0]
@@ -723,14 +723,14 @@ def _dtype_name(dtype: DtypeLike) -> str:
 
 def _schema(graph: gs.Graph, op: str, domain: str) -> onnx.defs.OpSchema | None:
     domain = domain or ""
-    if domain in _STANDARD_DOMAINS:
+    if domain in DEFAULT_DOMAINS:
         version = graph.opset
     else:
         version = next((d.version for d in graph.import_domains or [] if d.domain == domain), None)
         if version is None:
             return None
     try:
-        return onnx.defs.get_schema(op, version, "" if domain == "ai.onnx" else domain)
+        return onnx.defs.get_schema(op, version, canonical_domain(domain))
     except onnx.defs.SchemaError:
         return None
 
@@ -823,7 +823,7 @@ def _infer_node_outputs(graph: gs.Graph, node: gs.Node) -> None:
     outputs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in node.outputs]
     proto = onnx.helper.make_graph([OnnxExporter.export_node(node)], "infer", inputs, outputs, inits)
     opsets = [onnx.helper.make_opsetid("", graph.opset)]
-    opsets += [d for d in graph.import_domains or [] if d.domain not in _STANDARD_DOMAINS]
+    opsets += [d for d in graph.import_domains or [] if d.domain not in DEFAULT_DOMAINS]
     model = onnx.helper.make_model(proto, opset_imports=opsets)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)

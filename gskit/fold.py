@@ -34,9 +34,9 @@ Why not graphsurgeon's defaults (each found with onnx's backend node tests,
 * its subgraph recursion drops ``should_exclude_node``, so plugin nodes inside subgraphs would be evaluated;
 * it hands sequences and optionals returned by onnxruntime to ``Constant``.
 
-Never evaluated: plugin nodes (a domain other than ``""``, ``ai.onnx``, ``ai.onnx.ml`` and onnxruntime's
-``com.microsoft``, a ``plugin_namespace`` attribute, or a loaded plugin spec), random ops, and nodes whose
-outputs are sequences or optionals. Constants around them still fold.
+Never evaluated: plugin nodes (``gskit.ops.is_plugin_node``: a domain onnxruntime does not implement, a
+``plugin_namespace`` attribute, or the ``(namespace, name, version)`` of a loaded plugin spec), random ops,
+and nodes whose outputs are sequences or optionals. Constants around them still fold.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,14 +60,13 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_import_domains
 
 from gskit import model as gsmodel
-from gskit.backends import ort as gsort
 from gskit.edit import unique_name
 from gskit.errors import GskitError
+from gskit.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
+from gskit.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
 
 log = logging.getLogger(__name__)
 
-#: Domains whose ops onnxruntime evaluates; any other domain is a plugin and is never evaluated.
-EVALUABLE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 #: Ops that must not be folded: a new sample per run, or values that are not plain tensors.
 NEVER_FOLD_OPS = frozenset(
     {
@@ -88,8 +86,6 @@ NEVER_FOLD_OPS = frozenset(
         ("", "OptionalGetElement"),
     }
 )
-#: Constants larger than this are given to shape inference as typed inputs instead of values.
-_INFER_VALUE_BYTES = 64 * 1024
 #: Above this many bytes of constants, evaluate foldable nodes partition by partition (protobuf's 2 GB limit).
 _PARTITION_BYTES = 1_500_000_000
 #: Batched folding: most bytes of constants (read) plus known results (written) one onnxruntime run handles.
@@ -195,12 +191,12 @@ def fold(
     # IR < 4 needs initializers listed as inputs, which graphsurgeon drops: write IR 4 at least.
     graph.ir_version = max(4, min(graph.ir_version or gsmodel.MAX_ORT_IR_VERSION, gsmodel.MAX_ORT_IR_VERSION))
     # graphsurgeon keeps no optional/map/nested types: remember them to write them back on export.
-    odd_types = _GsLosses.of(graph_or_model.graph) if is_model else _GsLosses()
+    odd_types = GsLosses.of(graph_or_model.graph) if is_model else GsLosses()
     report = FoldReport()
-    ops_before = _op_counts(graph)
+    ops_before = op_counts(graph)
     report.nodes_before = sum(ops_before.values())
     outputs_before = {t.name: (t.dtype, t.shape) for t in graph.outputs}
-    exclude = _Exclusion(_plugin_keys(plugins), report)
+    exclude = _Exclusion(plugin_keys(plugins), report)
     spill = None
     if _constant_bytes(graph) > _PARTITION_BYTES or _has_disk_weights(graph):
         log.info("constants exceed %d bytes or are on disk: folding batch by batch", _PARTITION_BYTES)
@@ -219,29 +215,19 @@ def fold(
         state = new_state
 
     report.restored_outputs = _restore_outputs(graph, outputs_before)
-    ops_after = _op_counts(graph)
+    ops_after = op_counts(graph)
     report.nodes_after = sum(ops_after.values())
     removed = ops_before - ops_after
     report.folded_ops = dict(removed.most_common())
     log.info("folded %d -> %d nodes in %d passes", report.nodes_before, report.nodes_after, report.passes)
     if is_model:
-        folded = _with_model_fields(_export(graph, odd_types), graph_or_model)
+        folded = _with_model_fields(export_graph(graph, odd_types), graph_or_model)
         if spill is not None:
             spill.keep_until_exit()
         return folded, report
     if spill is not None:
         spill.keep_while(graph)
     return graph, report
-
-
-def is_plugin_node(node: gs.Node, plugin_keys: frozenset[tuple[str, str]] = frozenset()) -> bool:
-    """True for nodes onnxruntime must not evaluate: custom domains, ``plugin_namespace``, known plugins."""
-    domain = node.domain or ""
-    return (
-        domain not in EVALUABLE_DOMAINS
-        or "plugin_namespace" in node.attrs
-        or (domain, node.op) in plugin_keys
-    )
 
 
 # --- one pass over one graph -------------------------------------------------------------------------------
@@ -299,7 +285,7 @@ def _fold_with_graphsurgeon(
 class _Exclusion:
     """``should_exclude_node`` for graphsurgeon: plugin nodes, random ops, non-tensor values."""
 
-    def __init__(self, plugin_keys: frozenset[tuple[str, str]], report: FoldReport) -> None:
+    def __init__(self, plugin_keys: frozenset[tuple[str, str, str]], report: FoldReport) -> None:
         self.plugin_keys = plugin_keys
         self.report = report
         #: batched mode: nodes onnxruntime failed to evaluate (``allow_partial``), not retried in later passes
@@ -317,7 +303,7 @@ class _Exclusion:
     def reason(self, node: gs.Node) -> str | None:
         if is_plugin_node(node, self.plugin_keys):
             return f"plugin node ({node.domain or ''}::{node.op})"
-        if ((node.domain or "").replace("ai.onnx", ""), node.op) in NEVER_FOLD_OPS:
+        if (canonical_domain(node.domain), node.op) in NEVER_FOLD_OPS:
             return f"{node.op} is not folded"
         for tensor in node.outputs:
             kind = getattr(tensor, "type", "tensor_type")
@@ -379,7 +365,7 @@ def _batches(nodes: list[gs.Node]) -> Iterator[list[gs.Node]]:
     size = 0
     for node in nodes:
         reads = [t for t in node.inputs if isinstance(t, gs.Constant) and id(t) not in seen]
-        cost = sum(_nbytes(t) for t in reads) + sum(_known_nbytes(t) or 0 for t in node.outputs)
+        cost = sum(constant_nbytes(t) for t in reads) + sum(_known_nbytes(t) or 0 for t in node.outputs)
         if batch and size + cost > _BATCH_BYTES:
             yield batch
             batch, seen, size = [], set(), 0
@@ -464,7 +450,7 @@ class _BatchContext:
         fed = [
             t
             for t in consts.values()
-            if isinstance(t._values, gs.ir.tensor.LazyValues) or _nbytes(t) > _FEED_BYTES
+            if isinstance(t._values, gs.ir.tensor.LazyValues) or constant_nbytes(t) > _FEED_BYTES
         ]
         fed_ids = {id(t) for t in fed}
         kept = [t for t in consts.values() if id(t) not in fed_ids]
@@ -477,7 +463,11 @@ class _BatchContext:
         )
         model = onnx.helper.make_model(graph, opset_imports=self.opsets, ir_version=self.graph.ir_version)
         feeds = {t.name: _read_values(t) for t in fed}
-        results = gsort.run(gsort.session(model), feeds, [t.name for t in outputs])
+        # Evaluating nodes is execution, which lives in gskit.backends: imported here, where it is needed
+        # (the one core-to-backend import docs/architecture.md allows).
+        from gskit.backends import ort
+
+        results = ort.run(ort.session(model), feeds, [t.name for t in outputs])
         return [results[t.name] for t in outputs]
 
     def _fold_tensor(self, tensor: gs.Tensor, value: Any) -> None:
@@ -600,7 +590,7 @@ def _read_values(tensor: gs.Constant) -> np.ndarray:
 def _fold_shape_nodes(graph: gs.Graph) -> None:
     """Replace Shape, Shape->Gather and Shape->Slice outputs by constants where the dims read are static."""
     for node in list(graph.nodes):
-        if node.op != "Shape" or (node.domain or "") not in ("", "ai.onnx") or not node.outputs:
+        if node.op != "Shape" or not is_default_domain(node.domain) or not node.outputs:
             continue
         data = node.inputs[0]
         if data.shape is None:
@@ -644,7 +634,7 @@ def _static(dims: Iterable) -> bool:
 
 
 def _fold_shape_user(user: gs.Node, shape_out: gs.Tensor, dims: list) -> np.ndarray | None:
-    if (user.domain or "") not in ("", "ai.onnx") or not user.inputs or user.inputs[0] is not shape_out:
+    if not is_default_domain(user.domain) or not user.inputs or user.inputs[0] is not shape_out:
         return None
     if user.op == "Gather" and len(user.inputs) == 2 and isinstance(user.inputs[1], gs.Constant):
         if user.attrs.get("axis", 0) not in (0, -1):
@@ -705,7 +695,7 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
         node = graph.nodes[index]
         if (
             node.op != "If"
-            or (node.domain or "") not in ("", "ai.onnx")
+            or not is_default_domain(node.domain)
             or not isinstance(node.inputs[0], gs.Constant)
         ):
             index += 1
@@ -761,185 +751,6 @@ def _drop_non_tensor_constants(graph: gs.Graph) -> None:
             log.warning("fold: '%s' evaluated to a non-tensor value; left unfolded", tensor.name)
 
 
-# --- shape inference ---------------------------------------------------------------------------------------
-
-
-def infer_tensor_types(
-    graph: gs.Graph, odd_types: _GsLosses | None = None, *, dtypes_only: bool = False, symbolic: bool = True
-) -> None:
-    """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
-
-    Large constants are given to onnx as typed inputs, so this works on models over 2 GB. Failures are logged,
-    not raised: callers use the result as extra information only. ``dtypes_only`` leaves shapes as they are
-    (pattern matching needs dtypes only and should not add shapes to the model it writes). ``symbolic`` asks
-    onnxruntime's symbolic shape inference where onnx leaves the input of a ``Shape`` unknown (slower).
-    """
-    odd_types = odd_types or _GsLosses()
-    view = graph.copy()
-    for tensor in view.tensors().values():
-        if isinstance(tensor, gs.Constant) and _nbytes(tensor) > _INFER_VALUE_BYTES:
-            dtype, shape = tensor.dtype, tuple(tensor.shape)
-            tensor.to_variable(dtype=dtype, shape=shape)
-            tensor.type = "tensor_type"  # to_variable leaves out what Variable.__init__ sets; export needs it
-            view.inputs.append(tensor)
-    try:
-        proto = _export(view, odd_types)
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception as err:  # onnx raises several types; folding still works without the extra shapes
-        log.info("fold: shape inference failed (%s); folding with the shapes in the model", err)
-        return
-    infos: dict[str, onnx.ValueInfoProto] = {}
-    for proto_graph in gsmodel.graph_protos(inferred.graph):
-        for info in proto_graph.value_info:
-            infos.setdefault(info.name, info)
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for name, tensor in sub.tensors().items():
-            info = infos.get(name)
-            if info is None or not isinstance(tensor, gs.Variable):
-                continue
-            _apply_value_info(tensor, info, dtypes_only)
-    if symbolic and not dtypes_only and _shape_inputs_unknown(graph):
-        _infer_symbolic_shapes(graph, inferred)
-
-
-def _shape_inputs_unknown(graph: gs.Graph) -> bool:
-    """Some ``Shape`` reads a tensor of unknown rank, or with a dim onnx could not name (``unk__N``)."""
-    return any(
-        n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
-        for n in graph.nodes
-    )
-
-
-def _invented_dims(shape: Any) -> bool:
-    return any(isinstance(d, str) and d.startswith("unk__") for d in shape)
-
-
-def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
-    """Second opinion for the main graph: onnxruntime's symbolic shape inference, as Polygraphy uses.
-
-    onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``; onnxruntime's inference
-    computes such dims as expressions, so a ``Shape -> Gather`` of a static dim after it folds. Run only when
-    some ``Shape`` still reads a tensor of unknown shape (it is slower); failures are logged, not raised.
-    ``auto_merge`` (as Polygraphy runs it) lets it take two dims an op requires to match as equal, which is
-    what the model itself assumes for the op to be valid; only fixed sizes it derives are taken over.
-    """
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        with _quiet_symbolic_inference():
-            inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True)
-    except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
-        log.info("fold: onnxruntime's symbolic shape inference failed (%s)", _first_line(err))
-        return
-    if inferred is None:
-        return
-    infos = {info.name: info for info in inferred.graph.value_info}
-    for name, tensor in graph.tensors().items():
-        info = infos.get(name)
-        if info is None or not isinstance(tensor, gs.Variable):
-            continue
-        if tensor.shape is None:
-            _apply_value_info(tensor, info)
-        elif _invented_dims(tensor.shape) and len(info.type.tensor_type.shape.dim) == len(tensor.shape):
-            # a fixed size onnx could not work out replaces its placeholder name
-            tensor.shape = [
-                d.dim_value
-                if isinstance(old, str) and old.startswith("unk__") and d.HasField("dim_value")
-                else old
-                for old, d in zip(tensor.shape, info.type.tensor_type.shape.dim, strict=True)
-            ]
-
-
-@contextmanager
-def _quiet_symbolic_inference() -> Iterator[None]:
-    """onnxruntime's symbolic inference logs warnings for every op it guesses; gskit logs what matters."""
-    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    old, logger.level = logger.level, logging.ERROR
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [repr(err)])[0]
-
-
-@dataclass
-class _GsLosses:
-    """What graphsurgeon drops on import: non-tensor value types, TYPE_PROTO attrs (``Optional``'s type)."""
-
-    types: dict[str, onnx.TypeProto] = field(default_factory=dict)
-    #: by the node's first output name
-    attrs: dict[str, list[onnx.AttributeProto]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, graph: onnx.GraphProto) -> _GsLosses:
-        losses = cls()
-        for proto_graph in gsmodel.graph_protos(graph):
-            for info in (*proto_graph.input, *proto_graph.output, *proto_graph.value_info):
-                kind = info.type.WhichOneof("value")
-                if kind not in (None, "tensor_type"):
-                    losses.types[info.name] = info.type
-            for node in proto_graph.node:
-                lost = [a for a in node.attribute if a.type in _GS_UNSUPPORTED_ATTRS]
-                if lost and node.output:
-                    losses.attrs[node.output[0]] = lost
-        return losses
-
-    def restore(self, model: onnx.ModelProto) -> None:
-        if not (self.types or self.attrs):
-            return
-        for proto_graph in gsmodel.graph_protos(model.graph):
-            for info in (*proto_graph.input, *proto_graph.output, *proto_graph.value_info):
-                if info.name in self.types:
-                    info.type.CopyFrom(self.types[info.name])
-            for node in proto_graph.node:
-                lost = self.attrs.get(node.output[0]) if node.output else None
-                present = {a.name for a in node.attribute}
-                node.attribute.extend(a for a in lost or () if a.name not in present)
-
-
-_GS_UNSUPPORTED_ATTRS = (onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYPE_PROTOS)
-
-
-def _export(graph: gs.Graph, odd_types: _GsLosses) -> onnx.ModelProto:
-    """``gsmodel.to_model`` that writes back the non-tensor types graphsurgeon cannot export."""
-    hidden = []
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for tensor in sub.tensors().values():
-            kind = getattr(tensor, "type", "tensor_type")
-            if (
-                isinstance(tensor, gs.Variable)
-                and kind not in (None, "tensor_type")
-                and tensor.dtype is not None
-            ):
-                hidden.append((tensor, tensor.dtype))
-                tensor.dtype = None
-    try:
-        model = gsmodel.to_model(graph)
-    finally:
-        for tensor, dtype in hidden:
-            tensor.dtype = dtype
-    odd_types.restore(model)
-    return model
-
-
-def _apply_value_info(tensor: gs.Variable, info: onnx.ValueInfoProto, dtypes_only: bool = False) -> None:
-    kind = info.type.WhichOneof("value")
-    if kind and kind != "tensor_type":
-        if not dtypes_only:
-            tensor.type = kind
-        return
-    ttype = info.type.tensor_type
-    if tensor.dtype is None and ttype.elem_type:
-        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
-    if tensor.shape is None and ttype.HasField("shape") and not dtypes_only:
-        tensor.shape = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in ttype.shape.dim
-        ]
-
-
 # --- bookkeeping -------------------------------------------------------------------------------------------
 
 
@@ -959,26 +770,10 @@ def _restore_outputs(graph: gs.Graph, before: dict[str, tuple[Any, Any]]) -> lis
     return restored
 
 
-def _op_counts(graph: gs.Graph) -> Counter:
-    counts: Counter = Counter()
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for node in sub.nodes:
-            domain = node.domain or ""
-            counts[node.op if domain in ("", "ai.onnx") else f"{domain}::{node.op}"] += 1
-    return counts
-
-
 def _signature(graph: gs.Graph) -> tuple[int, int]:
     nodes = gsmodel.count_nodes(graph)
     consts = sum(isinstance(t, gs.Constant) for t in graph.tensors().values())
     return nodes, consts
-
-
-def _nbytes(tensor: gs.Constant) -> int:
-    values = tensor._values
-    if isinstance(values, gs.ir.tensor.LazyValues):
-        return gsmodel.tensor_nbytes(values.tensor)
-    return int(getattr(values, "nbytes", 0))
 
 
 def _has_disk_weights(graph: gs.Graph) -> bool:
@@ -992,13 +787,7 @@ def _has_disk_weights(graph: gs.Graph) -> bool:
 
 
 def _constant_bytes(graph: gs.Graph) -> int:
-    return sum(_nbytes(t) for t in graph.tensors().values() if isinstance(t, gs.Constant))
-
-
-def _plugin_keys(plugins: Any) -> frozenset[tuple[str, str]]:
-    if not plugins:
-        return frozenset()
-    return frozenset((spec.namespace, spec.name) for spec in plugins)
+    return sum(constant_nbytes(t) for t in graph.tensors().values() if isinstance(t, gs.Constant))
 
 
 def _with_model_fields(new: onnx.ModelProto, old: onnx.ModelProto) -> onnx.ModelProto:

@@ -24,12 +24,11 @@ from onnx import AttributeProto, TensorProto
 from onnx.external_data_helper import uses_external_data
 
 from gskit.model import load, tensor_nbytes
+from gskit.ops import ONNX_DOMAINS
 from gskit.report import to_jsonable
 
 log = logging.getLogger(__name__)
 
-#: Domains defined by the ONNX standard; a node in any other domain is a custom node.
-STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
 #: How the default domain ("") is written in keys and tables.
 DEFAULT_DOMAIN = "ai.onnx"
 #: Initializers up to this size keep their data in the copy used for shape inference (shape tensors of
@@ -222,7 +221,7 @@ def summarize(model: onnx.ModelProto, path: str | None = None, *, infer_shapes: 
     def record(scope: str, label: str, node: onnx.NodeProto) -> None:
         ops_by_scope[scope][_key(node.domain, node.op_type)] += 1
         calls[(node.domain, node.op_type, getattr(node, "overload", ""))] += 1
-        if node.domain not in STANDARD_DOMAINS:
+        if node.domain not in ONNX_DOMAINS:
             custom.append(_custom_node(node, label, (node.domain, node.op_type) in local))
 
     for scope, node in _walk(graph.node, SCOPE_MAIN):

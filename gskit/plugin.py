@@ -27,6 +27,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
+from gskit.ops import node_key
 
 log = logging.getLogger(__name__)
 
@@ -362,13 +363,7 @@ class PluginRegistry:
 
     def for_node(self, node: gs.Node | onnx.NodeProto) -> PluginSpec | None:
         """The spec a node instantiates: its domain and op type, and its ``plugin_version`` (default "1")."""
-        if isinstance(node, onnx.NodeProto):
-            domain, op = node.domain, node.op_type
-            version = next((attribute_value(a) for a in node.attribute if a.name == "plugin_version"), "1")
-        else:
-            domain, op = node.domain or "", node.op
-            version = attribute_value(node.attrs.get("plugin_version", "1"))
-        return self._specs.get((domain, op, str(version)))
+        return self._specs.get(node_key(node))
 
     def names(self) -> list[str]:
         """Qualified names (``ns::name vN``) of all specs, sorted."""

@@ -24,6 +24,7 @@ import onnx_graphsurgeon as gs
 from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.html_report import DrawnNode, Region, render_page
+from gskit.ops import op_label
 from gskit.passes import CHECK_STEPS, DEFAULT_STEPS, STEP_RUNNERS, RunState
 from gskit.plugin import load_plugins
 from gskit.recipe import Recipe, make_recipe
@@ -289,7 +290,7 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
     regions = []
     for region in replaced:
         before = tuple(
-            DrawnNode(n.name, _op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
+            DrawnNode(n.name, op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
             for n in (before_nodes.get(name) for name in region.original_nodes)
             if n is not None
         )
@@ -298,7 +299,7 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
             (
                 DrawnNode(
                     plugin.name,
-                    _op_label(plugin.domain or "", plugin.op),
+                    op_label(plugin.domain or "", plugin.op),
                     tuple(t.name for t in plugin.inputs),
                     tuple(t.name for t in plugin.outputs),
                 ),
@@ -309,7 +310,3 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
         title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
         regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs)))
     return regions
-
-
-def _op_label(domain: str, op: str) -> str:
-    return op if domain in ("", "ai.onnx") else f"{domain}::{op}"

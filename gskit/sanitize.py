@@ -42,7 +42,8 @@ from onnx.external_data_helper import uses_external_data
 from gskit import edit
 from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.fold import infer_tensor_types
+from gskit.ops import is_default_domain, op_counts
+from gskit.tensor_types import infer_tensor_types
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ DEFAULT_STEPS: tuple[str, ...] = (
     "remove_unused",
     "remove_unused_opsets",
 )
-_STANDARD = ("", "ai.onnx")
 _EXTRA_PACKAGES = {"onnxoptimizer": "onnxoptimizer", "onnxslim": "onnxslim", "onnxsim": "onnxsim"}
 
 
@@ -113,7 +113,7 @@ def sanitize(
     is_model = isinstance(graph_or_model, onnx.ModelProto)
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
     report = SanitizeReport()
-    ops_before = _op_counts(graph)
+    ops_before = op_counts(graph)
     report.nodes_before = sum(ops_before.values())
     report.initializers_before = _initializer_count(graph)
     wanted = set(steps) - skip
@@ -129,7 +129,7 @@ def sanitize(
             graph = new
         else:  # keep the caller's graph object
             graph.__dict__.update(new.__dict__)
-    ops_after = _op_counts(graph)
+    ops_after = op_counts(graph)
     report.nodes_after = sum(ops_after.values())
     report.initializers_after = _initializer_count(graph)
     report.removed_ops = dict((ops_before - ops_after).most_common())
@@ -217,7 +217,7 @@ def _remove_noops(graph: gs.Graph) -> int:
 
 
 def _is_noop(node: gs.Node) -> bool:
-    if (node.domain or "") not in _STANDARD or not node.inputs or node.inputs[0].is_empty():
+    if not is_default_domain(node.domain) or not node.inputs or node.inputs[0].is_empty():
         return False
     if node.op == "Identity":
         return True
@@ -367,17 +367,6 @@ def _used_ops(graph: gs.Graph, include_functions: bool = False) -> set[tuple[str
     if include_functions:
         graphs += list(graph.functions)
     return {(node.domain or "", node.op) for g in graphs for node in g.nodes}
-
-
-def _op_counts(graph: gs.Graph):
-    from collections import Counter
-
-    counts: Counter = Counter()
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for node in sub.nodes:
-            domain = node.domain or ""
-            counts[node.op if domain in _STANDARD else f"{domain}::{node.op}"] += 1
-    return counts
 
 
 def _initializer_count(graph: gs.Graph) -> int:

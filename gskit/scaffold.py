@@ -1,4 +1,4 @@
-"""``gskit plugin new``: a new plugin folder: spec, reference and kernel stubs, TensorRT plugin, README, test.
+"""``gskit plugin new``: a plugin folder: spec, reference, patterns, kernel, TensorRT plugin, README, test.
 
 With ``from_node`` the spec's op name, namespace, attributes (kinds and values as defaults), input and
 output counts and dtypes come from a custom node of an existing model; the dtypes of the node's tensors
@@ -35,6 +35,7 @@ FILES: Mapping[str, str] = {
     "__init__.py": "",
     "spec.py": "spec.py.tmpl",
     "reference.py": "reference.py.tmpl",
+    "patterns.py": "patterns.py.tmpl",
     "kernel.py": "kernel.py.tmpl",
     "trt_plugin.py": "trt_plugin.py.tmpl",
     "README.md": "README.md.tmpl",

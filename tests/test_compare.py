@@ -169,11 +169,12 @@ def test_model_without_outputs_is_an_error():
 
 def test_runner_failure_is_one_line_without_polygraphy_chatter(tmp_path, capsys):
     """Polygraphy's own '[!] ...' lines stay hidden; its failure arrives once, as gskit's error."""
-    from gskit.compare import compare_runners, onnxrt_runner
+    from gskit.backends.ort import runner
+    from gskit.compare import compare_runners
 
     path = tmp_path / "m.onnx"
     gsmodel.save(parse_model(ORIGINAL), path)
-    runner_a, runner_b = onnxrt_runner(path, None, "a"), onnxrt_runner(path, None, "b")
+    runner_a, runner_b = runner(path, None, "a"), runner(path, None, "b")
     with pytest.raises(GskitError, match="the a model cannot run on the inputs .*incompatible shape"):
         compare_runners(runner_a, runner_b, {"x": np.zeros((2, 3, 5), np.float32)})
     captured = capsys.readouterr()

@@ -53,6 +53,7 @@ def test_generated_plugin_passes_its_test_once_the_reference_is_written(tmp_path
             "__init__.py",
             "spec.py",
             "reference.py",
+            "patterns.py",
             "kernel.py",
             "trt_plugin.py",
             "README.md",
@@ -71,7 +72,7 @@ def test_generated_plugin_passes_its_test_once_the_reference_is_written(tmp_path
     _fill_reference(folder, "    return (x / (1 + np.abs(x))).astype(x.dtype)\n")
     after = _run_generated_tests(folder)
     assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-2000:]
-    assert "3 passed" in after.stdout
+    assert "4 passed" in after.stdout
 
 
 def test_wrong_reference_dtype_fails_the_generated_test(tmp_path: Path) -> None:

@@ -1,5 +1,9 @@
 """The AOT PTX of the plugin kernels takes exactly the arguments TensorRT's AOT launcher passes.
 
+Every plugin folder (tests/plugin_folders.py) whose ``kernel.py`` defines ``aot_kernel`` is compiled for
+fp32 and fp16 on sm_90 and sm_80; the build-time values its ``aot_impl`` takes from the network (a last
+dim, a weight shape) come from the kernel module's ``AOT_EXAMPLE`` dict. Nothing here names a plugin.
+
 TensorRT launches an ``aot_impl`` kernel with (input pointers, the int32 scalars the ``aot_impl`` hands
 to ``launch()``, output pointers) and nothing else. Triton >= 3.3 appends hidden scratch pointers to every
 kernel; ``gskit.trt_plugin.triton_ptx`` drops them or refuses the kernel. Here each plugin's
@@ -27,62 +31,57 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_folders import REPO, plugin_folders
 
 from gskit import trt_plugin
 from gskit.errors import PluginError
 from gskit.plugin import PluginSpec, load_spec_file
 from gskit.trt_plugin import KernelParam, PtxParam, TritonPtx
 
-REPO = Path(__file__).resolve().parent.parent
-PLUGINS = REPO / "plugins"
-
 
 @dataclass(frozen=True)
 class Case:
     """One AOT compile: a plugin folder, a Triton dtype and an SM (``90`` is sm_90)."""
 
-    plugin: str
+    plugin: Path
     dtype: str
     sm: int
 
     def __str__(self) -> str:
-        return f"{self.plugin}-{self.dtype}-sm{self.sm}"
+        return f"{self.plugin.name}-{self.dtype}-sm{self.sm}"
 
 
-CASES = [
-    Case(p, d, 90)
-    for p in ("clamp_swish", "layer_norm", "rms_norm", "deform_conv2d")
-    for d in ("fp32", "fp16")
+def _has_aot_kernel(folder: Path) -> bool:
+    """kernel.py defines ``aot_kernel`` (read from the source: importing it may need Triton)."""
+    tree = ast.parse((folder / "kernel.py").read_text())
+    return any(isinstance(n, ast.FunctionDef) and n.name == "aot_kernel" for n in tree.body)
+
+
+AOT_FOLDERS = [
+    f for f in plugin_folders("trt_plugin.py") if (f / "kernel.py").is_file() and _has_aot_kernel(f)
 ]
-CASES += [Case("clamp_swish", "fp16", 80), Case("deform_conv2d", "fp32", 80)]
-
-#: Build-time values the aot_impls take from the network (x's last dim, the weight shape).
-BUILD_SHAPES: dict[str, dict[str, Any]] = {
-    "clamp_swish": {},
-    "layer_norm": {"cols": 768},
-    "rms_norm": {"cols": 4096},
-    "deform_conv2d": {"weight_shape": (8, 4, 3, 3)},
-}
+CASES = [Case(folder, dtype, sm) for folder in AOT_FOLDERS for sm in (90, 80) for dtype in ("fp32", "fp16")]
 
 
-def _spec(plugin: str) -> PluginSpec:
-    (spec,) = load_spec_file(PLUGINS / plugin / "spec.py")
+def _spec(plugin: Path) -> PluginSpec:
+    (spec,) = load_spec_file(plugin / "spec.py")
     return spec
 
 
-def _aot_kernel_kwargs(plugin: str) -> dict[str, Any]:
-    """What the plugin's aot_impl passes to ``kernel.aot_kernel`` for a node with the default attributes."""
+def _aot_kernel_kwargs(plugin: Path, kernel: Any) -> dict[str, Any]:
+    """What the plugin's aot_impl passes to ``kernel.aot_kernel`` for a node with the default attributes,
+    with the kernel module's ``AOT_EXAMPLE`` build-time values."""
     attrs = {a.name: a.default for a in _spec(plugin).attributes}
     attrs = {k: [int(x) for x in v] if isinstance(v, list) else v for k, v in attrs.items()}
-    return {**BUILD_SHAPES[plugin], **attrs}
+    return {**getattr(kernel, "AOT_EXAMPLE", {}), **attrs}
 
 
-def _aot_impl_scalar_count(plugin: str) -> int:
+def _aot_impl_scalar_count(plugin: Path) -> int:
     """How many scalars the plugin's aot_impl hands to ``launch()``, read from trt_plugin.py's source.
 
     trt_plugin.py registers with TensorRT when imported, so it cannot be imported here.
     """
-    tree = ast.parse((PLUGINS / plugin / "trt_plugin.py").read_text())
+    tree = ast.parse((plugin / "trt_plugin.py").read_text())
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     assert any(getattr(c.func, "attr", None) == "aot_kernel" for c in calls), "aot_impl must call aot_kernel"
     counts = [
@@ -92,7 +91,8 @@ def _aot_impl_scalar_count(plugin: str) -> int:
         for kw in c.keywords
         if kw.arg == "scalars" and isinstance(kw.value, ast.List)
     ]
-    assert len(counts) == 1, f"{plugin}/trt_plugin.py: write launch(..., scalars=[...]) once, with a list"
+    where = f"{plugin.name}/trt_plugin.py"
+    assert len(counts) == 1, f"{where}: write launch(..., scalars=[...]) once, with a list"
     return counts[0]
 
 
@@ -106,10 +106,10 @@ def main(out: Path) -> None:
 
     results: dict[str, Any] = {"ptxas": {sm: _ptxas_path(sm) for sm in {c.sm for c in CASES}}}
     for case in CASES:
-        _, kernel = trt_plugin.load_plugin_folder(PLUGINS / case.plugin / "trt_plugin.py")
+        _, kernel = trt_plugin.load_plugin_folder(case.plugin / "trt_plugin.py")
         target = GPUTarget("cuda", case.sm, 32)
         results[str(case)] = _outcome(
-            kernel.aot_kernel, case.dtype, **_aot_kernel_kwargs(case.plugin), target=target
+            kernel.aot_kernel, case.dtype, **_aot_kernel_kwargs(case.plugin, kernel), target=target
         )
     for name, (fn, sm) in _refused_kernels().items():
         types = {"x_ptr": "fp32", "y_ptr": "fp32"}
@@ -197,6 +197,14 @@ def _entry_types(ptx: str, name: str) -> list[str]:
     match = re.search(rf"\.entry\s+{re.escape(name)}\s*\((.*?)\)", ptx, re.DOTALL)
     assert match is not None, f"no .entry {name} in the PTX"
     return re.findall(r"\.param\s+\.(\w+)", match.group(1))
+
+
+def test_every_shipped_plugin_has_aot_cases() -> None:
+    """The discovery finds the shipped AOT plugins (a typo in it would silently test nothing)."""
+    if os.environ.get("GSKIT_TEST_PLUGIN_ROOTS"):
+        pytest.skip("plugin roots replaced by GSKIT_TEST_PLUGIN_ROOTS")
+    names = {c.plugin.name for c in CASES}
+    assert {"clamp_swish", "layer_norm", "rms_norm", "deform_conv2d"} <= names
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

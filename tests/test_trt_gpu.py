@@ -7,13 +7,11 @@ rtol = atol = 1e-3 on values of order 1.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 from conftest import parse_model
+from plugin_folders import example_inputs, input_names, one_node_model, plugin_folders
 
 from gskit.backends import ort
 from gskit.backends.trt import run_engine
@@ -22,8 +20,7 @@ from gskit.plugin import load_spec_file
 
 pytestmark = [pytest.mark.trt, pytest.mark.gpu]
 
-REPO = Path(__file__).resolve().parent.parent
-TRT_PLUGIN_FOLDERS = sorted(p.parent for p in (REPO / "plugins").glob("*/trt_plugin.py"))
+TRT_PLUGIN_FOLDERS = plugin_folders("trt_plugin.py")
 RTOL = ATOL = 1e-3
 
 SMALL_CNN = """
@@ -70,19 +67,6 @@ def test_run_engine_builds_an_onnx_model_on_the_fly(tmp_path, rng):
     np.testing.assert_allclose(run_engine(path, feeds)["y"], ort.run(path, feeds)["y"], rtol=RTOL, atol=ATOL)
 
 
-def _example_inputs(folder: Path, spec, rng) -> list[np.ndarray]:
-    """Inputs for a one-node model: the plugin module's ``example_inputs(rng)`` if it has one, else a
-    (2, 8) first input and (8,) for the others (per-channel weights of the last axis)."""
-    module_spec = importlib.util.spec_from_file_location(f"_example_{folder.name}", folder / "trt_plugin.py")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if hasattr(module, "example_inputs"):
-        return list(module.example_inputs(rng))
-    return [
-        rng.standard_normal((2, 8) if i == 0 else (8,)).astype(np.float32) for i in range(len(spec.inputs))
-    ]
-
-
 @pytest.mark.parametrize(
     "folder",
     TRT_PLUGIN_FOLDERS
@@ -90,22 +74,15 @@ def _example_inputs(folder: Path, spec, rng) -> list[np.ndarray]:
     ids=[p.name for p in TRT_PLUGIN_FOLDERS] or ["none"],
 )
 def test_plugin_engine_matches_its_reference(tmp_path, rng, folder):
-    import onnx_graphsurgeon as gs
-
     from gskit import model as gsmodel
 
     (spec, *_) = load_spec_file(folder / "spec.py")
-    arrays = _example_inputs(folder, spec, rng)
-    named = zip(spec.inputs, arrays, strict=True)
-    inputs = [gs.Variable(name, dtype=a.dtype, shape=a.shape) for name, a in named]
-    outputs = [gs.Variable(name, dtype=arrays[0].dtype) for name in spec.outputs]
-    graph = gs.Graph(nodes=[spec.make_node(inputs, outputs)], inputs=inputs, outputs=outputs, opset=17)
-    graph.import_domains = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid(spec.domain, 1)]
+    arrays = example_inputs(folder, rng)
     path = tmp_path / f"{folder.name}.onnx"
-    gsmodel.save(gsmodel.to_model(graph), path, check=False)
+    gsmodel.save(one_node_model(spec, arrays), path, check=False)
     info = build_engine(path, tmp_path / f"{folder.name}.engine", plugins=[folder])
     assert info.plugins == [spec.qualified_name]
-    feeds = dict(zip(spec.inputs, arrays, strict=True))
+    feeds = dict(zip(input_names(spec), arrays, strict=True))
     actual = run_engine(info.engine, feeds, plugins=[folder])
     expected = spec.run_reference(arrays, {})
     for name, want in zip(spec.outputs, expected, strict=True):

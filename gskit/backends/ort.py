@@ -38,22 +38,11 @@ import onnxruntime as ort
 
 from gskit import model as gsmodel
 from gskit.errors import GskitError, PluginError
+from gskit.ops import ORT_DOMAINS, is_default_domain
 from gskit.plugin import PluginRegistry, PluginSpec, attribute_value
 
 log = logging.getLogger(__name__)
 
-#: Domains onnxruntime's CPU provider implements itself; any other domain needs a plugin or a function.
-BUILTIN_DOMAINS = frozenset(
-    {
-        "",
-        "ai.onnx",
-        "ai.onnx.ml",
-        "ai.onnx.preview.training",
-        "com.microsoft",
-        "com.microsoft.nchwc",
-        "com.ms.internal.nhwc",
-    }
-)
 #: The domain of onnxruntime-extensions' Python custom ops (fixed by that package).
 PYOP_DOMAIN = "ai.onnx.contrib"
 #: The one attribute of a rewritten plugin node: the original attributes as JSON.
@@ -88,6 +77,14 @@ def session(
                 return _session(rewritten, optimize=optimize, extensions=True)
         model = proto
     return _session(model, optimize=optimize, extensions=_uses_domain(model, PYOP_DOMAIN))
+
+
+def runner(model: onnx.ModelProto | str | os.PathLike, plugins: PluginRegistry | None, name: str) -> Any:
+    """A Polygraphy ``OnnxrtRunner`` whose session (:func:`session`, made on activation) knows plugin
+    references, for Polygraphy's ``Comparator``."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    return OnnxrtRunner(lambda: session(model, plugins=plugins), name=name)
 
 
 def _session(
@@ -151,6 +148,23 @@ def quiet_default_logger(level: int | None = None) -> None:
     if level is not None:
         _CLI_LEVEL = level
     ort.set_default_logger_severity(log_severity())
+
+
+def symbolic_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference (what Polygraphy uses) on ``model``; None where it gives up.
+
+    ``auto_merge`` (as Polygraphy runs it) lets it take two dims an op requires to match as equal, which is
+    what the model itself assumes for the op to be valid. Its per-op warnings are silenced: callers use the
+    result as a second opinion only. Raises whatever it raises on ops it does not know.
+    """
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    old, logger.level = logger.level, logging.ERROR
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    finally:
+        logger.setLevel(old)
 
 
 def short_error(err: BaseException) -> str:
@@ -221,7 +235,7 @@ def _custom_nodes(model: onnx.ModelProto | str | os.PathLike) -> bool:
         imports = gsmodel.load(model, load_weights=False).opset_import if Path(model).is_file() else []
     else:
         imports = model.opset_import
-    return any(o.domain not in BUILTIN_DOMAINS and o.domain != PYOP_DOMAIN for o in imports)
+    return any(o.domain not in ORT_DOMAINS and o.domain != PYOP_DOMAIN for o in imports)
 
 
 def _uses_domain(model: onnx.ModelProto | str | os.PathLike, domain: str) -> bool:
@@ -247,7 +261,7 @@ def _plugin_nodes(
     for graph in gsmodel.graph_protos(model.graph):
         specs: dict[int, PluginSpec] = {}
         for index, node in enumerate(graph.node):
-            if node.domain in BUILTIN_DOMAINS or node.domain == PYOP_DOMAIN:
+            if node.domain in ORT_DOMAINS or node.domain == PYOP_DOMAIN:
                 continue
             if (node.domain, node.op_type) in functions:
                 continue
@@ -431,7 +445,7 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 types[vi.name] = vi.type.tensor_type.elem_type
         for node in graph.node:  # Constant nodes have no value_info of their own when outputs are inferred
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Constant" and is_default_domain(node.domain):
                 for attr in node.attribute:
                     if attr.name == "value":
                         types.setdefault(node.output[0], attr.t.data_type)

@@ -1,5 +1,5 @@
-"""TensorRT and TensorRT-RTX: which one is installed, running the worker subprocess, plugin files, and
-running an engine.
+"""TensorRT and TensorRT-RTX: which one is installed, running the worker subprocess, plugin files, the GPU
+probe, and the one TensorRT runner (:func:`trt_runner`) that runs engines in this process.
 
 Full TensorRT (``import tensorrt``) parses, builds and runs, with custom plugins. TensorRT-RTX
 (``import tensorrt_rtx``) installs on a machine without a GPU and parses and AOT-builds for a named compute
@@ -164,6 +164,103 @@ def _tail(text: str) -> str:
     return " | ".join(lines[-STDERR_TAIL_LINES:]) or "no output"
 
 
+#: What to do when full TensorRT or a GPU is missing.
+GPU_HINT = "run in docker/ (docker/run-gpu-tests.sh) or on a GPU machine with pip install 'gskit[trt]'"
+
+
+def gpu_count() -> int:
+    """CUDA devices the CUDA runtime sees (0 without a runtime library or a driver); never raises."""
+    import ctypes
+
+    from polygraphy import cuda
+    from polygraphy.logger import G_LOGGER
+
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
+            handle = cuda.wrapper().handle
+        count = ctypes.c_int(0)
+        status = handle.cudaGetDeviceCount(ctypes.byref(count))
+    except Exception:  # no CUDA runtime library, or Polygraphy's critical log raising
+        return 0
+    return count.value if status == 0 else 0
+
+
+def require_gpu_tensorrt(what: str) -> None:
+    """Raise unless full TensorRT imports and CUDA sees a GPU; ``what`` starts the message.
+
+    Raises:
+        GskitError: full TensorRT is not installed (TensorRT-RTX runs no plugins), or no GPU.
+    """
+    if not full_tensorrt_available():
+        raise GskitError(f"{what} needs TensorRT and a GPU (full TensorRT is not installed); {GPU_HINT}")
+    if gpu_count() < 1:
+        raise GskitError(f"{what} needs TensorRT and a GPU (CUDA sees no GPU); {GPU_HINT}")
+
+
+def marks_unfused_debug_tensors() -> bool:
+    """This TensorRT can mark every tensor that survives fusion as a debug tensor (10.x with the API)."""
+    import tensorrt
+
+    return hasattr(tensorrt.INetworkDefinition, "mark_unfused_tensors_as_debug_tensors")
+
+
+def trt_runner(
+    path: str | os.PathLike,
+    feeds: Mapping[str, np.ndarray],
+    plugins: Sequence[str | os.PathLike] = (),
+    *,
+    name: str = "tensorrt",
+    debug_unfused: bool = False,
+    mark_debug: Sequence[str] = (),
+) -> Any:
+    """A Polygraphy ``TrtRunner`` for an engine file or an ONNX model (built for the shapes of ``feeds``).
+
+    The one place gskit makes a TensorRT runner: :func:`run_engine` and the comparisons use it. The caller
+    checks for TensorRT and a GPU first (:func:`require_gpu_tensorrt`).
+
+    Args:
+        path: ``.onnx`` (built on activation, strongly typed, one profile min = opt = max = the fed
+            shapes) or a serialized engine.
+        feeds: the inputs the runner will get (their shapes fix the profile).
+        plugins: plugin libraries / folders (:func:`find_plugin_files`), loaded now.
+        name: the runner's name in reports.
+        debug_unfused: mark every tensor that survives TensorRT's fusions as a debug tensor, so the engine
+            is the one TensorRT would build anyway (ONNX models only, :func:`marks_unfused_debug_tensors`).
+        mark_debug: tensors to mark as debug tensors (ONNX models only); may prevent fusions.
+
+    Raises:
+        GskitError: ``path`` does not exist, or a plugin file cannot be loaded.
+    """
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineFromBytes,
+        EngineFromNetwork,
+        MarkDebug,
+        NetworkFromOnnxPath,
+        Profile,
+        TrtRunner,
+    )
+
+    load_plugin_files(find_plugin_files(plugins))
+    path = Path(path)
+    if not path.is_file():
+        raise GskitError(f"{path}: no such engine or model file")
+    if path.suffix != ".onnx":
+        return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=name)
+    profile = Profile()
+    for input_name, value in feeds.items():
+        shape = tuple(np.asarray(value).shape)
+        profile.add(input_name, shape, shape, shape)
+    options: dict[str, Any] = {"strongly_typed": True}
+    if debug_unfused:
+        options["mark_unfused_tensors_as_debug_tensors"] = True
+    network = NetworkFromOnnxPath(str(path), **options)
+    if mark_debug:
+        network = MarkDebug(network, list(mark_debug))
+    return TrtRunner(EngineFromNetwork(network, config=CreateConfig(profiles=[profile])), name=name)
+
+
 def run_engine(
     engine_or_model: str | os.PathLike,
     feeds: Mapping[str, np.ndarray],
@@ -187,33 +284,10 @@ def run_engine(
         raise GskitError(
             "running an engine needs full TensorRT and a GPU: pip install 'gskit[trt]' (or docker/)"
         )
-    from polygraphy.backend.common import BytesFromPath
-    from polygraphy.backend.trt import (
-        CreateConfig,
-        EngineFromBytes,
-        EngineFromNetwork,
-        NetworkFromOnnxPath,
-        Profile,
-        TrtRunner,
-    )
-
-    files = find_plugin_files(plugins)
-    load_plugin_files(files)
     path = Path(engine_or_model)
-    if not path.is_file():
-        raise GskitError(f"{path}: no such engine or model file")
-    if path.suffix == ".onnx":
-        profile = Profile()
-        for name, value in feeds.items():
-            shape = tuple(np.asarray(value).shape)
-            profile.add(name, shape, shape, shape)
-        loader = EngineFromNetwork(
-            NetworkFromOnnxPath(str(path), strongly_typed=True), config=CreateConfig(profiles=[profile])
-        )
-    else:
-        loader = EngineFromBytes(BytesFromPath(str(path)))
+    runner = trt_runner(path, feeds, plugins)
     try:
-        with TrtRunner(loader) as runner:
+        with runner:
             outputs = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
     except Exception as err:  # TensorRT and Polygraphy raise many types; keep the first line
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -40,6 +40,7 @@ from onnx import AttributeProto
 from gskit import model as gsmodel
 from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, source_label
 from gskit.errors import GskitError, PluginError
+from gskit.ops import ONNX_DOMAINS, ONNX_OP_TYPES, has_namespace_attr, is_default_domain
 from gskit.plugin import (
     INT32_MAX,
     INT32_MIN,
@@ -59,8 +60,6 @@ NEEDS_PLUGIN = "needs plugin"
 PLUGIN_PROBLEM = "plugin problem"
 STATUSES = (UNSUPPORTED, PLUGIN_PROBLEM, NEEDS_PLUGIN, RESTRICTED)
 STATIC_SOURCE = "static table"
-_STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"})
-_STANDARD_OPS = frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
 _UNPASSABLE_KINDS = {
     AttributeProto.GRAPH: "graph",
     AttributeProto.GRAPHS: "graphs",
@@ -171,19 +170,23 @@ def check_trt(
     return _parser_report(path, model, flavour, plugins, registry, plugin_issues)
 
 
-def is_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
-    """True when the parser hands this node to its plugin importer (``functions``: local functions' keys)."""
-    if any(a.name == "plugin_namespace" for a in node.attribute):
+def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
+    """True when TensorRT's parser hands this node to its plugin importer (``functions``: local functions).
+
+    Not :func:`gskit.ops.is_plugin_node` (what onnxruntime cannot run): the parser picks importers by op type
+    alone, so a custom-domain ``Relu`` is no plugin for it, and it inlines a local function of the same name.
+    """
+    if has_namespace_attr(node):
         return True
-    if node.domain in _STANDARD_DOMAINS or node.op_type in _STANDARD_OPS:
-        return False  # the parser picks importers by op type alone
+    if node.domain in ONNX_DOMAINS or node.op_type in ONNX_OP_TYPES:
+        return False
     return (node.domain, node.op_type) not in functions
 
 
 def plugin_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto]]:
-    """The main graph's plugin nodes (see :func:`is_plugin_node`) with their positions."""
+    """The main graph's plugin nodes (see :func:`parser_plugin_node`) with their positions."""
     functions = {(f.domain, f.name) for f in model.functions}
-    return [(i, node) for i, node in enumerate(model.graph.node) if is_plugin_node(node, functions)]
+    return [(i, node) for i, node in enumerate(model.graph.node) if parser_plugin_node(node, functions)]
 
 
 def node_label(index: int, node: onnx.NodeProto) -> str:
@@ -277,7 +280,7 @@ def _static_verdicts(
 ) -> Iterator[tuple[str, str]]:
     """(status, reason) for a node, including the ops inside its subgraphs and the function it calls."""
     key = (node.domain, node.op_type)
-    if key in functions and node.op_type not in _STANDARD_OPS and key not in seen:
+    if key in functions and node.op_type not in ONNX_OP_TYPES and key not in seen:
         for inner in functions[key].node:
             for status, reason in _static_verdicts(inner, {}, functions, seen | {key}):
                 yield status, f"in function {node.domain}::{node.op_type}: {reason}"
@@ -299,7 +302,7 @@ def _static_verdicts(
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     found = {t.name: t for t in graph.initializer}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and is_default_domain(node.domain):
             for attr in node.attribute:
                 if attr.name == "value" and attr.type == AttributeProto.TENSOR:
                     found[node.output[0]] = attr.t

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from gskit.ops import canonical_domain
 from gskit.patterns.dsl import (
     ATTRIBUTE_INPUTS,
     Capture,
@@ -45,8 +46,7 @@ MAX_LITERAL_ELEMENTS = 4096
 
 def op_key(node: gs.Node) -> tuple[str, str]:
     """``(domain, op_type)`` of a node; ``ai.onnx`` and the empty domain are the same."""
-    domain = node.domain or ""
-    return ("" if domain == "ai.onnx" else domain, node.op)
+    return (canonical_domain(node.domain), node.op)
 
 
 @dataclass

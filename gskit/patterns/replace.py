@@ -211,7 +211,7 @@ def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
         op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
     )
     if casts or pools:
-        from gskit.fold import infer_tensor_types  # fold imports onnxruntime: only when needed
+        from gskit.tensor_types import infer_tensor_types  # imports onnxruntime's inference: only when needed
 
         infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
 

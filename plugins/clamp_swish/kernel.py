@@ -37,6 +37,11 @@ def grid(n: int) -> tuple[int]:
     return (triton.cdiv(n, BLOCK),)
 
 
+#: Build-time values ``aot_impl`` takes from the network, for a test compile of :func:`aot_kernel` with the
+#: spec's default attributes (tests/test_trt_aot_ptx.py).
+AOT_EXAMPLE: dict[str, Any] = {}
+
+
 def aot_kernel(dtype: str, target: Any | None = None) -> TritonPtx:
     """The kernel as PTX for the plugin's ``aot_impl``: parameters ``(x_ptr, n, y_ptr)``.
 

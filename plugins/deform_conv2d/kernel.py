@@ -139,6 +139,11 @@ def constexprs(
     }  # fmt: skip
 
 
+#: Build-time values ``aot_impl`` takes from the network, for a test compile of :func:`aot_kernel` with the
+#: spec's default attributes (tests/test_trt_aot_ptx.py).
+AOT_EXAMPLE: dict[str, Any] = {"weight_shape": (8, 4, 3, 3)}
+
+
 def aot_kernel(
     dtype: str,
     weight_shape: Sequence[int],

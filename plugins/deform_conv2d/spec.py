@@ -11,11 +11,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from gskit.errors import PluginError
 from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo
 
 from .patterns import PATTERNS
 from .reference import deform_conv2d, output_size
+
+
+def example_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    """Inputs for a one-node test model with the default attributes (plugin-wide tests use them)."""
+    shapes = [(1, 4, 6, 7), (4, 4, 3, 3), (1, 18, 4, 5), (4,), (1, 9, 4, 5)]
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    arrays[4] = rng.random(shapes[4]).astype(np.float32)
+    return arrays
 
 
 def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list[TensorInfo]:

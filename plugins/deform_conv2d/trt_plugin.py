@@ -9,7 +9,6 @@ needs the weight shape fixed at build time.
 
 from typing import Any
 
-import numpy as np
 import tensorrt.plugin as trtp
 
 from gskit.errors import PluginError
@@ -57,14 +56,6 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     co_blocks = -(-(c_out // a["group"]) // ptx.constexprs["BLOCK_CO"])
     grid = [trtp.cdiv(oh * ow, kernel.BLOCK_P), n * (a["group"] * co_blocks)]
     return launch(ptx, grid=grid, scalars=[n, c, h, w, c_out, oh, ow])
-
-
-def example_inputs(rng: np.random.Generator) -> list[np.ndarray]:
-    """Inputs for a one-node test model with the default attributes (tests/test_trt_gpu.py uses them)."""
-    shapes = [(1, 4, 6, 7), (4, 4, 3, 3), (1, 18, 4, 5), (4,), (1, 9, 4, 5)]
-    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    arrays[4] = rng.random(shapes[4]).astype(np.float32)
-    return arrays
 
 
 def _attrs(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,11 @@ def epsilon_constant(epsilon: float) -> float:
     return float(np.float32(epsilon))
 
 
+#: Build-time values ``aot_impl`` takes from the network, for a test compile of :func:`aot_kernel` with the
+#: spec's default attributes (tests/test_trt_aot_ptx.py).
+AOT_EXAMPLE: dict[str, Any] = {"cols": 4096}
+
+
 def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None) -> TritonPtx:
     """The kernel as PTX for the plugin's ``aot_impl``: parameters ``(x_ptr, w_ptr, cols, y_ptr)``.
 

@@ -1,0 +1,104 @@
+"""What an op is: which domains are standard, how ops are named, and what makes a node a plugin node.
+
+Every module that asks "is this a standard op?" or "is this a plugin node?" asks this one, so the answer is
+the same in inspect, edit, fold, sanitize, convert, the onnxruntime backend and the TensorRT check.
+
+Three domain sets, each a superset of the one before, because three different questions are asked:
+
+* :data:`DEFAULT_DOMAINS` (``""`` and its alias ``ai.onnx``): the ONNX operator set itself. Ops such as
+  ``Constant``, ``Shape`` or ``Cast`` are recognised only there.
+* :data:`ONNX_DOMAINS`: every domain the ONNX standard defines (``ai.onnx.ml``, the preview domains). A node
+  outside them is a *custom* node (``gskit inspect``), and the TensorRT parser has no importer for it.
+* :data:`ORT_DOMAINS`: the ONNX domains plus onnxruntime's own contrib domains. onnxruntime runs these
+  itself; a node of any other domain is a **plugin node**, run through its plugin (a numpy reference on
+  onnxruntime, a TensorRT plugin in an engine) and never evaluated by ``fold``.
+
+A plugin's identity is ``(namespace, name, version)`` everywhere (:data:`PluginKey`): the node's domain is
+the namespace, its op type the name, and its ``plugin_version`` attribute the version (``"1"`` when absent,
+as TensorRT reads it). Never key a plugin on its op type or ``(domain, op)`` alone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+
+#: The ONNX default operator set: the empty domain and its alias.
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+#: Every domain the ONNX standard defines.
+ONNX_DOMAINS = DEFAULT_DOMAINS | {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}
+#: Domains onnxruntime's CPU provider implements itself (ONNX's and its contrib ops).
+ORT_DOMAINS = ONNX_DOMAINS | {"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc"}
+#: Op types of the ONNX standard (any version, any ONNX domain).
+ONNX_OP_TYPES = frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
+#: Attribute that names the TensorRT plugin namespace; a node carrying it is a plugin node.
+NAMESPACE_ATTR = "plugin_namespace"
+#: Attribute that holds the plugin version (TensorRT's default when absent: "1").
+VERSION_ATTR = "plugin_version"
+DEFAULT_VERSION = "1"
+
+#: ``(namespace, name, version)``: a plugin's identity (``PluginSpec.key``, :func:`node_key`).
+PluginKey = tuple[str, str, str]
+Node = gs.Node | onnx.NodeProto
+
+
+def is_default_domain(domain: str | None) -> bool:
+    """True for the ONNX default operator set (``""``, ``ai.onnx``, or no domain at all)."""
+    return (domain or "") in DEFAULT_DOMAINS
+
+
+def canonical_domain(domain: str | None) -> str:
+    """The domain with ``ai.onnx`` and ``None`` written as ``""`` (the form onnx's schemas use)."""
+    return "" if is_default_domain(domain) else str(domain)
+
+
+def op_label(domain: str | None, op_type: str) -> str:
+    """How reports name an op: ``Relu`` for the default set, ``domain::Op`` otherwise."""
+    return op_type if is_default_domain(domain) else f"{domain}::{op_type}"
+
+
+def op_counts(graph: gs.Graph) -> Counter[str]:
+    """Nodes per :func:`op_label` in ``graph`` and all its subgraphs."""
+    counts: Counter[str] = Counter()
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for node in sub.nodes:
+            counts[op_label(node.domain, node.op)] += 1
+    return counts
+
+
+def node_key(node: Node) -> PluginKey:
+    """``(domain, op type, plugin_version or "1")``: the plugin a node instantiates, for either node kind."""
+    if isinstance(node, onnx.NodeProto):
+        version = next((_text(a) for a in node.attribute if a.name == VERSION_ATTR), DEFAULT_VERSION)
+        return (node.domain or "", node.op_type, version)
+    return (node.domain or "", node.op, _text(node.attrs.get(VERSION_ATTR, DEFAULT_VERSION)))
+
+
+def has_namespace_attr(node: Node) -> bool:
+    """The node carries ``plugin_namespace``: TensorRT's parser looks for a registered plugin first."""
+    if isinstance(node, onnx.NodeProto):
+        return any(a.name == NAMESPACE_ATTR for a in node.attribute)
+    return NAMESPACE_ATTR in node.attrs
+
+
+def is_plugin_node(node: Node, known: Collection[PluginKey] = ()) -> bool:
+    """True for a plugin node: a domain outside :data:`ORT_DOMAINS`, a ``plugin_namespace`` attribute, or
+    the key (:func:`node_key`) of a known plugin. onnxruntime cannot run such a node by itself."""
+    domain = node.domain or ""
+    return domain not in ORT_DOMAINS or has_namespace_attr(node) or (bool(known) and node_key(node) in known)
+
+
+def plugin_keys(specs: Any) -> frozenset[PluginKey]:
+    """The keys of plugin specs (a ``PluginRegistry``, a list of ``PluginSpec``, or ``None``)."""
+    return frozenset(spec.key for spec in specs or ())
+
+
+def _text(value: Any) -> str:
+    """An attribute value as the string TensorRT compares (STRING attributes arrive as bytes)."""
+    if isinstance(value, onnx.AttributeProto):
+        value = onnx.helper.get_attribute_value(value)
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,178 @@
+"""Check gskit's layering over the import graph: ``python scripts/check_layers.py [ROOT]``.
+
+Reads every ``import`` statement (module level and inside functions) of ``ROOT/gskit/**.py`` and of the
+library files of ``ROOT/plugins/*/`` with :mod:`ast`, without importing anything, and prints one line per
+violation (exit 1) or nothing (exit 0). The rules and the layers are described in docs/architecture.md:
+
+* Layers, lowest first: **core** (every gskit module not named below: the model and its I/O, op and plugin
+  notions, passes, shape inference, reports), **backends** (``gskit.backends``: everything that runs a
+  model), **front-ends** (``gskit.torch_export``, ``gskit.trt_plugin``) and **compare** (``gskit.compare*``),
+  **pipeline** (``gskit.passes``, ``gskit.prepare``, ``gskit.recipe``), **cli** (``gskit.cli``). A module
+  imports only gskit modules of its own layer or lower ones. Core may import a backend lazily (inside a
+  function) only where :data:`LAZY_CORE_IMPORTS` says so, with the reason.
+* Heavy optional dependencies (:data:`HEAVY`) only in backends, front-ends and plugin kernels
+  (``plugins/*/kernel.py``, ``plugins/*/trt_plugin.py``).
+* Execution libraries (:data:`EXECUTION`: onnxruntime, Polygraphy's runners and CUDA wrapper) only in
+  backends.
+
+Imports by string (``importlib.import_module``) are not seen: keep them in backends too. Plugin tests
+(``test_*.py``) are free to use any package as an independent reference.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Non-core layers by module prefix, with their rank (a module may import ranks <= its own).
+LAYERS: tuple[tuple[str, str, int], ...] = (
+    ("gskit.backends", "backends", 1),
+    ("gskit.torch_export", "front-ends", 2),
+    ("gskit.trt_plugin", "front-ends", 2),
+    ("gskit.compare", "compare", 2),
+    ("gskit.compare_layers", "compare", 2),
+    ("gskit.compare_plugins", "compare", 2),
+    ("gskit.passes", "pipeline", 3),
+    ("gskit.prepare", "pipeline", 3),
+    ("gskit.recipe", "pipeline", 3),
+    ("gskit.cli", "cli", 4),
+)
+CORE = ("core", 0)
+#: (core module, backend module it imports inside a function) -> why that execution belongs there.
+LAZY_CORE_IMPORTS = {
+    ("gskit.fold", "gskit.backends.ort"): "fold evaluates constant nodes on onnxruntime (batched mode)",
+    (
+        "gskit.tensor_types",
+        "gskit.backends.ort",
+    ): "onnxruntime ships the symbolic shape inference Polygraphy uses",
+}
+#: Heavy optional dependencies: only in backends, front-ends and plugin kernels.
+HEAVY = ("tensorrt", "tensorrt_rtx", "torch", "triton")
+#: Libraries that run models: only in backends.
+EXECUTION = ("onnxruntime", "onnxruntime_extensions", "polygraphy.backend", "polygraphy.cuda")
+#: Plugin folder files that may import heavy dependencies (the GPU kernel and the TensorRT plugin).
+PLUGIN_KERNEL_FILES = ("kernel.py", "trt_plugin.py")
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: Path
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    """The layer name and rank of a gskit module (core unless a prefix in :data:`LAYERS` names it)."""
+    for prefix, name, rank in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return name, rank
+    return CORE
+
+
+def _layer_prefix(module: str) -> str:
+    return next((p for p, _, _ in LAYERS if module == p or module.startswith(p + ".")), module)
+
+
+def _within(name: str, packages: tuple[str, ...]) -> str | None:
+    return next((p for p in packages if name == p or name.startswith(p + ".")), None)
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(tree: ast.Module, module: str, is_package: bool) -> Iterator[tuple[int, str, bool]]:
+    """(line, imported module name, at module level) for each import; ``from a import b`` gives ``a.b``
+    too, since ``b`` may be a module."""
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, id(node) in top
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, base] if base else package)
+            yield node.lineno, base, id(node) in top
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}", id(node) in top
+
+
+def check_gskit_file(root: Path, path: Path) -> list[Violation]:
+    module = _module_name(root, path)
+    layer, rank = layer_of(module)
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: dict[tuple[int, str], Violation] = {}
+    for line, name, module_level in _imports(tree, module, path.name == "__init__.py"):
+        if _within(name, ("gskit",)) and name != "gskit":
+            other, other_rank = layer_of(name)
+            # ``from gskit.backends import ort`` names the package and the module: both are allowed
+            lazy_ok = not module_level and any(
+                module == mine and (_within(name, (theirs,)) or _within(theirs, (name,)))
+                for mine, theirs in LAZY_CORE_IMPORTS
+            )
+            if other_rank > rank and not lazy_ok:
+                where = "" if module_level else " inside a function"
+                message = f"{module} ({layer}) imports {other} ({_layer_prefix(name)}){where}"
+                found.setdefault((line, message), Violation(path, line, message))
+        heavy = _within(name, HEAVY)
+        if heavy and layer not in ("backends", "front-ends"):
+            message = f"{module} ({layer}) imports {heavy}: only backends, front-ends and plugin kernels may"
+            found.setdefault((line, message), Violation(path, line, message))
+        execution = _within(name, EXECUTION)
+        if execution and layer != "backends":
+            message = f"{module} ({layer}) imports {execution}: running models belongs in gskit.backends"
+            found.setdefault((line, message), Violation(path, line, message))
+    return list(found.values())
+
+
+def check_plugin_file(path: Path) -> list[Violation]:
+    if path.name in PLUGIN_KERNEL_FILES or path.name.startswith("test_"):
+        return []
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    for line, name, _ in _imports(tree, path.stem, False):
+        heavy = _within(name, HEAVY) or _within(name, EXECUTION)
+        if heavy:
+            message = (
+                f"plugin file {path.parent.name}/{path.name} imports {heavy}: only "
+                f"{' and '.join(PLUGIN_KERNEL_FILES)} may (spec, reference and patterns load on any CPU)"
+            )
+            found.append(Violation(path, line, message))
+    return list({(v.line, v.message): v for v in found}.values())
+
+
+def violations(root: Path) -> list[Violation]:
+    """Every layering violation under ``root`` (a checkout: ``root/gskit``, ``root/plugins``)."""
+    found: list[Violation] = []
+    for path in sorted((root / "gskit").rglob("*.py")):
+        found += check_gskit_file(root, path)
+    for path in sorted((root / "plugins").glob("*/*.py")):
+        found += check_plugin_file(path)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0]) if argv else Path(__file__).resolve().parents[1]
+    if not (root / "gskit").is_dir():
+        print(f"{root}: no gskit/ folder here; pass the checkout's root", file=sys.stderr)
+        return 2
+    found = violations(root)
+    for violation in found:
+        print(violation)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

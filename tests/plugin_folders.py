@@ -1,0 +1,90 @@
+"""The plugin folders that plugin-wide tests run over: found on disk, never listed by hand.
+
+A plugin folder is a folder with a ``spec.py`` directly under a plugin root. The roots are the folders in
+``$GSKIT_TEST_PLUGIN_ROOTS`` (``os.pathsep``-separated), else the repository's ``plugins/``. A test that
+concerns every plugin parametrizes over :func:`plugin_folders` (optionally only folders holding some
+file), so adding a plugin folder is all it takes for it to be tested; tests/test_plugin_folders.py checks
+that with a temporary root holding copies of the shipped plugins and a new one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from gskit import model as gsmodel
+from gskit.plugin import PluginSpec, load_spec_file
+
+REPO = Path(__file__).resolve().parents[1]
+#: Environment variable naming the plugin roots for the tests (default: the repository's plugins/).
+ROOTS_ENV = "GSKIT_TEST_PLUGIN_ROOTS"
+
+
+def plugin_roots() -> list[Path]:
+    """The folders whose subfolders are the plugins under test."""
+    env = os.environ.get(ROOTS_ENV)
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    return [REPO / "plugins"]
+
+
+def plugin_folders(having: str = "spec.py") -> list[Path]:
+    """Every plugin folder under :func:`plugin_roots` holding ``spec.py`` and ``having``, sorted by name."""
+    found = {
+        spec.parent
+        for root in plugin_roots()
+        for spec in root.glob("*/spec.py")
+        if (spec.parent / having).is_file()
+    }
+    return sorted(found, key=lambda p: (p.name, str(p)))
+
+
+def ids(folders: list[Path]) -> list[str]:
+    """Test ids: the folder names."""
+    return [p.name for p in folders]
+
+
+def load_plugin(folder: Path) -> tuple[PluginSpec, ModuleType]:
+    """The folder's (first) spec and its ``spec`` module, imported under a name of its own."""
+    name = f"gskit_plugins.tested_{folder.name}"
+    spec, *_ = load_spec_file(folder / "spec.py", name)
+    return spec, sys.modules[name]
+
+
+def example_inputs(folder: Path, rng: np.random.Generator) -> list[np.ndarray]:
+    """Inputs for a one-node model of the plugin with its default attributes.
+
+    From the spec module: ``example_inputs(rng)`` if it defines one, else ``EXAMPLE_SHAPES`` with
+    ``INPUT_DTYPES`` (what ``gskit plugin new`` writes), else a (2, 8) first input and (8,) for the others
+    (per-channel weights of the last axis).
+    """
+    spec, module = load_plugin(folder)
+    if hasattr(module, "example_inputs"):
+        return list(module.example_inputs(rng))
+    shapes, dtypes = getattr(module, "EXAMPLE_SHAPES", None), getattr(module, "INPUT_DTYPES", None)
+    if shapes is not None and dtypes is not None:
+        return [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dtypes, strict=True)]
+    return [
+        rng.standard_normal((2, 8) if i == 0 else (8,)).astype(np.float32) for i in range(len(spec.inputs))
+    ]
+
+
+def input_names(spec: PluginSpec) -> list[str]:
+    """The spec's input names without the ``?`` of optional ones."""
+    return [name.rstrip("?") for name in spec.inputs]
+
+
+def one_node_model(spec: PluginSpec, arrays: list[np.ndarray], opset: int = 17) -> onnx.ModelProto:
+    """One plugin node (default attributes) fed by ``arrays``; outputs typed like the first input."""
+    named = zip(input_names(spec), arrays, strict=True)
+    inputs = [gs.Variable(name, dtype=a.dtype, shape=a.shape) for name, a in named]
+    outputs = [gs.Variable(name, dtype=arrays[0].dtype) for name in spec.outputs]
+    graph = gs.Graph(nodes=[spec.make_node(inputs, outputs)], inputs=inputs, outputs=outputs, opset=opset)
+    graph.import_domains = [onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid(spec.domain, 1)]
+    return gsmodel.to_model(graph)
