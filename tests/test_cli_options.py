@@ -41,3 +41,12 @@ def test_hoist_keeps_order_and_stops_at_double_dash() -> None:
         "out",
     ]
     assert hoist_global_flags(["edit", "--", "--debug"]) == ["edit", "--", "--debug"]
+
+
+def test_prepare_output_named_like_a_model_file_is_refused(tmp_path, capsys) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    out = tmp_path / "out" / "model.onnx"
+    assert main(["prepare", str(model), "-o", str(out)]) == 2
+    assert "give an output folder" in capsys.readouterr().err
+    assert not out.exists()
