@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -254,7 +256,7 @@ def _goal(name: str, value: str, met: bool | None) -> dict[str, Any]:
 # -- output ------------------------------------------------------------------------------------------------
 
 
-def _fmt_row(r: Row) -> tuple[str, ...]:
+def _fmt_row(r: Row) -> tuple[Any, ...]:
     match = {True: "yes", False: "NO", None: "-"}[r.match]
     if r.match is not None and r.max_abs_err is not None:
         match += f" ({r.max_abs_err:.1e})"
@@ -262,7 +264,7 @@ def _fmt_row(r: Row) -> tuple[str, ...]:
         r.suite,
         r.model,
         r.tool,
-        r.status if r.status == "ok" else f"[red]{r.status}[/red] {r.note[:60]}",
+        r.status if r.status == "ok" else Text.assemble((r.status, "red"), f" {r.note[:60]}"),
         f"{r.seconds:.3f}" if r.seconds is not None else "-",
         str(r.runs),
         f"{r.peak_rss / MB:.0f}" if r.peak_rss else "-",
@@ -289,7 +291,8 @@ def render(rows: list[Row], goal_rows: list[dict[str, Any]], quick: bool) -> Non
         f"outputs match (atol {ATOL:g}, rtol {RTOL:g})",
     )
     out.print(table("gskit vs peers" + (" (--quick)" if quick else ""), cols, [_fmt_row(r) for r in rows]))
-    marks = {True: "[green]met[/green]", False: "[red]not met[/red]", None: "not measured"}
+    # Table cells are escaped, so colour goes through rich Text rather than markup tags.
+    marks = {True: Text("met", style="green"), False: Text("not met", style="red"), None: "not measured"}
     out.print(
         table(
             "goals",

@@ -750,7 +750,7 @@ def _checked_attrs(
                 known = ", ".join(sorted(schema.attributes)) or "none"
                 raise GskitError(
                     f"{op} (opset {schema.since_version}) has no attribute '{key}' (node '{node_name}'; "
-                    f"known: {known}); prefix custom attributes with '__' or use force"
+                    f"known: {known}); prefix custom attributes with '__' or pass --force"
                 )
         checked[key] = value
     return checked

@@ -15,6 +15,12 @@ from gskit.errors import GskitError
 from gskit.fold import fold
 
 
+@pytest.fixture(autouse=True)
+def _run_in_tmp_path(tmp_path, monkeypatch):
+    """Polygraphy's fold writes uuid-named external .data files into the cwd; keep them out of the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _feeds(model: onnx.ModelProto, rng) -> dict[str, np.ndarray]:
     sess = gsort.session(model)
     feeds = {}

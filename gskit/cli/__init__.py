@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument("-v", "--verbose", action="store_true", help="show info logs")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"gskit.cli.{name}").add_parser(sub)
@@ -58,9 +59,33 @@ def _quiet_onnxruntime(level: int) -> None:
     quiet_default_logger(level)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gskit")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+#: Options of the ``gskit`` command itself, which people also write after the subcommand.
+GLOBAL_FLAGS = ("--debug", "-v", "--verbose")
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """Move ``--debug``/``--verbose`` written after the subcommand to the front, where argparse wants them.
+
+    Only tokens before a ``--`` separator move; no subcommand defines a flag of the same name.
+    """
+    end = argv.index("--") if "--" in argv else len(argv)
+    flags = [a for a in argv[:end] if a in GLOBAL_FLAGS]
+    rest = [a for a in argv[:end] if a not in GLOBAL_FLAGS]
+    return flags + rest + argv[end:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(hoist_global_flags(list(sys.argv[1:] if argv is None else argv)))
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     _quiet_onnxruntime(level)

@@ -9,6 +9,7 @@ import time
 from rich.markup import escape
 
 from gskit.cli import add_plugins_option
+from gskit.errors import GskitError
 from gskit.prepare import PrepareReport, StepResult, default_recipe, prepare
 from gskit.recipe import load_recipe
 from gskit.report import console, print_json, table
@@ -66,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.model or not args.output:
         raise SystemExit("gskit prepare: error: MODEL and -o OUTDIR are required")
+    if args.output.lower().endswith(".onnx"):
+        # -o is a folder; "out/model.onnx" used to become a folder of that name without a word.
+        raise GskitError(
+            f"-o {args.output}: give an output folder, not a model file name "
+            "(prepare writes OUTDIR/model.onnx, report.json and report.html)"
+        )
     recipe = load_recipe(args.recipe) if args.recipe else None
     report = prepare(
         args.model, args.output, recipe=recipe, plugin_dirs=args.plugins, listener=_Progress(args.json)
