@@ -147,6 +147,8 @@ def _sha256(data: bytes) -> str:
 # ------------------------------------------------------------------------------------------- transformers
 
 #: Small enough to export in seconds; large enough that every block kind is present.
+#: Part of the export cache's folder name: bump it when an architecture's build or export changes.
+EXPORTS_REVISION = 2
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
 
 
@@ -197,7 +199,8 @@ def _architectures():
 
     def convnext():
         config = tf.ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], image_size=32)
-        return _FirstOutput(tf.ConvNextModel(config), "pixel_values"), (pixels,)
+        # The pooled output: its final LayerNorm is a norm module too, so the export holds all of them.
+        return _FirstOutput(tf.ConvNextModel(config), "pixel_values", output=1), (pixels,)
 
     def whisper_encoder():
         config = tf.WhisperConfig(
@@ -236,21 +239,21 @@ def _first_output_class():
     import torch
 
     class FirstOutput(torch.nn.Module):
-        """Calls a Hugging Face model with one named input and returns its first output tensor."""
+        """Calls a Hugging Face model with one named input and returns one of its outputs (the first: 0)."""
 
-        def __init__(self, model, input_name: str, **kwargs) -> None:
+        def __init__(self, model, input_name: str, output: int = 0, **kwargs) -> None:
             super().__init__()
-            self.model, self.input_name, self.kwargs = model.eval(), input_name, kwargs
+            self.model, self.input_name, self.output, self.kwargs = model.eval(), input_name, output, kwargs
 
         def forward(self, x):
             out = self.model(**{self.input_name: x}, **self.kwargs, return_dict=False)
-            return out[0]
+            return out[self.output]
 
     return FirstOutput
 
 
-def _FirstOutput(model, input_name: str, **kwargs):  # noqa: N802 - reads like the class it makes
-    return _first_output_class()(model, input_name, **kwargs).eval()
+def _FirstOutput(model, input_name: str, output: int = 0, **kwargs):  # noqa: N802 - reads like the class it makes
+    return _first_output_class()(model, input_name, output, **kwargs).eval()
 
 
 def ground_truth(module) -> dict[str, int]:
@@ -284,7 +287,7 @@ def transformers_models(cache: Path, only: set[str] | None) -> list[Entry]:
             )
         ]
     torch.manual_seed(0)
-    folder = cache / "transformers" / transformers.__version__
+    folder = cache / "transformers" / f"{transformers.__version__}-r{EXPORTS_REVISION}"
     entries = []
     for name, kind, build in _architectures():
         if only and name not in only:
