@@ -148,13 +148,31 @@ class FoldReport:
     spilled_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class FoldOptions:
+    """Constant folding to a fixed point, safe around plugin nodes (``fold``'s options; the single source
+    of their defaults for the library call, the CLI flags and the recipe step)."""
+
+    #: most folding passes; folding stops earlier when a pass changes nothing
+    max_passes: int = 10
+    #: turn ``Shape`` (and ``Shape -> Gather/Slice``) of tensors with static dims into constants
+    fold_shapes: bool = True
+    #: largest constant folding may create, in bytes (None: no limit)
+    size_threshold: int | None = 16 * 2**20
+    #: skip folds onnxruntime cannot evaluate instead of failing
+    allow_partial: bool = False
+
+
+_FOLD_DEFAULTS = FoldOptions()
+
+
 def fold(
     graph_or_model: ModelT,
     *,
-    max_passes: int = 10,
-    fold_shapes: bool = True,
-    size_threshold: int | None = 16 * 2**20,
-    allow_partial: bool = False,
+    max_passes: int = _FOLD_DEFAULTS.max_passes,
+    fold_shapes: bool = _FOLD_DEFAULTS.fold_shapes,
+    size_threshold: int | None = _FOLD_DEFAULTS.size_threshold,
+    allow_partial: bool = _FOLD_DEFAULTS.allow_partial,
     plugins: Any = None,
     spill_dir: str | os.PathLike | None = None,
 ) -> tuple[ModelT, FoldReport]:

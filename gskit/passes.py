@@ -1,22 +1,31 @@
-"""The steps a recipe can name: their options (validated by ``gskit.recipe``) and what each one does.
+"""The pipeline's passes: one class per recipe step, one contract for all of them.
 
-A transform step takes the graph and returns it changed; a check step reads the model as saved so far and
-adds to the report. Every step checks what it needs before it runs and what it promises after: a failed
-check raises ``StepError`` naming the step, and ``gskit prepare`` stops there.
+A :class:`Pass` declares its name, its options dataclass (the recipe schema and the defaults), whether it
+changes the graph in place, replaces it, or only reads the model as saved so far (a check), and:
+
+* ``requires``: what must hold before it runs (cheap; raises :class:`StepError`),
+* ``call``: the work, returning a :class:`PassResult` (summary, the pass's own report, whether it modified
+  the graph, and its verdict),
+* ``ensures``: what it promises afterwards, checked cheaply from facts taken before the call (never a
+  second run of the pass).
+
+:data:`PASSES` is the one registry; ``STEP_OPTIONS`` (what the recipe validates against) is derived from it.
+A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import onnx_graphsurgeon as gs
 
 from gskit import model as gsmodel
 from gskit.errors import GskitError
+from gskit.fold import FoldOptions
 from gskit.plugin import PluginRegistry
 
 #: Sizes used for plugin-free parts of the default recipe.
@@ -73,16 +82,6 @@ class InferShapesOptions:
 
 
 @dataclass(frozen=True)
-class FoldOptions:
-    """Constant folding to a fixed point, safe around plugin nodes."""
-
-    max_passes: int = 10
-    fold_shapes: bool = True
-    size_threshold: int = 16 * 2**20
-    allow_partial: bool = False
-
-
-@dataclass(frozen=True)
 class ConvertOptions:
     """Opset conversion, fp16 conversion and int64 -> int32."""
 
@@ -124,22 +123,6 @@ class BuildOptions:
     required: bool = False
 
 
-STEP_OPTIONS: dict[str, type] = {
-    "sanitize": SanitizeOptions,
-    "edit": EditOptions,
-    "isolate": IsolateOptions,
-    "replace": ReplaceOptions,
-    "infer_shapes": InferShapesOptions,
-    "fold": FoldOptions,
-    "convert": ConvertOptions,
-    "check_trt": CheckTrtOptions,
-    "validate": ValidateOptions,
-    "build": BuildOptions,
-}
-
-#: Steps that read the saved model instead of changing the graph.
-CHECK_STEPS = frozenset({"check_trt", "validate", "build"})
-
 DEFAULT_STEPS: tuple[str, ...] = (
     "sanitize",
     "replace",
@@ -152,18 +135,16 @@ DEFAULT_STEPS: tuple[str, ...] = (
 )
 
 
-# ------------------------------------------------------------------------------------------- step bodies
-# Each body takes the run's state and its options and returns a one-line summary plus the step's own report.
-# Imports are local: a recipe that never folds never imports the folding machinery.
+# ------------------------------------------------------------------------------------------------ contract
 
 
 class StepError(GskitError):
-    """A step's precondition or postcondition failed; the message names the step."""
+    """A pass's precondition or postcondition failed; the message names the pass."""
 
 
 @dataclass
 class RunState:
-    """What steps share during one ``gskit prepare`` run."""
+    """What passes share during one ``gskit prepare`` run."""
 
     graph: gs.Graph
     original_path: Path
@@ -182,7 +163,7 @@ class RunState:
         return self.work_dir / "model.engine"
 
     def snapshot(self) -> Path:
-        """The current graph saved as a file, for steps that read files; saved again only after a change."""
+        """The current graph saved as a file, for passes that read files; saved again only after a change."""
         if self._snapshot is None:
             self._snapshots_taken += 1
             target = self.work_dir / f"step{self._snapshots_taken}" / "model.onnx"
@@ -190,144 +171,281 @@ class RunState:
         return self._snapshot
 
     def graph_changed(self) -> None:
-        """Called after every transform step: the next check step must see the graph as it is now."""
+        """Called after every pass that modified the graph: the next check must see the graph as it is now."""
         self._snapshot = None
 
 
-def run_sanitize(state: RunState, options: SanitizeOptions) -> tuple[str, Any]:
-    from gskit.sanitize import sanitize
+@dataclass
+class PassResult:
+    """What one pass did.
 
-    outputs = [t.name for t in state.graph.outputs]
-    state.graph, report = sanitize(state.graph, skip=options.skip, extra=options.extra)
-    _ensure([t.name for t in state.graph.outputs] == outputs, "sanitize", "graph outputs changed")
-    changed = ", ".join(f"{step} {n}" for step, n in report.changes.items() if n) or "nothing to tidy"
-    return f"{report.nodes_before} -> {report.nodes_after} nodes ({changed})", report
+    ``modified``: the graph changed (a check never changes it; a transform that found nothing to do says
+    so, and the saved snapshot is reused). ``status``: "ok", "skipped" (the pass could not apply here, and
+    ``summary`` says why) or "failed" (a check ran and its verdict is negative, e.g. outputs differ).
+    """
 
-
-def run_edit(state: RunState, options: EditOptions) -> tuple[str, Any]:
-    from gskit import edit
-
-    graph = state.graph
-    if options.drop_initializer_inputs:
-        edit.drop_initializer_inputs(graph)
-    if options.constants_to_initializers:
-        edit.constants_to_initializers(graph)
-    if options.rename:
-        edit.rename_tensors(graph, options.rename)
-    for name, dtype in options.input_dtypes.items():
-        edit.set_input_dtype(graph, name, dtype)
-    for name, shape in options.input_shapes.items():
-        edit.set_input_shape(graph, name, shape)
-    for node in options.remove_nodes:
-        edit.remove_node(graph, node)
-    for node, values in options.set_attrs.items():
-        edit.set_attributes(graph, node, values)
-    if options.expose:
-        edit.expose_tensors(graph, options.expose)
-    count = sum(bool(v) for v in dataclasses.asdict(options).values())
-    return f"{count} kinds of edit applied", None
+    summary: str
+    report: Any = None
+    modified: bool = False
+    status: Literal["ok", "skipped", "failed"] = "ok"
 
 
-def run_isolate(state: RunState, options: IsolateOptions) -> tuple[str, Any]:
-    from gskit.isolate import isolate
+@dataclass(frozen=True)
+class Before:
+    """Cheap facts taken before a pass runs, for its ``ensures``."""
 
-    if not options.inputs or not options.outputs:
-        raise StepError("isolate: the step needs both 'inputs' and 'outputs' tensor names")
-    state.graph = isolate(state.graph, options.inputs, options.outputs)
-    return f"kept the subgraph {list(options.inputs)} -> {list(options.outputs)}", None
-
-
-def run_replace(state: RunState, options: ReplaceOptions) -> tuple[str, Any]:
-    from gskit.patterns import replace
-
-    specs = list(state.registry)
-    if not specs:
-        raise StepError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
-    report = replace(state.graph, specs, only=options.only, keep_function=options.keep_function)
-    state.replaced.extend(report.regions)
-    # Promise: no instance left that could have been replaced (a second pass finds nothing to do).
-    again = replace(state.graph.copy(), specs, only=options.only, keep_function=options.keep_function)
-    _ensure(again.replaced == 0, "replace", f"{again.replaced} pattern instance(s) left after replacement")
-    skipped = sum(len(p.skipped) for p in report.plugins)
-    per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
-    left = report.norm_like_left
-    missed = (
-        f"; {len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
-        f"{' ...' if len(left) > 3 else ''}; gskit replace --explain says why)"
-        if left
-        else ""
-    )
-    return f"{report.replaced} replaced, {skipped} skipped" + (
-        f" ({per_plugin})" if per_plugin else ""
-    ) + missed, report
+    outputs: tuple[str, ...]
+    nodes: int
 
 
-def run_infer_shapes(state: RunState, options: InferShapesOptions) -> tuple[str, Any]:
-    from gskit.shapes import infer_graph_shapes, unshaped_plugin_outputs
-
-    infer_graph_shapes(state.graph, state.registry, strict=options.strict)
-    unshaped = unshaped_plugin_outputs(state.graph, state.registry)
-    # Only a plugin rule that gives no rank for inputs with one stops the run: TensorRT asks the plugin for
-    # its output shapes. Where an upstream op lost the shape, TensorRT still knows it from the network.
-    blocking = [u.describe() for u in unshaped if u.origin is None]
-    if options.strict:
-        _ensure(not blocking, "infer_shapes", "; ".join(blocking[:3]))
-    if not unshaped:
-        return "every plugin output has a rank", unshaped
-    return f"{len(unshaped)} plugin output(s) without a rank: {unshaped[0].describe()}", unshaped
+OptionsT = TypeVar("OptionsT")
 
 
-def run_fold(state: RunState, options: FoldOptions) -> tuple[str, Any]:
-    from gskit.fold import fold
+class Pass(Generic[OptionsT]):
+    """One step of the pipeline. Subclasses set the class attributes and implement :meth:`call`."""
 
-    outputs = [t.name for t in state.graph.outputs]
-    state.graph, report = fold(
-        state.graph,
-        max_passes=options.max_passes,
-        fold_shapes=options.fold_shapes,
-        size_threshold=options.size_threshold,
-        allow_partial=options.allow_partial,
-        plugins=state.registry,
-    )
-    _ensure([t.name for t in state.graph.outputs] == outputs, "fold", "graph outputs changed")
-    _ensure(report.nodes_after <= report.nodes_before, "fold", "folding added nodes")
-    return f"{report.nodes_before} -> {report.nodes_after} nodes in {report.passes} passes", report
+    #: the step's name in a recipe
+    name: ClassVar[str]
+    #: the options dataclass: the recipe schema and the defaults
+    options: ClassVar[type]
+    #: "in_place" (changes ``state.graph``), "replaces" (sets a new ``state.graph``), or "check" (reads the
+    #: model as saved so far and changes no graph)
+    effect: ClassVar[Literal["in_place", "replaces", "check"]]
+    #: the graph's output names are the same after the pass (every transform but edit and isolate)
+    keeps_outputs: ClassVar[bool] = True
+
+    def requires(self, state: RunState, options: OptionsT) -> None:
+        """Raise ``StepError`` when the pass cannot run on this state (default: no precondition)."""
+
+    def call(self, state: RunState, options: OptionsT) -> PassResult:
+        raise NotImplementedError
+
+    def ensures(self, state: RunState, options: OptionsT, result: PassResult, before: Before) -> None:
+        """Raise ``StepError`` when the pass broke a promise; the default checks the declared ones."""
+        if self.effect != "check" and self.keeps_outputs:
+            _ensure(
+                tuple(t.name for t in state.graph.outputs) == before.outputs, self.name, "outputs changed"
+            )
+
+    def __call__(self, state: RunState, options: OptionsT) -> PassResult:
+        self.requires(state, options)
+        before = Before(tuple(t.name for t in state.graph.outputs), gsmodel.count_nodes(state.graph))
+        result = self.call(state, options)
+        if self.effect == "check" and result.modified:
+            raise StepError(f"pass '{self.name}' is a check but says it modified the graph (a gskit bug)")
+        self.ensures(state, options, result, before)
+        return result
 
 
-def run_convert(state: RunState, options: ConvertOptions) -> tuple[str, Any]:
-    from gskit import convert
+def _ensure(condition: bool, step: str, message: str) -> None:
+    if not condition:
+        raise StepError(f"step '{step}' broke its promise: {message}")
 
-    done = []
-    if options.opset is not None:
-        proto = convert.convert_opset(gsmodel.to_model(state.graph), options.opset)
-        state.graph = gsmodel.to_graph(proto)
-        done.append(f"opset {options.opset}")
-    if options.int32:
-        state.graph, _ = convert.int64_to_int32(state.graph)
-        done.append("int64 -> int32")
-    if options.fp16:
-        state.graph, _ = convert.to_fp16(
+
+# ------------------------------------------------------------------------------------------------- passes
+# Imports are local: a recipe that never folds never imports the folding machinery.
+
+
+class Sanitize(Pass[SanitizeOptions]):
+    name, options, effect = "sanitize", SanitizeOptions, "in_place"
+
+    def call(self, state: RunState, options: SanitizeOptions) -> PassResult:
+        from gskit.sanitize import sanitize
+
+        state.graph, report = sanitize(state.graph, skip=options.skip, extra=options.extra)
+        changed = ", ".join(f"{step} {n}" for step, n in report.changes.items() if n) or "nothing to tidy"
+        return PassResult(
+            f"{report.nodes_before} -> {report.nodes_after} nodes ({changed})",
+            report,
+            modified=any(report.changes.values()) or report.nodes_after != report.nodes_before,
+        )
+
+
+class Edit(Pass[EditOptions]):
+    name, options, effect, keeps_outputs = "edit", EditOptions, "in_place", False
+
+    def call(self, state: RunState, options: EditOptions) -> PassResult:
+        from gskit import edit
+
+        graph = state.graph
+        if options.drop_initializer_inputs:
+            edit.drop_initializer_inputs(graph)
+        if options.constants_to_initializers:
+            edit.constants_to_initializers(graph)
+        if options.rename:
+            edit.rename_tensors(graph, options.rename)
+        for name, dtype in options.input_dtypes.items():
+            edit.set_input_dtype(graph, name, dtype)
+        for name, shape in options.input_shapes.items():
+            edit.set_input_shape(graph, name, shape)
+        for node in options.remove_nodes:
+            edit.remove_node(graph, node)
+        for node, values in options.set_attrs.items():
+            edit.set_attributes(graph, node, values)
+        if options.expose:
+            edit.expose_tensors(graph, options.expose)
+        count = sum(bool(v) for v in dataclasses.asdict(options).values())
+        return PassResult(f"{count} kinds of edit applied", modified=count > 0)
+
+    def ensures(self, state: RunState, options: EditOptions, result: PassResult, before: Before) -> None:
+        outputs = {t.name for t in state.graph.outputs}
+        renamed = {options.rename.get(name, name) for name in before.outputs}
+        _ensure(
+            renamed | set(options.expose) >= outputs, self.name, "an output appeared that no edit asked for"
+        )
+
+
+class Isolate(Pass[IsolateOptions]):
+    name, options, effect, keeps_outputs = "isolate", IsolateOptions, "replaces", False
+
+    def requires(self, state: RunState, options: IsolateOptions) -> None:
+        if not options.inputs or not options.outputs:
+            raise StepError("isolate: the step needs both 'inputs' and 'outputs' tensor names")
+
+    def call(self, state: RunState, options: IsolateOptions) -> PassResult:
+        from gskit.isolate import isolate
+
+        state.graph = isolate(state.graph, options.inputs, options.outputs)
+        return PassResult(
+            f"kept the subgraph {list(options.inputs)} -> {list(options.outputs)}", modified=True
+        )
+
+    def ensures(self, state: RunState, options: IsolateOptions, result: PassResult, before: Before) -> None:
+        outputs = [t.name for t in state.graph.outputs]
+        _ensure(outputs == list(options.outputs), self.name, f"outputs are {outputs}")
+
+
+class Replace(Pass[ReplaceOptions]):
+    name, options, effect = "replace", ReplaceOptions, "in_place"
+
+    def requires(self, state: RunState, options: ReplaceOptions) -> None:
+        if not list(state.registry):
+            raise StepError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
+
+    def call(self, state: RunState, options: ReplaceOptions) -> PassResult:
+        from gskit.patterns import replace
+
+        report = replace(
+            state.graph, list(state.registry), only=options.only, keep_function=options.keep_function
+        )
+        state.replaced.extend(report.regions)
+        skipped = sum(len(p.skipped) for p in report.plugins)
+        per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
+        left = report.norm_like_left
+        missed = (
+            f"; {len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
+            f"{' ...' if len(left) > 3 else ''}; gskit replace --explain says why)"
+            if left
+            else ""
+        )
+        summary = f"{report.replaced} replaced, {skipped} skipped" + (
+            f" ({per_plugin})" if per_plugin else ""
+        )
+        return PassResult(summary + missed, report, modified=report.replaced > 0)
+
+    def ensures(self, state: RunState, options: ReplaceOptions, result: PassResult, before: Before) -> None:
+        """Each replaced region is one plugin node now: its own node is there and none of its originals is."""
+        super().ensures(state, options, result, before)
+        regions = result.report.regions
+        if not regions:
+            return
+        names = {n.name for g in (state.graph, *state.graph.subgraphs(recursive=True)) for n in g.nodes}
+        missing = [r.node for r in regions if r.node not in names]
+        _ensure(not missing, self.name, f"plugin node(s) {missing[:3]} are not in the graph")
+        left = [n for r in regions for n in r.original_nodes if n in names and n != r.node]
+        _ensure(not left, self.name, f"replaced node(s) {left[:3]} are still in the graph")
+
+
+class InferShapes(Pass[InferShapesOptions]):
+    name, options, effect = "infer_shapes", InferShapesOptions, "in_place"
+
+    def call(self, state: RunState, options: InferShapesOptions) -> PassResult:
+        from gskit.shapes import infer_graph_shapes, unshaped_plugin_outputs
+
+        infer_graph_shapes(state.graph, state.registry, strict=options.strict)
+        unshaped = unshaped_plugin_outputs(state.graph, state.registry)
+        # Only a plugin rule that gives no rank for inputs with one stops the run: TensorRT asks the plugin
+        # for its output shapes. Where an upstream op lost the shape, TensorRT still knows it (the network).
+        blocking = [u.describe() for u in unshaped if u.origin is None]
+        if options.strict:
+            _ensure(not blocking, self.name, "; ".join(blocking[:3]))
+        if not unshaped:
+            return PassResult("every plugin output has a rank", unshaped, modified=True)
+        return PassResult(
+            f"{len(unshaped)} plugin output(s) without a rank: {unshaped[0].describe()}",
+            unshaped,
+            modified=True,
+        )
+
+
+class Fold(Pass[FoldOptions]):
+    name, options, effect = "fold", FoldOptions, "in_place"
+
+    def call(self, state: RunState, options: FoldOptions) -> PassResult:
+        from gskit.fold import fold
+
+        state.graph, report = fold(
             state.graph,
-            keep_io_types=options.keep_io_fp32,
-            clamp_min=options.clamp_min,
-            clamp_max=options.clamp_max,
-            block_ops=options.block_ops,
+            max_passes=options.max_passes,
+            fold_shapes=options.fold_shapes,
+            size_threshold=options.size_threshold,
+            allow_partial=options.allow_partial,
             plugins=state.registry,
         )
-        done.append("fp16")
-    return ", ".join(done) or "nothing to convert", None
+        return PassResult(
+            f"{report.nodes_before} -> {report.nodes_after} nodes in {report.passes} passes",
+            report,
+            # shapes folded into constants change the graph even when the node count stays
+            modified=True,
+        )
+
+    def ensures(self, state: RunState, options: FoldOptions, result: PassResult, before: Before) -> None:
+        super().ensures(state, options, result, before)
+        _ensure(result.report.nodes_after <= result.report.nodes_before, self.name, "folding added nodes")
 
 
-def run_check_trt(state: RunState, options: CheckTrtOptions) -> tuple[str, Any]:
-    from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+class Convert(Pass[ConvertOptions]):
+    name, options, effect = "convert", ConvertOptions, "replaces"
 
-    report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
-    state.trt_report = report
-    bad = len(report.nodes_with(UNSUPPORTED)) + len(report.nodes_with(PLUGIN_PROBLEM))
-    if options.fail_on_unsupported:
-        _ensure(report.ok, "check_trt", f"{bad} node(s) TensorRT will not take (see the report)")
-    plugins = len(report.nodes_with(NEEDS_PLUGIN))
-    return f"{report.source}: {bad} node(s) rejected, {plugins} plugin node(s) with known plugins", report
+    def call(self, state: RunState, options: ConvertOptions) -> PassResult:
+        from gskit import convert
+
+        done = []
+        if options.opset is not None:
+            proto = convert.convert_opset(gsmodel.to_model(state.graph), options.opset)
+            state.graph = gsmodel.to_graph(proto)
+            done.append(f"opset {options.opset}")
+        if options.int32:
+            state.graph, _ = convert.int64_to_int32(state.graph)
+            done.append("int64 -> int32")
+        if options.fp16:
+            state.graph, _ = convert.to_fp16(
+                state.graph,
+                keep_io_types=options.keep_io_fp32,
+                clamp_min=options.clamp_min,
+                clamp_max=options.clamp_max,
+                block_ops=options.block_ops,
+                plugins=state.registry,
+            )
+            done.append("fp16")
+        return PassResult(", ".join(done) or "nothing to convert", modified=bool(done))
+
+
+class CheckTrt(Pass[CheckTrtOptions]):
+    name, options, effect = "check_trt", CheckTrtOptions, "check"
+
+    def call(self, state: RunState, options: CheckTrtOptions) -> PassResult:
+        from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+
+        report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
+        state.trt_report = report
+        bad = len(report.nodes_with(UNSUPPORTED)) + len(report.nodes_with(PLUGIN_PROBLEM))
+        if options.fail_on_unsupported:
+            _ensure(report.ok, self.name, f"{bad} node(s) TensorRT will not take (see the report)")
+        plugins = len(report.nodes_with(NEEDS_PLUGIN))
+        return PassResult(
+            f"{report.source}: {bad} node(s) rejected, {plugins} plugin node(s) with known plugins", report
+        )
 
 
 #: Sizes of the dims that generated validation inputs leave open, tried in order while the ORIGINAL model
@@ -343,42 +461,51 @@ INPUTS_HINT = (
 )
 
 
-def run_validate(state: RunState, options: ValidateOptions) -> tuple[str, Any]:
-    from gskit.compare import ReferenceRunError, compare, describe_feeds, failing_node
-    from gskit.feeds import load_feeds, random_feeds
+class Validate(Pass[ValidateOptions]):
+    name, options, effect = "validate", ValidateOptions, "check"
 
-    prepared = state.snapshot()
-    common = dict(atol=options.atol, rtol=options.rtol, plugins=state.registry)
-    if options.inputs:
-        feeds = load_feeds(options.inputs)
-        try:
-            report = compare(state.original_path, prepared, feeds=feeds, **common)
-        except ReferenceRunError as err:
-            raise StepError(f"validate: {err}; check the file given as inputs ({options.inputs})") from err
-        return _validated(state, report, _unsteady_note(state, report, feeds))
-    original = gsmodel.load(state.original_path, load_weights=False)
-    failures = []
-    for default_dim, image_dim in VALIDATION_SIZES:
-        feeds = random_feeds(
-            original, options.shapes or None, seed=options.seed, default_dim=default_dim, image_dim=image_dim
+    def call(self, state: RunState, options: ValidateOptions) -> PassResult:
+        from gskit.compare import ReferenceRunError, compare, describe_feeds, failing_node
+        from gskit.feeds import load_feeds, random_feeds
+
+        prepared = state.snapshot()
+        common = dict(atol=options.atol, rtol=options.rtol, plugins=state.registry)
+        if options.inputs:
+            feeds = load_feeds(options.inputs)
+            try:
+                report = compare(state.original_path, prepared, feeds=feeds, **common)
+            except ReferenceRunError as err:
+                raise StepError(
+                    f"validate: {err}; check the file given as inputs ({options.inputs})"
+                ) from err
+            return _validated(state, report, _unsteady_note(state, report, feeds))
+        original = gsmodel.load(state.original_path, load_weights=False)
+        failures = []
+        for default_dim, image_dim in VALIDATION_SIZES:
+            feeds = random_feeds(
+                original,
+                options.shapes or None,
+                seed=options.seed,
+                default_dim=default_dim,
+                image_dim=image_dim,
+            )
+            if failures and describe_feeds(feeds) == failures[-1][0]:
+                continue  # nothing left open to grow: the same inputs would fail the same way
+            try:
+                report = compare(state.original_path, prepared, feeds=feeds, **common)
+            except ReferenceRunError as err:
+                failures.append((describe_feeds(feeds), err.failure))
+                continue
+            note = f" (inputs {_shapes_text(report.input_shapes)}"
+            note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
+            return _validated(state, report, note + _unsteady_note(state, report, feeds))
+        tried, failure = failures[-1]
+        culprit = failing_node(original, failure)
+        where = f"node {culprit[0]} fails on input(s) {culprit[1]}: " if culprit and culprit[1] else ""
+        raise StepError(
+            f"validate: the original model cannot run on generated inputs (last tried {tried}, "
+            f"{len(failures)} size(s) in all): {where}{failure}; {INPUTS_HINT}"
         )
-        if failures and describe_feeds(feeds) == failures[-1][0]:
-            continue  # nothing left open to grow: the same inputs would fail the same way
-        try:
-            report = compare(state.original_path, prepared, feeds=feeds, **common)
-        except ReferenceRunError as err:
-            failures.append((describe_feeds(feeds), err.failure))
-            continue
-        note = f" (inputs {_shapes_text(report.input_shapes)}"
-        note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
-        return _validated(state, report, note + _unsteady_note(state, report, feeds))
-    tried, failure = failures[-1]
-    culprit = failing_node(original, failure)
-    where = f"node {culprit[0]} fails on input(s) {culprit[1]}: " if culprit and culprit[1] else ""
-    raise StepError(
-        f"validate: the original model cannot run on generated inputs (last tried {tried}, "
-        f"{len(failures)} size(s) in all): {where}{failure}; {INPUTS_HINT}"
-    )
 
 
 def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
@@ -396,61 +523,70 @@ def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
     )
 
 
-def _validated(state: RunState, report: Any, note: str) -> tuple[str, Any]:
+def _validated(state: RunState, report: Any, note: str) -> PassResult:
     state.comparison = report
     worst = max((o.max_abs_err for o in report.outputs), default=0.0)
     verdict = "passed" if report.passed else f"FAILED on {[o.name for o in report.failed]}"
-    return f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}", report
+    return PassResult(
+        f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}",
+        report,
+        status="ok" if report.passed else "failed",
+    )
 
 
 def _shapes_text(shapes: dict[str, tuple[int, ...]]) -> str:
     return ", ".join(f"{name}:{'x'.join(str(d) for d in dims) or 'scalar'}" for name, dims in shapes.items())
 
 
-def run_build(state: RunState, options: BuildOptions) -> tuple[str, Any]:
-    from gskit.backends.trt import full_tensorrt_available, resolve_backend
-    from gskit.backends.trt_build import build_engine
+class Build(Pass[BuildOptions]):
+    name, options, effect = "build", BuildOptions, "check"
 
-    flavour = resolve_backend("auto")
-    has_plugins = any(state.registry.for_node(n) for n in state.graph.nodes)
-    reason = None
-    if flavour == "static":
-        reason = "no TensorRT installed"
-    elif not full_tensorrt_available() and options.compute_capability is None:
-        reason = "TensorRT-RTX only: give build.compute_capability for an AOT build"
-    elif not full_tensorrt_available() and has_plugins:
-        reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
-    if reason:
-        if options.required:
-            raise StepError(f"build: {reason}")
-        return f"skipped: {reason}", None
-    shapes = {name: tuple(tuple(s) for s in dims) for name, dims in options.shapes.items()} or None
-    info = build_engine(
-        state.snapshot(),
-        state.engine_path,
-        plugins=list(state.plugin_dirs or ()),
-        shapes=shapes,
-        timing_cache=options.timing_cache,
-        compute_capability=options.compute_capability,
+    def call(self, state: RunState, options: BuildOptions) -> PassResult:
+        from gskit.backends.trt import full_tensorrt_available, resolve_backend
+        from gskit.backends.trt_build import build_engine
+
+        flavour = resolve_backend("auto")
+        has_plugins = any(state.registry.for_node(n) for n in state.graph.nodes)
+        reason = None
+        if flavour == "static":
+            reason = "no TensorRT installed"
+        elif not full_tensorrt_available() and options.compute_capability is None:
+            reason = "TensorRT-RTX only: give build.compute_capability for an AOT build"
+        elif not full_tensorrt_available() and has_plugins:
+            reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
+        if reason:
+            if options.required:
+                raise StepError(f"build: {reason}")
+            return PassResult(reason, status="skipped")
+        shapes = {name: tuple(tuple(s) for s in dims) for name, dims in options.shapes.items()} or None
+        info = build_engine(
+            state.snapshot(),
+            state.engine_path,
+            plugins=list(state.plugin_dirs or ()),
+            shapes=shapes,
+            timing_cache=options.timing_cache,
+            compute_capability=options.compute_capability,
+        )
+        state.engine = info
+        return PassResult(f"built {info.engine.name} in {info.build_seconds:.1f}s", info)
+
+
+#: Every pass a recipe can name, by name.
+PASSES: Mapping[str, Pass] = {
+    p.name: p
+    for p in (
+        Sanitize(),
+        Edit(),
+        Isolate(),
+        Replace(),
+        InferShapes(),
+        Fold(),
+        Convert(),
+        CheckTrt(),
+        Validate(),
+        Build(),
     )
-    state.engine = info
-    return f"built {info.engine.name} in {info.build_seconds:.1f}s", info
-
-
-STEP_RUNNERS: dict[str, Callable[[RunState, Any], tuple[str, Any]]] = {
-    "sanitize": run_sanitize,
-    "edit": run_edit,
-    "isolate": run_isolate,
-    "replace": run_replace,
-    "infer_shapes": run_infer_shapes,
-    "fold": run_fold,
-    "convert": run_convert,
-    "check_trt": run_check_trt,
-    "validate": run_validate,
-    "build": run_build,
 }
 
-
-def _ensure(condition: bool, step: str, message: str) -> None:
-    if not condition:
-        raise StepError(f"step '{step}' broke its promise: {message}")
+#: The options dataclass of each step (what ``gskit.recipe`` validates a recipe against).
+STEP_OPTIONS: Mapping[str, type] = {name: p.options for name, p in PASSES.items()}

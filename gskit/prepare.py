@@ -25,7 +25,7 @@ from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.html_report import DrawnNode, Region, render_page
 from gskit.ops import op_label
-from gskit.passes import CHECK_STEPS, DEFAULT_STEPS, STEP_RUNNERS, RunState
+from gskit.passes import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin import load_plugins
 from gskit.recipe import Recipe, make_recipe
 from gskit.report import dumps
@@ -149,7 +149,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         before = gsmodel.count_nodes(state.graph)
         start = time.perf_counter()
         try:
-            summary, _details = _run_step(step.name, state, step.options)
+            outcome = _run_step(step.name, state, step.options)
         except GskitError as err:
             result = StepResult(
                 step.name, step.line, time.perf_counter() - start, before, before, "failed", str(err)
@@ -159,21 +159,16 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
                 listener.finished(result)
             where = f" (recipe line {step.line})" if step.line else ""
             raise GskitError(f"step '{step.name}'{where} failed: {err}") from err
-        if step.name not in CHECK_STEPS:
+        if outcome.modified:
             state.graph_changed()
-        status = "ok"
-        if summary.startswith("skipped: "):
-            status, summary = "skipped", summary.removeprefix("skipped: ")
-        if step.name == "validate" and state.comparison is not None and not state.comparison.passed:
-            status = "failed"
         result = StepResult(
             step.name,
             step.line,
             time.perf_counter() - start,
             before,
             gsmodel.count_nodes(state.graph),
-            status,
-            summary,
+            outcome.status,
+            outcome.summary,
         )
         report.steps.append(result)
         if listener:
@@ -187,10 +182,10 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     report.plugins_inserted = counts
 
 
-def _run_step(name: str, state: RunState, options: Any) -> tuple[str, Any]:
-    """One step; an exception that is not a GskitError is a gskit bug, still reported as one line."""
+def _run_step(name: str, state: RunState, options: Any) -> PassResult:
+    """One pass; an exception that is not a GskitError is a gskit bug, still reported as one line."""
     try:
-        return STEP_RUNNERS[name](state, options)
+        return PASSES[name](state, options)
     except GskitError:
         raise
     except Exception as err:  # a library deep inside a step (onnx, graphsurgeon, onnxruntime) failing

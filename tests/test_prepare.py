@@ -542,10 +542,10 @@ def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypa
     """A library failing deep inside a step (a gskit bug) still ends in one line naming the step, exit 2."""
     from gskit import passes
 
-    def broken(state, options):
+    def broken(self, state, options):
         raise ValueError("graphsurgeon could not do it\nsecond line")
 
-    monkeypatch.setitem(passes.STEP_RUNNERS, "fold", broken)
+    monkeypatch.setattr(passes.Fold, "call", broken)
     out = tmp_path / "out"
     assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 2
     err = capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gskit import model as gsmodel
-from gskit.fold import fold
+from gskit.fold import FoldOptions, fold
 from gskit.report import console, print_json, table
 
 
@@ -17,13 +17,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the folded model")
+    defaults = FoldOptions()
     parser.add_argument("--allow-partial", action="store_true", help="skip folds onnxruntime cannot evaluate")
-    parser.add_argument("--max-passes", type=int, default=10, help="most folding passes (default 10)")
+    parser.add_argument(
+        "--max-passes",
+        type=int,
+        default=defaults.max_passes,
+        help=f"most folding passes (default {defaults.max_passes})",
+    )
     parser.add_argument(
         "--size-threshold",
         type=int,
-        default=16 * 2**20,
-        help="largest constant folding may create, in bytes (default 16 MiB; 0: no limit)",
+        default=defaults.size_threshold,
+        help=f"largest constant fold may create, in bytes (default {defaults.size_threshold}; 0: no limit)",
     )
     parser.add_argument(
         "--plugins", action="append", metavar="DIR", help="plugin folder whose nodes stay unevaluated"
