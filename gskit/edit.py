@@ -524,14 +524,28 @@ def apply_edits(model: onnx.ModelProto, plan: EditPlan) -> tuple[gs.Graph, list[
         GskitError: from the individual edits.
     """
     graph = gsmodel.to_graph(model)
-    changes: list[Change] = []
     init_names = {t.name for t in model.graph.initializer}
     listed = [i.name for i in model.graph.input if i.name in init_names]
-    if plan.drop_initializer_inputs:
-        changes += [Change("drop initializer input", name, "no longer a graph input") for name in listed]
-    elif listed:
+    if listed and not plan.drop_initializer_inputs:
         tensors = graph.tensors()
         graph.inputs.extend(tensors[n] for n in listed if n in tensors)
+    return graph, apply_plan(graph, plan, listed_initializers=listed)
+
+
+def apply_plan(graph: gs.Graph, plan: EditPlan, *, listed_initializers: Sequence[str] = ()) -> list[Change]:
+    """Apply an EditPlan to a graph in place (``gskit edit`` and the recipe's ``edit`` step both run this).
+
+    ``listed_initializers``: initializers the file listed as graph inputs, which graphsurgeon's import
+    already dropped (reported as dropped when the plan asks for it).
+
+    Returns:
+        What changed, one Change per edit.
+    """
+    changes: list[Change] = []
+    if plan.drop_initializer_inputs:
+        dropped = [*listed_initializers, *(t.name for t in graph.inputs if isinstance(t, gs.Constant))]
+        drop_initializer_inputs(graph)
+        changes += [Change("drop initializer input", name, "no longer a graph input") for name in dropped]
     if plan.constants_to_initializers:
         before = sum(
             1 for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes if n.op == "Constant"
@@ -578,7 +592,7 @@ def apply_edits(model: onnx.ModelProto, plan: EditPlan) -> tuple[gs.Graph, list[
     if plan.expose:
         expose_tensors(graph, plan.expose)
         changes += [Change("expose", name, "now a graph output") for name in plan.expose]
-    return graph, changes
+    return changes
 
 
 # ------------------------------------------------------------------------------------------- internals

@@ -15,7 +15,6 @@ A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,16 +45,60 @@ class SanitizeOptions:
 
 @dataclass(frozen=True)
 class EditOptions:
-    """Graph edits, applied in the order of the fields below."""
+    """Graph edits: everything ``gskit edit`` does, applied in its order (see ``gskit.edit``).
+
+    ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs: {...}, inputs: [...], domain: D}``
+    (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name or a list of numbers (a constant).
+    """
 
     rename: dict[str, str] = field(default_factory=dict)
     input_shapes: dict[str, tuple[int | str | None, ...]] = field(default_factory=dict)
     input_dtypes: dict[str, str] = field(default_factory=dict)
     remove_nodes: tuple[str, ...] = ()
+    insert_after: tuple[dict[str, Any], ...] = ()
     set_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    remove_attrs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     expose: tuple[str, ...] = ()
     constants_to_initializers: bool = False
     drop_initializer_inputs: bool = False
+    #: skip attribute checks against op schemas (insertions and attribute changes)
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        for entry in self.insert_after:
+            _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+
+
+_INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})
+
+
+def _insertion(entry: Any) -> Any:
+    """An ``insert_after`` recipe entry as a ``gskit.edit.Insertion``; ValueError names what is wrong."""
+    import numpy as np
+
+    from gskit.edit import Insertion
+
+    if not isinstance(entry, dict) or not {"tensor", "op"} <= entry.keys() or entry.keys() - _INSERTION_KEYS:
+        raise ValueError(
+            f"insert_after entry {entry!r}: expected {{tensor: NAME, op: OP}} with optional "
+            "attrs, inputs, domain"
+        )
+    inputs = []
+    for item in entry.get("inputs") or ():
+        if isinstance(item, str):
+            inputs.append(item)
+        elif isinstance(item, (list, tuple)) and item and all(isinstance(v, (int, float)) for v in item):
+            whole = all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            inputs.append(np.array(item, dtype=np.int64 if whole else np.float32))
+        else:
+            raise ValueError(f"insert_after input {item!r}: a tensor name or a list of numbers")
+    return Insertion(
+        tensor=str(entry["tensor"]),
+        op=str(entry["op"]),
+        attrs=dict(entry.get("attrs") or {}),
+        extra_inputs=inputs,
+        domain=str(entry.get("domain") or ""),
+    )
 
 
 @dataclass(frozen=True)
@@ -267,25 +310,23 @@ class Edit(Pass[EditOptions]):
     def call(self, state: RunState, options: EditOptions) -> PassResult:
         from gskit import edit
 
-        graph = state.graph
-        if options.drop_initializer_inputs:
-            edit.drop_initializer_inputs(graph)
-        if options.constants_to_initializers:
-            edit.constants_to_initializers(graph)
-        if options.rename:
-            edit.rename_tensors(graph, options.rename)
-        for name, dtype in options.input_dtypes.items():
-            edit.set_input_dtype(graph, name, dtype)
-        for name, shape in options.input_shapes.items():
-            edit.set_input_shape(graph, name, shape)
-        for node in options.remove_nodes:
-            edit.remove_node(graph, node)
-        for node, values in options.set_attrs.items():
-            edit.set_attributes(graph, node, values)
-        if options.expose:
-            edit.expose_tensors(graph, options.expose)
-        count = sum(bool(v) for v in dataclasses.asdict(options).values())
-        return PassResult(f"{count} kinds of edit applied", modified=count > 0)
+        plan = edit.EditPlan(
+            drop_initializer_inputs=options.drop_initializer_inputs,
+            constants_to_initializers=options.constants_to_initializers,
+            renames=dict(options.rename),
+            input_dtypes=dict(options.input_dtypes),
+            input_shapes={name: list(dims) for name, dims in options.input_shapes.items()},
+            remove_nodes=list(options.remove_nodes),
+            insertions=[_insertion(entry) for entry in options.insert_after],
+            set_attrs={node: dict(values) for node, values in options.set_attrs.items()},
+            remove_attrs={node: list(keys) for node, keys in options.remove_attrs.items()},
+            expose=list(options.expose),
+            force=options.force,
+        )
+        changes = edit.apply_plan(state.graph, plan)
+        steps = list(dict.fromkeys(c.step for c in changes))
+        summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
+        return PassResult(summary, changes, modified=bool(changes))
 
     def ensures(self, state: RunState, options: EditOptions, result: PassResult, before: Before) -> None:
         outputs = {t.name for t in state.graph.outputs}

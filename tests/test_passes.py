@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gskit import patterns, passes
+from gskit import passes, patterns
 from gskit.cli import build_parser, main
 from gskit.fold import FoldOptions, fold
 from gskit.passes import DEFAULT_STEPS, PASSES, STEP_OPTIONS, PassResult, StepError
@@ -93,3 +93,36 @@ def test_isolate_requires_both_ends() -> None:
     state = passes.RunState(gs.Graph(), Path("m.onnx"), None, None, Path("."))
     with pytest.raises(StepError, match="needs both 'inputs' and 'outputs'"):
         PASSES["isolate"](state, passes.IsolateOptions(inputs=("x",)))
+
+
+def test_recipe_edit_step_inserts_nodes_and_removes_attributes(tmp_path: Path) -> None:
+    """The recipe's edit step runs the same plan as ``gskit edit``: insert-after and attribute removal too."""
+    import numpy as np
+    import onnx
+
+    from gskit.backends import ort as ortb
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "steps:\n"
+        "  - edit:\n"
+        "      insert_after: [{tensor: y, op: Mul, inputs: [[2.0]]}]\n"
+        "      remove_attrs: {/fc1/Gemm: [beta]}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(recipe)]) == 0
+    model = onnx.load(out / "model.onnx")
+    gemm = next(n for n in model.graph.node if n.name == "/fc1/Gemm")
+    assert "beta" not in {a.name for a in gemm.attribute}
+    assert model.graph.node[-1].op_type == "Mul" and [o.name for o in model.graph.output] == ["y"]
+    x = np.random.default_rng(0).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    original = ortb.run(EXAMPLE, {"x": x})["y"]
+    edited = ortb.run(out / "model.onnx", {"x": x})["y"]
+    np.testing.assert_allclose(edited, 2.0 * original, rtol=1e-6, atol=1e-6)  # beta=1 is Gemm's default
+
+
+def test_recipe_rejects_a_malformed_insertion_with_its_line(tmp_path: Path) -> None:
+    from gskit.errors import GskitError
+
+    with pytest.raises(GskitError, match=r"r.yaml:2: step 'edit': insert_after entry .*expected \{tensor"):
+        parse_recipe("steps:\n  - edit: {insert_after: [{op: Relu}]}\n", source="r.yaml")
