@@ -107,7 +107,7 @@ def _trt_plugins(args: argparse.Namespace) -> list[str]:
     """TensorRT plugin files come from the same folders as the specs (only read with --backend trt)."""
     if args.backend != "trt" and not args.engine:
         return []
-    return list(args.plugins) if args.plugins else [str(d) for d in default_plugin_dirs()]
+    return [*(str(d) for d in default_plugin_dirs()), *(args.plugins or ())]
 
 
 def print_report(result: CompareReport, *, as_json: bool) -> None:
