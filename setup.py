@@ -6,15 +6,18 @@ plugin folder changes no file outside it; their non-Python files (READMEs, C++ s
 come in through MANIFEST.in.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 PLUGIN_PACKAGE, PLUGIN_DIR = "gskit_plugins", "plugins"
+# Folders of data files (gskit/data, a plugin's cpp/) count as packages too, so setuptools ships them
+# without warnings; build outputs do not.
+NOT_PACKAGES = ["*__pycache__", "*.build", "*.build.*", "build", "build.*"]
 
 setup(
     packages=[
-        *find_packages(include=["gskit", "gskit.*"]),
+        *find_namespace_packages(include=["gskit", "gskit.*"], exclude=NOT_PACKAGES),
         PLUGIN_PACKAGE,
-        *(f"{PLUGIN_PACKAGE}.{name}" for name in find_packages(PLUGIN_DIR)),
+        *(f"{PLUGIN_PACKAGE}.{name}" for name in find_namespace_packages(PLUGIN_DIR, exclude=NOT_PACKAGES)),
     ],
     package_dir={PLUGIN_PACKAGE: PLUGIN_DIR},
 )

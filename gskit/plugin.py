@@ -649,6 +649,18 @@ def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:
     }
 
 
+def implementation_paths(registry: PluginRegistry, given: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """Where to look for the TensorRT implementations of the loaded plugins (``find_plugin_files``).
+
+    The folder of each loaded spec, so a plugin that a closer source overrides brings that source's
+    ``trt_plugin.py`` or library and never both; then each given path that holds no spec (a library or a
+    Python plugin file, a folder of built libraries).
+    """
+    folders = [spec.source.parent for spec in registry if spec.source is not None]
+    others = [Path(p) for p in given if not (Path(p).is_dir() and _spec_files(Path(p), explicit=True))]
+    return list(dict.fromkeys([*folders, *others]))
+
+
 def _spec_files(folder: Path, *, explicit: bool) -> list[Path]:
     if not folder.is_dir():
         if explicit:

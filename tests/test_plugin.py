@@ -24,6 +24,7 @@ from gskit.plugin import (
     PluginRegistry,
     PluginSpec,
     default_plugin_dirs,
+    implementation_paths,
     load_plugins,
 )
 
@@ -176,6 +177,28 @@ def test_given_folders_add_and_override_the_default_sources(tmp_path, monkeypatc
     assert registry.origin(registry.get("gskit", "ClampSwish")) == f"folder {copy}"
     assert registry.get("gskit", "ClampSwish").source == copy / "clamp_swish" / "spec.py"
     assert registry.names() == SHIPPED_NAMES
+
+
+def test_tensorrt_implementations_come_from_the_plugin_that_wins(tmp_path, monkeypatch):
+    from gskit.backends.trt import find_plugin_files
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GSKIT_PLUGINS", raising=False)
+    mine = tmp_path / "mine"
+    shutil.copytree(REPO_PLUGINS / "clamp_swish", mine / "clamp_swish")
+    (mine / "clamp_swish" / "cpp" / "build").mkdir(parents=True)
+    (mine / "clamp_swish" / "cpp" / "build" / "libclamp_swish.so").write_bytes(b"")
+    (tmp_path / "libs").mkdir()
+    (tmp_path / "libs" / "libother.so").write_bytes(b"")
+    given = [mine, tmp_path / "libs"]
+    files = find_plugin_files(implementation_paths(load_plugins(given), given))
+    # The local ClampSwish brings its library and not the shipped trt_plugin.py (both would register it).
+    assert set(files.libraries) == {
+        mine / "clamp_swish/cpp/build/libclamp_swish.so",
+        tmp_path / "libs/libother.so",
+    }
+    assert {m.parent.name for m in files.modules} == {"deform_conv2d", "layer_norm", "rms_norm"}
+    assert all(m.parent.parent == REPO_PLUGINS for m in files.modules)
 
 
 def test_entry_points_group(tmp_path, monkeypatch):
