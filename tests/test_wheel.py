@@ -3,8 +3,8 @@ a fresh virtualenv and run from a temporary folder; then a third-party plugin pa
 ``pip install`` through the ``gskit.plugins`` entry point, whose pattern replaces nodes of a model.
 
 The README's "Install from a wheel" and "Write your own plugin package" commands run in bash as written, with
-these changes so that nothing is downloaded: the virtualenv borrows this environment's packages
-(``--system-site-packages``, for gskit's dependencies), ``pip install`` gets ``--no-deps --no-index
+these changes so that nothing is downloaded: the virtualenv borrows this environment's packages (for gskit's
+dependencies, like ``--system-site-packages``), ``pip install`` gets ``--no-deps --no-index
 --no-build-isolation``, and ``python -m build`` builds without isolation (``pip wheel`` where the ``build``
 package, a dev extra, is missing: then no sdist is checked). Everything is written under the tests' temporary
 folders: the build runs in a copy of the tree, ``mktemp -d`` goes to a temporary ``TMPDIR``. About 40 s.
@@ -16,7 +16,9 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -46,21 +48,31 @@ def readme_blocks(section: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", match.group(1), flags=re.S)
 
 
+#: Run by the new virtualenv's python: drop the old setuptools that Python < 3.12 puts into a virtualenv (no
+#: bdist_wheel; builds without isolation would use it), then let it see this environment's packages (gskit's
+#: dependencies; the virtualenv's own come first). Like --system-site-packages, also when the tests run in
+#: a virtualenv themselves.
+BORROW_PACKAGES = """
+import subprocess, sys, sysconfig
+from pathlib import Path
+subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], capture_output=True)
+lines = "".join(f"import site; site.addsitedir({p!r})\\n" for p in sys.argv[1:])
+(Path(sysconfig.get_paths()["purelib"]) / "_borrowed_site_packages.pth").write_text(lines)
+"""
+
+
 def offline(script: str, env_dir: Path) -> str:
     """A README bash block with the changes the module docstring lists."""
     if importlib.util.find_spec("build") is not None:
         build = f"{sys.executable} -m build --no-isolation"
     else:
         build = f"{sys.executable} -m pip wheel --no-deps --no-build-isolation -w dist ."
-    # Python < 3.12 puts an old setuptools (no bdist_wheel) into a new virtualenv, which builds without
-    # isolation would use: remove it, so this environment's setuptools builds, as on Python 3.12.
-    venv = (
-        f"{sys.executable} -m venv --system-site-packages {env_dir} && "
-        f"{{ {env_dir}/bin/python -m pip uninstall -q -y setuptools 2>/dev/null || true; }}"
-    )
+    helper = env_dir.parent / "borrow_packages.py"
+    helper.write_text(BORROW_PACKAGES)
+    borrow = shlex.join([f"{env_dir}/bin/python", str(helper), *site.getsitepackages()])
     return (
         script.replace("python -m build", build)
-        .replace("python -m venv /tmp/gskit-env", venv)
+        .replace("python -m venv /tmp/gskit-env", f"{sys.executable} -m venv {env_dir} && {borrow}")
         .replace("pip install ", "pip install --no-deps --no-index --no-build-isolation ")
         .replace("/tmp/gskit-env", str(env_dir))
     )
@@ -117,6 +129,8 @@ def _every_line_checked(script: str) -> str:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """The README's "Install from a wheel" commands, run once."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("building offline needs setuptools in this environment (pip install 'setuptools>=77')")
     root = tmp_path_factory.mktemp("wheel")
     tree, scratch = root / "gskit", root / "tmp"
     scratch.mkdir()
