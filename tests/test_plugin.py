@@ -155,11 +155,15 @@ def test_environment_folders_add_to_the_shipped_plugins(tmp_path, monkeypatch):
     assert load_plugins(entry_points=False).names() == []  # only the folders given
 
 
-def test_plugins_folder_of_the_working_directory_is_searched(tmp_path, monkeypatch):
+def test_plugins_folder_of_the_working_directory_is_searched(tmp_path, monkeypatch, capsys):
     # `gskit plugin new` writes ./plugins/NAME: gskit run from the same folder finds it, beside the shipped.
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GSKIT_PLUGINS", raising=False)
+    assert load_plugins().names() == SHIPPED_NAMES
     assert run_subcommand(plugin_cli, "plugin", "new", "my_op") == 0
+    assert "gskit finds it when run from this folder (./plugins)" in capsys.readouterr().out
+    assert run_subcommand(plugin_cli, "plugin", "new", "other_op", "--dir", "elsewhere") == 0
+    assert "--plugins elsewhere" in capsys.readouterr().out
     origins = _origins(load_plugins())
     assert origins["gskit::MyOp v1"] == f"folder {tmp_path / 'plugins'} (./plugins)"
     assert set(SHIPPED_NAMES) < set(origins)
