@@ -6,8 +6,9 @@ The README's "Install from a wheel" and "Write your own plugin package" commands
 these changes so that nothing is downloaded: the virtualenv borrows this environment's packages (for gskit's
 dependencies, like ``--system-site-packages``), ``pip install`` gets ``--no-deps --no-index
 --no-build-isolation``, and ``python -m build`` builds without isolation (``pip wheel`` where the ``build``
-package, a dev extra, is missing: then no sdist is checked). Everything is written under the tests' temporary
-folders: the build runs in a copy of the tree, ``mktemp -d`` goes to a temporary ``TMPDIR``. About 40 s.
+package, a dev extra, is missing: then no sdist is checked). Everything is written under the tests'
+temporary folders: the build runs in a copy of the tree, ``mktemp -d`` goes to a temporary ``TMPDIR``. The
+README's quick start (``pip install -e .`` and prepare) runs the same way in a copy. About 50 s in all.
 """
 
 from __future__ import annotations
@@ -132,19 +133,23 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     if importlib.util.find_spec("setuptools") is None:
         pytest.skip("building offline needs setuptools in this environment (pip install 'setuptools>=77')")
     root = tmp_path_factory.mktemp("wheel")
-    tree, scratch = root / "gskit", root / "tmp"
-    scratch.mkdir()
+    (block,) = readme_blocks("Install from a wheel", "bash")
+    install = Installed(copy_tree(root / "gskit"), root / "gskit-env", root / "tmp", "")
+    output = install.bash(offline(block, install.env), cwd=install.tree)
+    return Installed(install.tree, install.env, install.scratch, output)
+
+
+def copy_tree(dest: Path) -> Path:
+    """What a build needs from this tree, copied to ``dest`` (a build writes build/ and *.egg-info)."""
+    dest.mkdir(parents=True)
+    (dest.parent / "tmp").mkdir(exist_ok=True)  # TMPDIR of the commands
     for name in SOURCES:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, tree / name, ignore=BUILD_LEFTOVERS)
+            shutil.copytree(source, dest / name, ignore=BUILD_LEFTOVERS)
         else:
-            tree.mkdir(exist_ok=True)
-            shutil.copy2(source, tree / name)
-    (block,) = readme_blocks("Install from a wheel", "bash")
-    install = Installed(tree, root / "gskit-env", scratch, "")
-    output = install.bash(offline(block, install.env), cwd=tree)
-    return Installed(tree, install.env, scratch, output)
+            shutil.copy2(source, dest / name)
+    return dest
 
 
 def test_wheel_in_a_fresh_virtualenv_finds_the_shipped_plugins_and_prepares_the_example(
@@ -226,3 +231,24 @@ def test_third_party_plugin_package_is_found_and_replaces_its_pattern(
     (prepared,) = installed.scratch.glob("*/prepared.onnx")
     nodes = [(n.domain, n.op_type) for n in onnx.load(prepared).graph.node]
     assert nodes == [("my.plugins", "NegRelu"), ("", "Mul")]
+
+
+def test_editable_install_runs_the_readme_quick_start_and_ships_the_trees_plugins(tmp_path: Path) -> None:
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("building offline needs setuptools in this environment (pip install 'setuptools>=77')")
+    (main_job,) = [b for b in readme_blocks("Quick start", "bash") if "gskit prepare" in b]
+    editable = Installed(copy_tree(tmp_path / "gskit"), tmp_path / "env", tmp_path / "tmp", "")
+    script = "python -m venv /tmp/gskit-env && . /tmp/gskit-env/bin/activate\n" + main_job
+    editable.bash(offline(script, editable.env), cwd=editable.tree)
+    assert (editable.tree / "out" / "model.onnx").is_file()
+    rows = editable.plugin_rows(tmp_path)  # from another folder
+    plugins = editable.tree / "plugins"
+    assert {
+        name for name, row in rows.items() if row["origin"] == f"shipped with gskit ({plugins})"
+    } == SHIPPED
+    # The package mapping and the entry point work in editable mode too (the plugins a wheel would carry).
+    probe = (
+        "import gskit_plugins; from importlib.metadata import entry_points; "
+        "print(gskit_plugins.__path__[0], [e.value for e in entry_points(group='gskit.plugins')])"
+    )
+    assert editable.bash(f'python -c "{probe}"', cwd=tmp_path).split() == [str(plugins), "['gskit_plugins']"]
