@@ -8,7 +8,7 @@ dependencies, like ``--system-site-packages``), ``pip install`` gets ``--no-deps
 --no-build-isolation``, and ``python -m build`` builds without isolation (``pip wheel`` where the ``build``
 package, a dev extra, is missing: then no sdist is checked). Everything is written under the tests'
 temporary folders: the build runs in a copy of the tree, ``mktemp -d`` goes to a temporary ``TMPDIR``. The
-README's quick start (``pip install -e .`` and prepare) runs the same way in a copy. About 50 s in all.
+README's quick start (``pip install -e .`` and prepare) runs the same way in a copy. About 55 s in all.
 """
 
 from __future__ import annotations
@@ -168,6 +168,15 @@ def test_wheel_in_a_fresh_virtualenv_finds_the_shipped_plugins_and_prepares_the_
     assert report["comparison"]["passed"] is True
     domains = {node.domain for node in onnx.load(prepared, load_external_data=False).graph.node}
     assert "gskit" in domains  # the shipped patterns replaced nodes
+
+
+def test_plugin_made_with_plugin_new_is_found_beside_the_shipped_ones(
+    installed: Installed, tmp_path: Path
+) -> None:
+    installed.bash("gskit plugin new my_op", cwd=tmp_path)  # writes ./plugins/my_op
+    rows = installed.plugin_rows(tmp_path)
+    assert rows["gskit::MyOp v1"]["origin"] == f"folder {tmp_path / 'plugins'} (./plugins)"
+    assert SHIPPED < set(rows)
 
 
 def test_wheel_and_sdist_carry_the_plugin_folders_and_declare_the_extras(installed: Installed) -> None:
