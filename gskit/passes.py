@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.fold import FoldOptions
-from gskit.plugin import PluginRegistry
+from gskit.plugin import PluginRegistry, implementation_paths
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -603,7 +603,9 @@ class Build(Pass[BuildOptions]):
         info = build_engine(
             state.snapshot(),
             state.engine_path,
-            plugins=list(state.plugin_dirs or ()),
+            # The loaded plugins' own implementations (shipped ones included), only when the model needs
+            # them: TensorRT-RTX refuses any plugin file.
+            plugins=implementation_paths(state.registry, state.plugin_dirs or ()) if has_plugins else [],
             shapes=shapes,
             timing_cache=options.timing_cache,
             compute_capability=options.compute_capability,

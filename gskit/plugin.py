@@ -321,11 +321,12 @@ class PluginRegistry:
 
     def __init__(self, specs: Iterable[PluginSpec] = ()) -> None:
         self._specs: dict[tuple[str, str, str], PluginSpec] = {}
+        self._origins: dict[tuple[str, str, str], str] = {}
         for spec in specs:
             self.add(spec)
 
-    def add(self, spec: PluginSpec) -> None:
-        """Add a validated spec.
+    def add(self, spec: PluginSpec, origin: str = "") -> None:
+        """Add a validated spec; ``origin`` says where it was found (``PluginSource.origin``).
 
         Raises:
             PluginError: a spec with the same key is already loaded (both files are named).
@@ -339,6 +340,16 @@ class PluginRegistry:
                 f"remove one or change its version"
             )
         self._specs[spec.key] = spec
+        self._origins[spec.key] = origin
+
+    def remove(self, key: tuple[str, str, str]) -> None:
+        """Forget the spec with this ``(namespace, name, version)`` (one replaced by a closer source)."""
+        self._specs.pop(key, None)
+        self._origins.pop(key, None)
+
+    def origin(self, spec: PluginSpec) -> str:
+        """Where the loaded spec of this key was found ("" when added without one)."""
+        return self._origins.get(spec.key, "")
 
     def __iter__(self) -> Iterator[PluginSpec]:
         return iter(self._specs.values())
@@ -374,45 +385,151 @@ class PluginRegistry:
         return {s.namespace for s in self._specs.values()}
 
 
+# Where plugins come from, lowest precedence first. A plugin (namespace, name, version) found again in a
+# source of a higher level replaces the lower one (a local copy of a shipped plugin is the one used); two
+# sources of one level defining it are an error, since nothing says which one is meant.
+SHIPPED, INSTALLED, ENVIRONMENT, WORKING_DIR, GIVEN = range(5)
+#: Entry point (of the gskit distribution) naming the shipped plugin package.
+SHIPPED_ENTRY_POINT = "gskit"
+#: Plugin folder searched in the working directory, where ``gskit plugin new`` creates plugins by default.
+LOCAL_PLUGINS = "plugins"
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    """A place plugins are loaded from, and what ``gskit plugin list`` says about it.
+
+    Attributes:
+        origin: for people: ``shipped with gskit``, ``entry point NAME from DIST``, ``folder PATH``.
+        level: precedence (``SHIPPED`` ... ``GIVEN``); see the comment above.
+        folder: a folder of plugin folders, or one plugin folder; None when ``specs`` are given.
+        specs: the specs of an entry point that loads to specs rather than to a package.
+        explicit: a missing folder is an error rather than skipped.
+    """
+
+    origin: str
+    level: int
+    folder: Path | None = None
+    specs: tuple[PluginSpec, ...] = ()
+    explicit: bool = False
+
+
+def plugin_sources(dirs: Sequence[str | os.PathLike] = (), *, defaults: bool = True) -> list[PluginSource]:
+    """The plugin sources, lowest precedence first.
+
+    With ``defaults``: the shipped plugins (the ``plugins/`` folder of a source checkout that gskit is
+    imported from, else the ``gskit_plugins`` package through gskit's entry point), the other packages'
+    ``gskit.plugins`` entry points, the folders in ``$GSKIT_PLUGINS`` and ``./plugins`` if there is one.
+    Then the folders ``dirs`` (``--plugins``), which must exist.
+
+    Raises:
+        PluginError: an entry point cannot be loaded or loads to something else than a package or specs.
+    """
+    sources: list[PluginSource] = []
+    if defaults:
+        sources += _installed_sources()
+        env = os.environ.get(PLUGINS_ENV, "")
+        sources += [
+            PluginSource(f"folder {p} (${PLUGINS_ENV})", ENVIRONMENT, Path(p))
+            for p in env.split(os.pathsep)
+            if p
+        ]
+        local = Path(LOCAL_PLUGINS)
+        if local.is_dir():
+            sources.append(PluginSource(f"folder {local.resolve()} (./{LOCAL_PLUGINS})", WORKING_DIR, local))
+    sources += [PluginSource(f"folder {d}", GIVEN, Path(d), explicit=True) for d in dirs]
+    return sources
+
+
 def default_plugin_dirs() -> list[Path]:
-    """Folders searched when none are given: ``$GSKIT_PLUGINS``, else the repository's ``plugins/``."""
-    env = os.environ.get(PLUGINS_ENV)
-    if env:
-        return [Path(p) for p in env.split(os.pathsep) if p]
-    repo_plugins = Path(__file__).resolve().parent.parent / "plugins"
-    return [repo_plugins] if repo_plugins.is_dir() else []
+    """Folders of the default plugin sources (:func:`plugin_sources`), each once: shipped, installed
+    plugin packages, ``$GSKIT_PLUGINS``, ``./plugins``."""
+    folders = [s.folder.resolve() for s in plugin_sources() if s.folder is not None]
+    return list(dict.fromkeys(folders))
 
 
 def load_plugins(
     dirs: Sequence[str | os.PathLike] | None = None, *, entry_points: bool = True
 ) -> PluginRegistry:
-    """Load plugin specs from folders and installed packages.
+    """Load plugin specs from the default sources and from folders.
 
     Each ``<dir>/<name>/spec.py`` is imported as the package ``gskit_plugins.<name>`` (so it can import its
     siblings relatively) and must define ``SPEC`` (a PluginSpec) or ``SPECS`` (a list). A folder that has
-    ``spec.py`` itself is loaded as one plugin. Loading again re-imports the files.
+    ``spec.py`` itself is loaded as one plugin. A ``spec.py`` reached twice (the shipped folder is also
+    ``./plugins`` in a checkout) is loaded once. Loading again re-imports the files.
 
     Args:
-        dirs: plugin folders; ``None`` means :func:`default_plugin_dirs`.
-        entry_points: also load the ``gskit.plugins`` entry points of installed packages.
+        dirs: plugin folders loaded besides the default sources (``--plugins``); they win over them.
+        entry_points: also load the default sources (:func:`plugin_sources`): the shipped plugins, the
+            ``gskit.plugins`` entry points of installed packages, ``$GSKIT_PLUGINS`` and ``./plugins``.
+            False loads ``dirs`` only.
 
     Raises:
-        PluginError: a folder is missing, a plugin file cannot be imported or defines no valid spec, or
-            two plugins have the same ``(namespace, name, version)``.
+        PluginError: a given folder is missing, a plugin file cannot be imported or defines no valid spec,
+            or two sources of the same precedence define the same ``(namespace, name, version)``.
     """
     registry = PluginRegistry()
-    folders = default_plugin_dirs() if dirs is None else [Path(d) for d in dirs]
     used_modules: set[str] = set()
-    for folder in folders:
-        for spec_file in _spec_files(folder, explicit=dirs is not None):
-            for spec in load_spec_file(spec_file, _module_name(spec_file.parent.name, used_modules)):
-                registry.add(spec)
-    if entry_points:
-        for ep in _entry_points(group=ENTRY_POINT_GROUP):
-            for spec in _load_entry_point(ep):
-                registry.add(spec)
+    loaded_files: set[Path] = set()
+    levels: dict[tuple[str, str, str], int] = {}
+    for source in plugin_sources(dirs or (), defaults=entry_points):
+        for spec in _source_specs(source, used_modules, loaded_files):
+            level = levels.get(spec.key)
+            if level is not None and level < source.level:
+                log.info(
+                    "%s from %s replaces the one from %s",
+                    spec.qualified_name,
+                    source.origin,
+                    registry.origin(spec),
+                )
+                registry.remove(spec.key)
+            registry.add(spec, origin=source.origin)
+            levels[spec.key] = source.level
     log.debug("loaded plugins: %s", registry.names())
     return registry
+
+
+def _source_specs(source: PluginSource, used_modules: set[str], loaded_files: set[Path]) -> list[PluginSpec]:
+    if source.folder is None:
+        return list(source.specs)
+    specs = []
+    for spec_file in _spec_files(source.folder, explicit=source.explicit):
+        if spec_file.resolve() in loaded_files:
+            continue
+        loaded_files.add(spec_file.resolve())
+        specs += load_spec_file(spec_file, _module_name(spec_file.parent.name, used_modules))
+    return specs
+
+
+def _installed_sources() -> list[PluginSource]:
+    """The shipped plugins and the installed packages' entry points."""
+    checkout = Path(__file__).resolve().parent.parent
+    # gskit imported from a source checkout (editable install, or PYTHONPATH): its own plugins/ are the
+    # shipped ones, even when the gskit distribution whose entry point is installed is another tree.
+    from_checkout = (checkout / "pyproject.toml").is_file() and (checkout / LOCAL_PLUGINS).is_dir()
+    sources = []
+    if from_checkout:
+        sources.append(
+            PluginSource(
+                f"shipped with gskit ({checkout / LOCAL_PLUGINS})", SHIPPED, checkout / LOCAL_PLUGINS
+            )
+        )
+    for ep in _entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        shipped = _normalized(dist) == "gskit" and ep.name == SHIPPED_ENTRY_POINT
+        if shipped and from_checkout:
+            continue
+        origin = "shipped with gskit" if shipped else f"entry point {ep.name} from {dist}"
+        folders, specs = _load_entry_point(ep)
+        level = SHIPPED if shipped else INSTALLED
+        sources += [PluginSource(origin, level, folder) for folder in folders]
+        if specs:
+            sources.append(PluginSource(origin, level, specs=tuple(specs)))
+    return sources
+
+
+def _normalized(dist_name: str) -> str:
+    return dist_name.lower().replace("_", "-").replace(".", "-")
 
 
 def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
@@ -532,6 +649,18 @@ def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:
     }
 
 
+def implementation_paths(registry: PluginRegistry, given: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """Where to look for the TensorRT implementations of the loaded plugins (``find_plugin_files``).
+
+    The folder of each loaded spec, so a plugin that a closer source overrides brings that source's
+    ``trt_plugin.py`` or library and never both; then each given path that holds no spec (a library or a
+    Python plugin file, a folder of built libraries).
+    """
+    folders = [spec.source.parent for spec in registry if spec.source is not None]
+    others = [Path(p) for p in given if not (Path(p).is_dir() and _spec_files(Path(p), explicit=True))]
+    return list(dict.fromkeys([*folders, *others]))
+
+
 def _spec_files(folder: Path, *, explicit: bool) -> list[Path]:
     if not folder.is_dir():
         if explicit:
@@ -558,25 +687,37 @@ def _module_name(folder_name: str, used: set[str]) -> str:
 
 
 def _ensure_parent_package() -> None:
-    if PLUGIN_PACKAGE not in sys.modules:
+    if PLUGIN_PACKAGE in sys.modules:
+        return
+    try:  # the shipped package, when installed: plugin folders from elsewhere join it
+        importlib.import_module(PLUGIN_PACKAGE)
+    except ImportError:
         package = types.ModuleType(PLUGIN_PACKAGE, "Plugin folders loaded by gskit.plugin.load_plugins.")
         package.__path__ = []
         sys.modules[PLUGIN_PACKAGE] = package
 
 
-def _load_entry_point(ep: Any) -> list[PluginSpec]:
+def _load_entry_point(ep: Any) -> tuple[list[Path], list[PluginSpec]]:
+    """An entry point's plugin folders (it names a package: each subfolder with a spec.py is a plugin) or
+    its specs (it names a PluginSpec or a list of them)."""
     where = f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP})"
     try:
         loaded = ep.load()
     except Exception as err:  # third-party code
         raise PluginError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
+    if isinstance(loaded, types.ModuleType):
+        folders = [Path(p) for p in getattr(loaded, "__path__", ())]
+        if not folders:
+            raise PluginError(f"{where}: names module {loaded.__name__}, not a package of plugin folders")
+        return folders, []
     specs = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
     for spec in specs:
         if not isinstance(spec, PluginSpec):
             raise PluginError(
-                f"{where}: must load to a PluginSpec or a list of them, got {type(spec).__name__}"
+                f"{where}: must load to a package of plugin folders, a PluginSpec or a list of them, "
+                f"got {type(spec).__name__}"
             )
-    return specs
+    return [], specs
 
 
 def _version_key(version: str) -> tuple[Any, ...]:

@@ -44,18 +44,20 @@ def test_base_image_is_pinned_tensorrt_container():
     assert tag in KNOWN_TAGS, f"unpinned or unknown tag {tag!r}"
 
 
-def test_pip_install_uses_existing_extras_and_keeps_tensorrt():
+def test_installs_the_built_wheel_with_existing_extras_and_keeps_tensorrt():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     extras = set(pyproject["project"]["optional-dependencies"])
-    (install,) = [run for run in _runs() if "pip install" in run and ' -e "' in run]
-    requested = re.search(r'-e\s+"?\.\[([^\]]+)\]', install)
+    (install,) = [run for run in _runs() if "pip install" in run and ".whl" in run]
+    assert (
+        "python3 -m build --wheel --outdir /tmp/dist ." in install
+    )  # the README's build, not an editable tree
+    assert " -e " not in install
+    requested = re.search(r'/tmp/dist/gskit-\*\.whl\)\[([^\]]+)\]"', install)
     assert requested, install
     assert set(requested.group(1).split(",")) <= extras
     assert "trt" in requested.group(1).split(",")
     assert "-c /tmp/trt-constraints.txt" in install
-    assert not re.search(
-        r"install[^&;]*\btensorrt\b(?!-)", install.split("-e")[0]
-    )  # never reinstalls TensorRT
+    assert not re.search(r"install[^&;]*\btensorrt\b(?!-)", install)  # never reinstalls TensorRT
 
 
 def test_constraints_script_pins_what_is_installed_here():

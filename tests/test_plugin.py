@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from conftest import run_subcommand
 
 from gskit import model as gsmodel
+from gskit.cli import plugin as plugin_cli
 from gskit.errors import PluginError
 from gskit.plugin import (
     Attribute,
@@ -21,8 +24,11 @@ from gskit.plugin import (
     PluginRegistry,
     PluginSpec,
     default_plugin_dirs,
+    implementation_paths,
     load_plugins,
 )
+
+REPO_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
 SPEC_PY = """
 from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
@@ -126,18 +132,77 @@ def test_missing_explicit_folder_is_an_error(tmp_path):
         load_plugins([tmp_path / "nope"], entry_points=False)
 
 
-def test_default_dirs_from_environment(tmp_path, monkeypatch):
+SHIPPED_NAMES = ["gskit::ClampSwish v1", "gskit::DeformConv2d v1", "gskit::LayerNorm v1", "gskit::RMSNorm v1"]
+
+
+def _origins(registry) -> dict[str, str]:
+    return {spec.qualified_name: registry.origin(spec) for spec in registry}
+
+
+def test_environment_folders_add_to_the_shipped_plugins(tmp_path, monkeypatch):
     write_plugin(tmp_path / "one")
     write_plugin(tmp_path / "two", "other", spec=SPEC_PY.replace("{version}", "3"))
-    monkeypatch.setenv("GSKIT_PLUGINS", f"{tmp_path / 'one'}{__import__('os').pathsep}{tmp_path / 'two'}")
-    assert default_plugin_dirs() == [tmp_path / "one", tmp_path / "two"]
-    assert load_plugins(entry_points=False).names() == [
-        "test.gskit::ScaledTanh v1",
-        "test.gskit::ScaledTanh v3",
-    ]
-    monkeypatch.delenv("GSKIT_PLUGINS")
-    repo_plugins = Path(__file__).resolve().parent.parent / "plugins"
-    assert default_plugin_dirs() == ([repo_plugins] if repo_plugins.is_dir() else [])
+    monkeypatch.chdir(tmp_path)  # no ./plugins here
+    monkeypatch.setenv("GSKIT_PLUGINS", f"{tmp_path / 'one'}{os.pathsep}{tmp_path / 'two'}")
+    dirs = default_plugin_dirs()
+    assert dirs[-2:] == [tmp_path / "one", tmp_path / "two"] and REPO_PLUGINS in dirs
+    origins = _origins(load_plugins())
+    assert sorted(origins) == sorted(
+        [*SHIPPED_NAMES, "test.gskit::ScaledTanh v1", "test.gskit::ScaledTanh v3"]
+    )
+    assert origins["test.gskit::ScaledTanh v1"] == f"folder {tmp_path / 'one'} ($GSKIT_PLUGINS)"
+    assert origins["gskit::LayerNorm v1"].startswith("shipped with gskit")
+    assert load_plugins(entry_points=False).names() == []  # only the folders given
+
+
+def test_plugins_folder_of_the_working_directory_is_searched(tmp_path, monkeypatch, capsys):
+    # `gskit plugin new` writes ./plugins/NAME: gskit run from the same folder finds it, beside the shipped.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GSKIT_PLUGINS", raising=False)
+    assert load_plugins().names() == SHIPPED_NAMES
+    assert run_subcommand(plugin_cli, "plugin", "new", "my_op") == 0
+    assert "gskit finds it when run from this folder (./plugins)" in capsys.readouterr().out
+    assert run_subcommand(plugin_cli, "plugin", "new", "other_op", "--dir", "elsewhere") == 0
+    assert "--plugins elsewhere" in capsys.readouterr().out
+    origins = _origins(load_plugins())
+    assert origins["gskit::MyOp v1"] == f"folder {tmp_path / 'plugins'} (./plugins)"
+    assert set(SHIPPED_NAMES) < set(origins)
+
+
+def test_given_folders_add_and_override_the_default_sources(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GSKIT_PLUGINS", raising=False)
+    # --plugins naming the shipped folder itself: the same files, loaded once, shipped four kept.
+    assert _origins(load_plugins([REPO_PLUGINS])).keys() == set(SHIPPED_NAMES)
+    # A local copy of a shipped plugin wins over the shipped one (the closer source is the one meant).
+    copy = tmp_path / "mine"
+    shutil.copytree(REPO_PLUGINS / "clamp_swish", copy / "clamp_swish")
+    registry = load_plugins([copy])
+    assert registry.origin(registry.get("gskit", "ClampSwish")) == f"folder {copy}"
+    assert registry.get("gskit", "ClampSwish").source == copy / "clamp_swish" / "spec.py"
+    assert registry.names() == SHIPPED_NAMES
+
+
+def test_tensorrt_implementations_come_from_the_plugin_that_wins(tmp_path, monkeypatch):
+    from gskit.backends.trt import find_plugin_files
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GSKIT_PLUGINS", raising=False)
+    mine = tmp_path / "mine"
+    shutil.copytree(REPO_PLUGINS / "clamp_swish", mine / "clamp_swish")
+    (mine / "clamp_swish" / "cpp" / "build").mkdir(parents=True)
+    (mine / "clamp_swish" / "cpp" / "build" / "libclamp_swish.so").write_bytes(b"")
+    (tmp_path / "libs").mkdir()
+    (tmp_path / "libs" / "libother.so").write_bytes(b"")
+    given = [mine, tmp_path / "libs"]
+    files = find_plugin_files(implementation_paths(load_plugins(given), given))
+    # The local ClampSwish brings its library and not the shipped trt_plugin.py (both would register it).
+    assert set(files.libraries) == {
+        mine / "clamp_swish/cpp/build/libclamp_swish.so",
+        tmp_path / "libs/libother.so",
+    }
+    assert {m.parent.name for m in files.modules} == {"deform_conv2d", "layer_norm", "rms_norm"}
+    assert all(m.parent.parent == REPO_PLUGINS for m in files.modules)
 
 
 def test_entry_points_group(tmp_path, monkeypatch):
@@ -147,14 +212,34 @@ def test_entry_points_group(tmp_path, monkeypatch):
         "from gskit.plugin import PluginSpec\n"
         "SPECS = [PluginSpec(name='EpOne', namespace='ep.ns'), PluginSpec(name='EpTwo', namespace='ep.ns')]\n"
     )
+    # A package of plugin folders: each subfolder with a spec.py is a plugin.
+    write_plugin(site / "gskit_ep_folders")
+    (site / "gskit_ep_folders" / "__init__.py").write_text("")
     dist = site / "gskit_ep_demo-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gskit-ep-demo\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[gskit.plugins]\ndemo = gskit_ep_demo:SPECS\n")
+    (dist / "entry_points.txt").write_text(
+        "[gskit.plugins]\ndemo = gskit_ep_demo:SPECS\nfolders = gskit_ep_folders\n"
+    )
     monkeypatch.syspath_prepend(str(site))
-    registry = load_plugins([], entry_points=True)
-    assert {"ep.ns::EpOne v1", "ep.ns::EpTwo v1"} <= set(registry.names())
+    monkeypatch.chdir(tmp_path)
+    origins = _origins(load_plugins([], entry_points=True))
+    assert origins["ep.ns::EpOne v1"] == origins["ep.ns::EpTwo v1"] == "entry point demo from gskit-ep-demo"
+    assert origins["test.gskit::ScaledTanh v1"] == "entry point folders from gskit-ep-demo"
     assert load_plugins([], entry_points=False).names() == []
+
+
+def test_entry_point_to_a_plain_module_is_an_error(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "gskit_ep_flat.py").write_text("")
+    dist = site / "gskit_ep_flat-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gskit-ep-flat\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gskit.plugins]\nflat = gskit_ep_flat\n")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(PluginError, match="entry point 'flat = gskit_ep_flat'.*not a package"):
+        load_plugins()
 
 
 def test_onnx_op_name_collision_warns(tmp_path, caplog):
@@ -227,7 +312,10 @@ def test_plugin_list_shows_implementations(tmp_path, capsys):
     (folder / "trt_plugin.py").write_text("# TensorRT python plugin\n")
     (folder / "cpp").mkdir()
     assert _cli("plugin", "list", "--plugins", str(tmp_path), "--json") == 0
-    (row,) = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)
+    (row,) = [r for r in rows if r["namespace"] == "test.gskit"]
+    assert {r["origin"] for r in rows if r is not row} == {f"shipped with gskit ({REPO_PLUGINS})"}
+    assert row["origin"] == f"folder {tmp_path}"
     assert row["namespace"] == "test.gskit" and row["name"] == "ScaledTanh" and row["version"] == "1"
     assert row["attributes"] == ["alpha: float = 1.0"] and row["patterns"] == 2
     assert row["implementations"] == ["reference", "trt_plugin", "cpp"]

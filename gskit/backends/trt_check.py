@@ -49,6 +49,7 @@ from gskit.plugin import (
     PluginRegistry,
     TensorInfo,
     attribute_value,
+    implementation_paths,
     load_plugins,
 )
 from gskit.trt_support import RESTRICTED, UNSUPPORTED, UNSUPPORTED_OPS, check_node
@@ -147,8 +148,8 @@ def check_trt(
 
     Args:
         model_path: the ``.onnx`` file.
-        plugins: plugin folders (gskit specs, ``trt_plugin.py``, ``.so`` libraries) and library files;
-            ``None`` means gskit's default plugin folders (``$GSKIT_PLUGINS`` or the repository's plugins/).
+        plugins: plugin folders (gskit specs, ``trt_plugin.py``, ``.so`` libraries) and library files, added
+            to the default plugin sources (``gskit.plugin.plugin_sources``).
         backend: ``auto`` (full TensorRT, else TensorRT-RTX, else the static table), or one of them by name
             (``tensorrt``, ``tensorrt_rtx``, ``static``).
 
@@ -346,7 +347,7 @@ def _parser_report(
             )
     else:
         parsed, kept = model, list(range(len(nodes)))
-        files = find_plugin_files(list(plugins) if plugins is not None else _default_plugin_paths(registry))
+        files = find_plugin_files(implementation_paths(registry, plugins or ()))
         request = {
             "plugin_libraries": [str(p) for p in files.libraries],
             "plugin_modules": [str(p) for p in files.modules],
@@ -417,10 +418,6 @@ def _package_version(flavour: str) -> str:
         except PackageNotFoundError:
             continue
     return "?"
-
-
-def _default_plugin_paths(registry: PluginRegistry) -> list[Path]:
-    return sorted({spec.source.parent for spec in registry if spec.source is not None})
 
 
 def _cut_plugin_nodes(

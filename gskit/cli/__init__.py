@@ -30,12 +30,14 @@ COMMANDS = (
 
 
 def add_plugins_option(parser: argparse.ArgumentParser, purpose: str = "") -> None:
-    """``--plugins DIR`` (repeatable): plugin folders; by default ``$GSKIT_PLUGINS`` or plugins/."""
+    """``--plugins DIR`` (repeatable): plugin folders loaded besides the shipped plugins, installed plugin
+    packages, ``$GSKIT_PLUGINS`` and ``./plugins``."""
     parser.add_argument(
         "--plugins",
         action="append",
         metavar="DIR",
-        help=f"plugin folder{purpose} (repeatable; default: $GSKIT_PLUGINS or plugins/)",
+        help=f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and "
+        f"./plugins (repeatable)",
     )
 
 

@@ -12,7 +12,7 @@ from gskit.compare_layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwi
 from gskit.compare_plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
 from gskit.feeds import load_feeds, parse_shape_arg
-from gskit.plugin import default_plugin_dirs, load_plugins
+from gskit.plugin import implementation_paths, load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -107,7 +107,7 @@ def _trt_plugins(args: argparse.Namespace) -> list[str]:
     """TensorRT plugin files come from the same folders as the specs (only read with --backend trt)."""
     if args.backend != "trt" and not args.engine:
         return []
-    return list(args.plugins) if args.plugins else [str(d) for d in default_plugin_dirs()]
+    return [str(p) for p in implementation_paths(load_plugins(args.plugins), args.plugins or ())]
 
 
 def print_report(result: CompareReport, *, as_json: bool) -> None:

@@ -1,13 +1,18 @@
-"""``gskit plugin list``: the plugins gskit can find and which implementations each one has."""
+"""``gskit plugin list``: the plugins gskit can find, where each one came from, and its implementations.
+
+Sources, later ones winning for the same plugin: the shipped plugins, installed packages' ``gskit.plugins``
+entry points, ``$GSKIT_PLUGINS``, ``./plugins`` (where ``gskit plugin new`` writes) and ``--plugins DIR``.
+"""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 from gskit import report
 from gskit.cli import add_plugins_option
-from gskit.plugin import REQUIRED, load_plugins, plugin_files
+from gskit.plugin import LOCAL_PLUGINS, REQUIRED, load_plugins, plugin_files
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,7 @@ class PluginRow:
     patterns: int
     implementations: list[str]
     source: str | None
+    origin: str
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rows = []
-    for spec in sorted(load_plugins(args.plugins), key=lambda s: s.key):
+    registry = load_plugins(args.plugins)
+    for spec in sorted(registry, key=lambda s: s.key):
         attrs = [
             f"{a.name}: {a.type.value}" + ("" if a.default is REQUIRED else f" = {_short(a.default)}")
             for a in spec.attributes
@@ -50,12 +57,13 @@ def run(args: argparse.Namespace) -> int:
                 len(spec.patterns),
                 found,
                 str(spec.source) if spec.source else None,
+                registry.origin(spec),
             )
         )
     if args.json:
         report.print_json(rows)
         return 0
-    columns = ("namespace", "name", "version", "attributes", "patterns", "implementations")
+    columns = ("namespace", "name", "version", "attributes", "patterns", "implementations", "from")
     table_rows = [
         (
             r.namespace,
@@ -64,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             "\n".join(r.attributes) or "-",
             r.patterns,
             ", ".join(r.implementations) or "-",
+            r.origin or "-",
         )
         for r in rows
     ]
@@ -87,7 +96,11 @@ def _add_new_parser(actions: argparse._SubParsersAction) -> None:
     new.add_argument(
         "--from-node", metavar="MODEL:NODE", help="copy op name, domain, attributes and I/O dtypes of a node"
     )
-    new.add_argument("--dir", default="plugins", help="plugins folder to create it in (default: plugins)")
+    new.add_argument(
+        "--dir",
+        default=LOCAL_PLUGINS,
+        help=f"plugins folder to create it in (default: {LOCAL_PLUGINS}, which gskit searches when run here)",
+    )
     new.add_argument("--namespace", default="gskit", help="plugin namespace when the node has no domain")
     new.add_argument("--json", action="store_true", help="print JSON")
     new.set_defaults(func=run_new)
@@ -100,5 +113,14 @@ def run_new(args: argparse.Namespace) -> int:
     if args.json:
         report.print_json([str(f) for f in files])
         return 0
-    report.console().print(report.table(f"created {files[0].parent}", ("file",), [(str(f),) for f in files]))
+    out = report.console()
+    out.print(report.table(f"created {files[0].parent}", ("file",), [(str(f),) for f in files]))
+    out.print(_where_found(Path(args.dir)))
     return 0
+
+
+def _where_found(folder: Path) -> str:
+    """How gskit will find a plugin created in ``folder`` (a plugin made where it is used is found there)."""
+    if folder.resolve() == Path(LOCAL_PLUGINS).resolve():
+        return f"gskit finds it when run from this folder (./{LOCAL_PLUGINS}): try `gskit plugin list`"
+    return f"gskit finds it with `--plugins {folder}`, or with {folder} in $GSKIT_PLUGINS"
