@@ -213,7 +213,7 @@ class OrtTensors:
         name: str,
     ) -> None:
         self.model = model
-        self.feeds = dict(feeds)
+        self.feeds = _as_input_dtypes(model, feeds)
         self.plugins = plugins
         self.name = name
 
@@ -234,6 +234,20 @@ class OrtTensors:
         values = ort_backend.run(sess, {k: v for k, v in self.feeds.items() if k in known}, outputs=wanted)
         values.update({n: self.feeds[n] for n in names if n in inputs and n in self.feeds})
         return values
+
+
+def _as_input_dtypes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` cast to the dtypes of ``model``'s graph inputs, as Polygraphy's data loader does for plain
+    compare: the same float32 inputs feed an original and its ``convert --fp16`` copy (float16 inputs)."""
+    dtypes = {
+        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        for i in model.graph.input
+        if i.type.tensor_type.elem_type
+    }
+    return {
+        name: value.astype(dtypes[name]) if name in dtypes and value.dtype != dtypes[name] else value
+        for name, value in feeds.items()
+    }
 
 
 @contextmanager
