@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
+from gskit import progress
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
 from gskit.compare import (
@@ -162,17 +163,19 @@ def compare_layerwise(
         checked: list[TensorCheck] = []
         first: TensorCheck | None = None
         runs = 0
-        for start in range(0, len(candidates), chunk):
-            names = candidates[start : start + chunk]
-            rows = compare_arrays(reference.run(names), test.run(names), names, atol=atol, rtol=rtol)
-            runs += 1
-            for row in rows:
-                checked.append(TensorCheck(row, original_nodes[row.name], prepared_nodes[row.name]))
-                if not row.passed:
-                    first = checked[-1]
+        with progress.task("layerwise: tensors compared", total=len(candidates)) as advance:
+            for start in range(0, len(candidates), chunk):
+                names = candidates[start : start + chunk]
+                rows = compare_arrays(reference.run(names), test.run(names), names, atol=atol, rtol=rtol)
+                runs += 1
+                advance(len(names))
+                for row in rows:
+                    checked.append(TensorCheck(row, original_nodes[row.name], prepared_nodes[row.name]))
+                    if not row.passed:
+                        first = checked[-1]
+                        break
+                if first is not None:
                     break
-            if first is not None:
-                break
         under_test = test.name
     return LayerwiseReport(
         checked=checked,

@@ -60,6 +60,7 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_import_domains
 
 from gskit import model as gsmodel
+from gskit import progress
 from gskit.edit import unique_name
 from gskit.errors import GskitError
 from gskit.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
@@ -344,8 +345,11 @@ def _fold_batched(
     """Evaluate the constant nodes of ``graph`` batch by batch and replace their used results by constants."""
     graph.toposort()
     context = _BatchContext(graph, size_threshold, allow_partial, spill, report, exclude.failed)
-    for batch in _batches(_foldable_nodes(graph, exclude, size_threshold, report)):
-        context.evaluate(batch)
+    nodes = _foldable_nodes(graph, exclude, size_threshold, report)
+    with progress.task("fold: constant nodes evaluated", total=len(nodes)) as advance:
+        for batch in _batches(nodes):
+            context.evaluate(batch)
+            advance(len(batch))
 
 
 def _foldable_nodes(

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from gskit.errors import GskitError
+from gskit.report import progress_display
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -70,6 +71,16 @@ def _version() -> str:
         return "unknown"
 
 
+class _CurrentStderr:
+    """Writes to ``sys.stderr`` as it is at each log line: a progress bar swaps it to print above itself."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 #: Options of the ``gskit`` command itself, which people also write after the subcommand.
 GLOBAL_FLAGS = ("--debug", "-v", "--verbose")
 
@@ -89,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(hoist_global_flags(list(sys.argv[1:] if argv is None else argv)))
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr())
     _quiet_onnxruntime(level)
     try:
-        return int(args.func(args) or 0)
+        with progress_display(enabled=not getattr(args, "json", False)):
+            return int(args.func(args) or 0)
     except GskitError as err:
         if args.debug:
             raise
