@@ -195,6 +195,8 @@ class RunState:
     plugin_dirs: tuple[Path, ...] | None
     work_dir: Path
     replaced: list[Any] = field(default_factory=list)
+    #: (plugin, Skip) for each match replace found and did not replace, with the reason (report.html)
+    skipped: list[tuple[str, Any]] = field(default_factory=list)
     comparison: Any = None
     trt_report: Any = None
     engine: Any = None
@@ -370,6 +372,7 @@ class Replace(Pass[ReplaceOptions]):
             state.graph, list(state.registry), only=options.only, keep_function=options.keep_function
         )
         state.replaced.extend(report.regions)
+        state.skipped.extend((p.plugin, skip) for p in report.plugins for skip in p.skipped)
         skipped = sum(len(p.skipped) for p in report.plugins)
         per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
         left = report.norm_like_left
