@@ -133,13 +133,15 @@ class _RichDisplay:
 def progress_display(enabled: bool = True, out: Console | None = None) -> Iterator[None]:
     """Show the progress of long steps (:mod:`gskit.progress`) on stderr while the context runs.
 
-    Nothing is drawn when ``enabled`` is False (``--json``) or when ``out`` (default: a stderr console) is
-    not an interactive terminal, so logs, pipes and CI files get no bars and no escapes.
+    Nothing is drawn when ``enabled`` is False (``--json``), when ``out`` (default: a stderr console) is
+    not an interactive terminal, so logs, pipes and CI files get no bars and no escapes, or under ``NO_COLOR``
+    (no escape sequence at all, not even the cursor moves of a bar).
     """
     out = out or console(stderr=True)
     # is_interactive: a terminal that is not TERM=dumb; isatty: FORCE_COLOR makes rich call a CI log file a
-    # terminal, and bars redrawn there would fill the log
-    if not enabled or not out.is_interactive or not _isatty(out.file):
+    # terminal, and bars redrawn there would fill the log; NO_COLOR: plain text, and bars move the cursor
+    # with escapes
+    if not enabled or not out.is_interactive or not _isatty(out.file) or out.no_color:
         yield
         return
     display = _RichDisplay(out)

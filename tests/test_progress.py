@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Hashable
 from pathlib import Path
 
@@ -137,19 +139,19 @@ def test_no_color_turns_off_every_style_escape(monkeypatch):
     assert "\x1b" not in plain.file.getvalue() and "FAIL" in plain.file.getvalue()
 
 
-def test_no_color_on_a_pseudo_terminal_keeps_the_bar_and_drops_styles(monkeypatch):
-    monkeypatch.setenv("NO_COLOR", "1")
+def test_no_color_on_a_pseudo_terminal_writes_no_escape_at_all(monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")
-    reader, writer = os.openpty()
-    stream = open(writer, "w", encoding="utf-8")  # noqa: SIM115
-    out = console()
-    out.file = stream
-    _show_a_task(out)
-    _print_a_report(out)
-    stream.close()
-    text = _drain(reader)
-    # the bar still moves (cursor escapes, on a terminal only) but nothing is coloured or styled
-    assert "demo step" in text and "validation passed" in text and not SGR.search(text)
+    for no_color, escapes in (("", True), ("1", False)):
+        monkeypatch.setenv("NO_COLOR", no_color)
+        reader, writer = os.openpty()
+        stream = open(writer, "w", encoding="utf-8")  # noqa: SIM115
+        out = console()
+        out.file = stream
+        _show_a_task(out)
+        _print_a_report(out)
+        stream.close()
+        text = _drain(reader)
+        assert "validation passed" in text and ("\x1b" in text) == escapes, no_color
 
 
 def _cli(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -200,3 +202,25 @@ def test_commands_print_no_library_log_lines(tmp_path, shape_chain, capfd):
         noise = [line for line in err.splitlines() if line.strip() and not step_line.match(line)]
         assert noise == [], name
         assert "\x1b" not in out + err, name  # a pipe gets no escapes
+
+
+def test_cli_on_a_terminal_with_no_color_writes_plain_text(tmp_path):
+    """gskit as a person runs it: stdout and stderr on a pseudo-terminal, NO_COLOR and FORCE_COLOR set."""
+    reader, writer = os.openpty()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "FORCE_COLOR": "1"}
+    command = [sys.executable, "-m", "gskit.cli", "compare", str(EXAMPLE), str(EXAMPLE), "--layerwise"]
+    chunks = []
+    with subprocess.Popen(command, stdout=writer, stderr=writer, env=env, cwd=tmp_path) as proc:
+        os.close(writer)
+        while True:
+            try:
+                chunk = os.read(reader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.close(reader)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0 and "shared tensors match" in text
+    assert "\x1b" not in text
