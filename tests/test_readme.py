@@ -167,11 +167,14 @@ def _wrong_plugin(tmp_path: Path) -> Path:
     return folder.parent
 
 
-@pytest.mark.parametrize(("case", "code", "says"), [
-    ("fits", 0, "validated: prepared/model.onnx"),
-    ("differs", 1, "outputs differ: ['y']"),
-    ("missing", 2, "gskit prepare could not run (exit 2): the reason is on stderr"),
-])
+@pytest.mark.parametrize(
+    ("case", "code", "says"),
+    [
+        ("fits", 0, "validated: prepared/model.onnx"),
+        ("differs", 1, "outputs differ: ['y']"),
+        ("missing", 2, "gskit prepare could not run (exit 2): the reason is on stderr"),
+    ],
+)
 def test_ci_step_runs_as_written(case: str, code: int, says: str, tmp_path: Path) -> None:
     (block,) = re.findall(r"```bash\n(.*?)```", ci_section(), flags=re.S)
     model = {
