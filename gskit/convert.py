@@ -92,8 +92,12 @@ class ConvertOptions:
     block_ops: tuple[str, ...] = option(
         (), help="with fp16: keep this op type float32 (repeatable)", flag="--block-op", metavar="TYPE"
     )
-    clamp_min: float = option(1e-7, help="with fp16: smallest non-zero magnitude of a converted constant")
-    clamp_max: float = option(1e4, help="with fp16: largest finite magnitude of a converted constant")
+    clamp_min: float = option(
+        1e-7, help="with fp16: smallest non-zero magnitude of a converted constant", metavar="X"
+    )
+    clamp_max: float = option(
+        1e4, help="with fp16: largest finite magnitude of a converted constant", metavar="X"
+    )
     int32: bool = option(False, help="int64 inputs and index constants to int32")
     int32_inputs: bool = option(True, help="with int32: int64 graph inputs become int32 (Cast back inside)")
     int32_constants: bool = option(True, help="with int32: narrow int64 index constants")

@@ -167,7 +167,7 @@ class FoldOptions:
     )
     size_threshold: int | None = option(
         16 * 2**20,
-        help="largest constant fold may create, in bytes (CLI 0, recipe null: no limit)",
+        help="largest constant fold may create, in bytes (0 on the CLI, null in a recipe: no limit)",
         metavar="BYTES",
         parse=_bytes_or_no_limit,
     )

@@ -148,7 +148,7 @@ class InferShapesOptions:
     """Custom-domain aware shape inference (``infer_shapes``'s options, the single source of the default)."""
 
     strict: bool = option(
-        True, help="fail on the first node whose inference fails (CLI --no-strict: skip such nodes)"
+        True, help="fail on the first node whose inference fails (--no-strict: skip such nodes)"
     )
 
 

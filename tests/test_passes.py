@@ -264,3 +264,18 @@ def test_library_function_is_its_pass() -> None:
     result = run_pass(FOLD, _foldable_graph(), FoldOptions(max_passes=3))
     assert [n.op for n in folded.nodes] == [n.op for n in result.model.nodes] == ["Mul"]
     assert report.nodes_after == result.report.nodes_after == 1
+
+
+def test_cli_values_are_parsed_by_the_field_and_no_limit_is_zero() -> None:
+    from gskit.cli.options import options_from_args
+
+    args = build_parser().parse_args(
+        ["fold", "m.onnx", "-o", "o.onnx", "--size-threshold", "0", "--no-fold-shapes", "--max-passes", "3"]
+    )
+    assert options_from_args(args, FoldOptions) == FoldOptions(
+        max_passes=3, fold_shapes=False, size_threshold=None
+    )
+    args = build_parser().parse_args(
+        ["isolate", "m.onnx", "-o", "o.onnx", "--inputs", "a, b", "--outputs", "c"]
+    )
+    assert (args.inputs, args.outputs) == (("a", "b"), ("c",))

@@ -37,6 +37,7 @@ def add_options(parser: argparse.ArgumentParser, options: type) -> None:
         kind, item = _kind(hints[field.name])
         if kind is bool:
             action = argparse.BooleanOptionalAction if default else "store_true"
+            kwargs["help"] += " (default on)" if default else ""
             parser.add_argument(
                 flag_of(field), action=action, default=default, dest=field.name, help=kwargs["help"]
             )
