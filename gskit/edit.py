@@ -943,6 +943,7 @@ def _insertion(entry: Any) -> Any:
         domain=str(entry.get("domain") or ""),
     )
 
+
 class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs = "edit", EditOptions, "in_place", False
 
