@@ -33,7 +33,7 @@ from gskit.isolate import ISOLATE, IsolateOptions
 from gskit.patterns.replace import REPLACE, ReplaceOptions
 from gskit.plugin import PluginRegistry, implementation_paths
 from gskit.sanitize import SANITIZE, SanitizeOptions
-from gskit.shapes import INFER_SHAPES, InferShapesOptions
+from gskit.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
 from gskit.transform import Before, GraphPass, PassResult, run_pass
 
 #: Sizes used for plugin-free parts of the default recipe.
@@ -231,8 +231,6 @@ class InferShapes(_Transform[InferShapesOptions]):
     core = INFER_SHAPES
 
     def call(self, state: RunState, options: InferShapesOptions) -> PassResult:
-        from gskit.shapes import unshaped_plugin_outputs
-
         result = super().call(state, options)
         unshaped = unshaped_plugin_outputs(state.graph, state.registry)
         # Only a plugin rule that gives no rank for inputs with one stops the run: TensorRT asks the plugin
