@@ -26,6 +26,7 @@ from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.fold import FoldOptions
 from gskit.plugin import PluginRegistry, implementation_paths
+from gskit.shape_args import check_fixed_dims, check_profile
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -155,6 +156,9 @@ class ValidateOptions:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     inputs: str | None = field(default=None, metadata=FILE_PATH)
 
+    def __post_init__(self) -> None:
+        _check_shapes(self.shapes, check_fixed_dims)
+
 
 @dataclass(frozen=True)
 class BuildOptions:
@@ -164,6 +168,18 @@ class BuildOptions:
     shapes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     timing_cache: str | None = field(default=None, metadata=FILE_PATH)
     required: bool = False
+
+    def __post_init__(self) -> None:
+        _check_shapes(self.shapes, check_profile)
+
+
+def _check_shapes(shapes: Mapping[str, Any], check: Any) -> None:
+    """Shape options follow the rules of the command-line shapes (gskit.shape_args); ValueError when not."""
+    for name, dims in shapes.items():
+        try:
+            check(dims, f"shapes.{name} {list(dims)}")
+        except GskitError as err:
+            raise ValueError(str(err)) from err
 
 
 DEFAULT_STEPS: tuple[str, ...] = (

@@ -154,14 +154,6 @@ def test_derive_profile_rejects_bad_shapes():
         derive_profile(model, {"x": ((4, 4), (2, 4), (8, 4))})
 
 
-def test_parse_shape():
-    assert build_cli.parse_shape("x:1x3,4x3,8x3") == ("x", ((1, 3), (4, 3), (8, 3)))
-    assert build_cli.parse_shape("a:b:2x2") == ("a:b", ((2, 2), (2, 2), (2, 2)))
-    for bad in ("x", "x:1x3,4x3", "x:1xa,2,3", ":1,2,3"):
-        with pytest.raises(GskitError, match="NAME:MIN,OPT,MAX"):
-            build_cli.parse_shape(bad)
-
-
 def test_static_backend_cannot_build(dynamic_model, tmp_path):
     with pytest.raises(GskitError, match="needs TensorRT"):
         build_engine(dynamic_model, tmp_path / "m.engine", backend="static")
