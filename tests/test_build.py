@@ -137,6 +137,22 @@ def test_bad_compute_capability(dynamic_model, tmp_path, capability, message):
     assert not (tmp_path / "m.engine").exists()
 
 
+@rtx
+def test_rtx_without_gpu_or_compute_capability_says_so_before_building(dynamic_model, tmp_path, capsys):
+    from gskit.backends.trt import gpu_count
+    from gskit.cli import main
+
+    if gpu_count() > 0:
+        pytest.skip("a GPU is present: TensorRT-RTX builds for it without --compute-capability")
+    engine = tmp_path / "m.engine"
+    # Before: Polygraphy's "Invalid Engine" traceback text inside gskit's error, after the build ran.
+    assert main(["build", str(dynamic_model), "-o", str(engine), "--backend", "tensorrt_rtx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--compute-capability" in err and "e.g. 8.9" in err
+    assert "Invalid Engine" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [dynamic_model]
+
+
 def test_derive_profile_fixed_model_needs_none():
     model = parse_model(
         '<ir_version: 10, opset_import: ["" : 17]>\ng (float[2,4] x) => (float[2,4] y) { y = Relu(x) }'
