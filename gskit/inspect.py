@@ -189,7 +189,7 @@ class ModelSummary:
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class TensorEntry:
     """One tensor of the main graph (``gskit inspect --tensors``).
 
     Attributes:
@@ -212,7 +212,7 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeEntry:
     """One node of the main graph (``gskit inspect --nodes``); ``op`` is ``domain::op_type``."""
 
     name: str
@@ -221,14 +221,15 @@ class NodeInfo:
     outputs: tuple[str, ...]
 
 
-def list_nodes(model: onnx.ModelProto) -> tuple[NodeInfo, ...]:
+def list_nodes(model: onnx.ModelProto) -> tuple[NodeEntry, ...]:
     """Every node of the main graph in graph order (an empty optional input stays ``""``)."""
     return tuple(
-        NodeInfo(n.name, _key(n.domain, n.op_type), tuple(n.input), tuple(n.output)) for n in model.graph.node
+        NodeEntry(n.name, _key(n.domain, n.op_type), tuple(n.input), tuple(n.output))
+        for n in model.graph.node
     )
 
 
-def list_tensors(model: onnx.ModelProto, *, infer_shapes: bool = True) -> tuple[TensorInfo, ...]:
+def list_tensors(model: onnx.ModelProto, *, infer_shapes: bool = True) -> tuple[TensorEntry, ...]:
     """Every tensor of the main graph: inputs, initializers, then node outputs in graph order.
 
     Types and shapes come from shape inference on a weight-free copy (see ``summarize``), or only from the
@@ -239,13 +240,13 @@ def list_tensors(model: onnx.ModelProto, *, infer_shapes: bool = True) -> tuple[
     known = {v.name: _tensor(v) for v in (*typed.input, *typed.value_info, *typed.output)}
     consumers = Counter(name for node in graph.node for name in node.input if name)
     outputs = {v.name for v in graph.output}
-    tensors: dict[str, TensorInfo] = {}
+    tensors: dict[str, TensorEntry] = {}
 
     def add(name: str, kind: str, producer: str | None, fallback: TensorSummary | None = None) -> None:
         if not name or name in tensors:
             return
         summary = known.get(name) or fallback or TensorSummary(name, "?", None)
-        tensors[name] = TensorInfo(
+        tensors[name] = TensorEntry(
             name, summary.dtype, summary.shape, kind, producer, consumers[name], name in outputs
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gskit.inspect import ModelSummary, NodeInfo, TensorInfo, list_nodes, list_tensors, summarize_file
+from gskit.inspect import ModelSummary, NodeEntry, TensorEntry, list_nodes, list_tensors, summarize_file
 from gskit.model import load
 from gskit.report import console, print_json, table
 
@@ -128,7 +128,7 @@ def _run_listing(args: argparse.Namespace) -> int:
 _TENSOR_COLUMNS = ("tensor", "dtype", "shape", "kind", "producer", "consumers")
 
 
-def _tensor_row(tensor: TensorInfo) -> tuple[str, ...]:
+def _tensor_row(tensor: TensorEntry) -> tuple[str, ...]:
     shape = (
         "?"
         if tensor.shape is None
@@ -138,7 +138,7 @@ def _tensor_row(tensor: TensorInfo) -> tuple[str, ...]:
     return tensor.name, tensor.dtype, shape, kind, tensor.producer or "-", str(tensor.consumers)
 
 
-def _node_row(node: NodeInfo) -> tuple[str, ...]:
+def _node_row(node: NodeEntry) -> tuple[str, ...]:
     return node.name or "-", node.op, ", ".join(node.inputs), ", ".join(node.outputs)
 
 
