@@ -26,7 +26,7 @@ from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.fold import FoldOptions
 from gskit.plugin import PluginRegistry, implementation_paths
-from gskit.shape_args import check_fixed_dims, check_profile
+from gskit.shape_args import check_fixed_dims, check_profile, check_symbolic_dims
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -68,6 +68,7 @@ class EditOptions:
     def __post_init__(self) -> None:
         for entry in self.insert_after:
             _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+        _check_shapes(self.input_shapes, check_symbolic_dims)
 
 
 _INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})

@@ -16,7 +16,8 @@ colons. Three meanings share the tokenizer, one function each:
   ``x`` or brackets (``x:1x3x224x224,4x3x224x224,8x3x224x224`` or ``x:[1,3,224,224],[4,3,224,224],...``), or
   one shape for all three.
 
-:func:`check_fixed_dims` and :func:`check_profile` check shapes that arrive as lists (recipe options).
+:func:`check_fixed_dims`, :func:`check_symbolic_dims` and :func:`check_profile` check shapes that arrive
+as lists (recipe options).
 """
 
 from __future__ import annotations
@@ -113,6 +114,22 @@ def check_fixed_dims(dims: Sequence[object], where: str) -> Shape:
     """
     tokens = [str(d) if isinstance(d, int) and not isinstance(d, bool) else repr(d) for d in dims]
     return _fixed(tokens, where)
+
+
+def check_symbolic_dims(dims: Sequence[object], where: str) -> list[Dim]:
+    """A declared shape given as a list (recipe ``edit.input_shapes``): integers >= 0, symbol names or None.
+
+    Raises:
+        GskitError: a negative integer or a symbol that is not a name, named with ``where``.
+    """
+    for dim in dims:
+        if isinstance(dim, int) and not isinstance(dim, bool) and dim < 0:
+            raise GskitError(
+                f"{where}: dim {dim} is negative; write null (or a symbol name) for an unknown dim"
+            )
+        if isinstance(dim, str) and not dim.isidentifier():
+            raise GskitError(f"{where}: dim {dim!r} is not a symbol name (letters, digits, _)")
+    return list(dims)  # type: ignore[arg-type]
 
 
 def check_profile(profile: Sequence[Sequence[object]], where: str) -> Profile:

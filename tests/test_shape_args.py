@@ -85,6 +85,12 @@ def test_recipe_shapes_follow_the_same_rules() -> None:
         parse_recipe("steps:\n  - validate: {shapes: {x: [0, 4]}}\n")
     with pytest.raises(GskitError, match=r"<recipe>:2: step 'build': shapes.x .*MIN <= OPT <= MAX"):
         parse_recipe("steps:\n  - build: {shapes: {x: [[4, 2], [2, 2], [8, 2]]}}\n")
+    with pytest.raises(GskitError, match=r"<recipe>:2: step 'edit': shapes.x .*dim -3 is negative"):
+        parse_recipe("steps:\n  - edit: {input_shapes: {x: [1, -3]}}\n")
+    with pytest.raises(GskitError, match=r"dim '2 x' is not a symbol name"):
+        parse_recipe("steps:\n  - edit: {input_shapes: {x: [1, '2 x']}}\n")
+    edit = parse_recipe("steps:\n  - edit: {input_shapes: {x: [batch, null, 3]}}\n").steps[0].options
+    assert edit.input_shapes == {"x": ("batch", None, 3)}
 
 
 @pytest.fixture
