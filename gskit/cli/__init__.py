@@ -72,7 +72,7 @@ class SuggestingParser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         match = _INVALID_CHOICE.search(message)
         if match:
-            choices = re.findall(r"'([^']*)'", match["choices"])
+            choices = [c.strip().strip("'") for c in match["choices"].split(",")]  # quoted before 3.12.8
             hint = did_you_mean(match["value"], choices)
             if hint:
                 message = f"{message[: match.start()]}unknown {match['value']!r}{hint}"
