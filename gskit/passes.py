@@ -609,7 +609,7 @@ class Build(Pass[BuildOptions]):
         if flavour == "static":
             reason = "no TensorRT installed"
         elif not full_tensorrt_available() and options.compute_capability is None:
-            reason = "TensorRT-RTX only: give --compute-capability X.Y (build.compute_capability) for an AOT build"
+            reason = "TensorRT-RTX only: give --compute-capability X.Y for an AOT build"
         elif not full_tensorrt_available() and has_plugins:
             reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
         if reason:
