@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -179,3 +180,26 @@ def test_prepare_without_output_is_one_line_exit_2(capsys) -> None:
 def test_verbose_after_prepare_is_the_global_flag(capsys) -> None:
     assert main(["prepare", "--print-recipe", "--verbose", "--seed", "1"]) == 0
     assert "seed: 1" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT takes no compute capability"
+)
+def test_compute_capability_flag_reaches_the_build_step(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [
+        "prepare",
+        str(EXAMPLE),
+        "-o",
+        str(out),
+        "--json",
+        "--skip",
+        "check_trt",
+        "--compute-capability",
+        "8.9",
+    ]
+    assert main(argv) == 0
+    build = json.loads((out / "report.json").read_text())["steps"][-1]
+    assert (build["name"], build["options"]["compute_capability"]) == ("build", "8.9")
+    # not "give --compute-capability": the flag was seen; the example's plugin nodes are what stops the build
+    assert "--compute-capability" not in build["summary"]
