@@ -113,13 +113,7 @@ def recipe_with_overrides(
     """
     if fp16 and "convert" in skip:
         raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
-    names = [step.name for step in recipe.steps]
-    for name in skip:
-        if name not in names:
-            raise GskitError(f"--skip {name}: the recipe has no step '{name}'; its steps: {', '.join(names)}")
-    steps = [step for step in recipe.steps if step.name not in skip]
-    if not steps:
-        raise GskitError(f"--skip {' '.join(skip)}: that leaves no step to run")
+    steps = _without(recipe, skip)
     flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
     overrides: dict[str, dict[str, Any]] = {
         "validate": {
@@ -151,6 +145,18 @@ def recipe_with_overrides(
     if not flags:
         return recipe
     return Recipe(steps=tuple(steps), source=f"{recipe.source} with {' '.join(flags)}")
+
+
+def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
+    """The recipe's steps but those named in ``skip``; a name it lacks, or skipping all, is an error."""
+    names = [step.name for step in recipe.steps]
+    for name in skip:
+        if name not in names:
+            raise GskitError(f"--skip {name}: the recipe has no step '{name}'; its steps: {', '.join(names)}")
+    steps = [step for step in recipe.steps if step.name not in skip]
+    if not steps:
+        raise GskitError(f"--skip {' '.join(skip)}: that leaves no step to run")
+    return steps
 
 
 def _flag(option: str) -> str:
