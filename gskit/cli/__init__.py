@@ -8,6 +8,8 @@ import importlib
 import logging
 import re
 import sys
+from collections.abc import Sequence
+from typing import NoReturn
 
 from gskit.errors import GskitError
 
@@ -60,7 +62,9 @@ class SuggestingParser(argparse.ArgumentParser):
     with the parent's class), so every command and nested action gets the same help.
     """
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         namespace, extras = super().parse_known_args(args, namespace)
         unknown = [a for a in extras if a.startswith("-") and not _is_number(a)]
         if unknown:
@@ -69,7 +73,7 @@ class SuggestingParser(argparse.ArgumentParser):
             self.error(f"unknown option {name}{did_you_mean(name, options)}")
         return namespace, extras
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         match = _INVALID_CHOICE.search(message)
         if match:
             choices = [c.strip().strip("'") for c in match["choices"].split(",")]  # quoted before 3.12.8
