@@ -693,7 +693,7 @@ def _node(graph: gs.Graph, name: str) -> gs.Node:
     found = [n for n in graph.nodes if n.name == name]
     if not found:
         raise GskitError(
-            f"node '{name}' is not in graph '{graph.name}'; check the name (gskit inspect lists nodes)"
+            f"node '{name}' is not in graph '{graph.name}'; check the name (gskit inspect --nodes lists them)"
         )
     if len(found) > 1:
         raise GskitError(f"{len(found)} nodes are named '{name}' in graph '{graph.name}'; rename them first")

@@ -26,6 +26,7 @@ from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.fold import FoldOptions
 from gskit.plugin import PluginRegistry, implementation_paths
+from gskit.shape_args import check_fixed_dims, check_profile, check_symbolic_dims
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -67,6 +68,7 @@ class EditOptions:
     def __post_init__(self) -> None:
         for entry in self.insert_after:
             _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+        _check_shapes(self.input_shapes, check_symbolic_dims)
 
 
 _INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})
@@ -155,6 +157,9 @@ class ValidateOptions:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     inputs: str | None = field(default=None, metadata=FILE_PATH)
 
+    def __post_init__(self) -> None:
+        _check_shapes(self.shapes, check_fixed_dims)
+
 
 @dataclass(frozen=True)
 class BuildOptions:
@@ -164,6 +169,18 @@ class BuildOptions:
     shapes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     timing_cache: str | None = field(default=None, metadata=FILE_PATH)
     required: bool = False
+
+    def __post_init__(self) -> None:
+        _check_shapes(self.shapes, check_profile)
+
+
+def _check_shapes(shapes: Mapping[str, Any], check: Any) -> None:
+    """Shape options follow the rules of the command-line shapes (gskit.shape_args); ValueError when not."""
+    for name, dims in shapes.items():
+        try:
+            check(dims, f"shapes.{name} {list(dims)}")
+        except GskitError as err:
+            raise ValueError(str(err)) from err
 
 
 DEFAULT_STEPS: tuple[str, ...] = (
@@ -592,7 +609,7 @@ class Build(Pass[BuildOptions]):
         if flavour == "static":
             reason = "no TensorRT installed"
         elif not full_tensorrt_available() and options.compute_capability is None:
-            reason = "TensorRT-RTX only: give build.compute_capability for an AOT build"
+            reason = "TensorRT-RTX only: give --compute-capability X.Y for an AOT build"
         elif not full_tensorrt_available() and has_plugins:
             reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
         if reason:
