@@ -29,6 +29,7 @@ from onnx import TensorProto
 from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.ops import DEFAULT_DOMAINS, canonical_domain
+from gskit.shape_args import check_shape_options, check_symbolic_dims
 from gskit.transform import Before, GraphPass, PassResult, ensure
 
 log = logging.getLogger(__name__)
@@ -694,7 +695,7 @@ def _node(graph: gs.Graph, name: str) -> gs.Node:
     found = [n for n in graph.nodes if n.name == name]
     if not found:
         raise GskitError(
-            f"node '{name}' is not in graph '{graph.name}'; check the name (gskit inspect lists nodes)"
+            f"node '{name}' is not in graph '{graph.name}'; check the name (gskit inspect --nodes lists them)"
         )
     if len(found) > 1:
         raise GskitError(f"{len(found)} nodes are named '{name}' in graph '{graph.name}'; rename them first")
@@ -914,6 +915,7 @@ class EditOptions:
     def __post_init__(self) -> None:
         for entry in self.insert_after:
             _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+        check_shape_options(self.input_shapes, check_symbolic_dims)
 
 
 _INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})

@@ -149,7 +149,7 @@ def _lookup(tensors: dict[str, gs.Tensor], names: Sequence[str], role: str) -> l
             hint = f"close names: {', '.join(repr(c) for c in close)}" if close else "no similar name"
             raise GskitError(
                 f"unknown {role} tensor '{name}' (not in the main graph; {hint}); "
-                f"`gskit inspect` lists the model's tensors"
+                f"`gskit inspect --tensors` lists the model's tensors"
             )
         found.append(tensor)
     return found

@@ -33,6 +33,7 @@ from gskit.isolate import ISOLATE, IsolateOptions
 from gskit.patterns.replace import REPLACE, ReplaceOptions
 from gskit.plugin import PluginRegistry, implementation_paths
 from gskit.sanitize import SANITIZE, SanitizeOptions
+from gskit.shape_args import check_fixed_dims, check_profile, check_shape_options
 from gskit.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
 from gskit.transform import Before, GraphPass, PassResult, run_pass
 
@@ -62,6 +63,9 @@ class ValidateOptions:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     inputs: str | None = field(default=None, metadata=FILE_PATH)
 
+    def __post_init__(self) -> None:
+        check_shape_options(self.shapes, check_fixed_dims)
+
 
 @dataclass(frozen=True)
 class BuildOptions:
@@ -71,6 +75,9 @@ class BuildOptions:
     shapes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     timing_cache: str | None = field(default=None, metadata=FILE_PATH)
     required: bool = False
+
+    def __post_init__(self) -> None:
+        check_shape_options(self.shapes, check_profile)
 
 
 DEFAULT_STEPS: tuple[str, ...] = (
@@ -374,7 +381,7 @@ class Build(Pass[BuildOptions]):
         if flavour == "static":
             reason = "no TensorRT installed"
         elif not full_tensorrt_available() and options.compute_capability is None:
-            reason = "TensorRT-RTX only: give build.compute_capability for an AOT build"
+            reason = "TensorRT-RTX only: give --compute-capability X.Y for an AOT build"
         elif not full_tensorrt_available() and has_plugins:
             reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
         if reason:
