@@ -56,15 +56,15 @@ def add_options(parser: argparse.ArgumentParser, options: type) -> None:
         parser.add_argument(flag_of(field), **kwargs)
 
 
-def options_from_args(args: argparse.Namespace, options: type, **fixed: Any) -> Any:
-    """The ``options`` dataclass from parsed args (lists become tuples); ``fixed`` sets fields directly."""
+def options_from_args(args: argparse.Namespace, options: type) -> Any:
+    """The ``options`` dataclass from parsed args (lists become tuples, an absent repeatable flag the default)."""
     values: dict[str, Any] = {}
     for field in cli_fields(options):
         value = getattr(args, field.name)
         if value is None and isinstance(_default(field), tuple):
             value = _default(field)
         values[field.name] = tuple(value) if isinstance(value, list) else value
-    return options(**{**values, **fixed})
+    return options(**values)
 
 
 def _default(field: dataclasses.Field) -> Any:
