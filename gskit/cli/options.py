@@ -57,7 +57,7 @@ def add_options(parser: argparse.ArgumentParser, options: type) -> None:
 
 
 def options_from_args(args: argparse.Namespace, options: type) -> Any:
-    """The ``options`` dataclass from parsed args (lists become tuples; an absent repeated flag: the default)."""
+    """The ``options`` dataclass from parsed args (lists become tuples, absent repeated flags the default)."""
     values: dict[str, Any] = {}
     for field in cli_fields(options):
         value = getattr(args, field.name)
