@@ -23,7 +23,8 @@ as lists (recipe options).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from gskit.errors import GskitError
 
@@ -130,6 +131,16 @@ def check_symbolic_dims(dims: Sequence[object], where: str) -> list[Dim]:
         if isinstance(dim, str) and not dim.isidentifier():
             raise GskitError(f"{where}: dim {dim!r} is not a symbol name (letters, digits, _)")
     return list(dims)  # type: ignore[arg-type]
+
+
+def check_shape_options(shapes: Mapping[str, Any], check: Callable[[Any, str], object]) -> None:
+    """Shape options of a recipe step follow the rules of the command-line shapes (``check`` is one of the
+    ``check_*`` functions here); ValueError when not, so the recipe reports it with its line."""
+    for name, dims in shapes.items():
+        try:
+            check(dims, f"shapes.{name} {list(dims)}")
+        except GskitError as err:
+            raise ValueError(str(err)) from err
 
 
 def check_profile(profile: Sequence[Sequence[object]], where: str) -> Profile:
