@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from gskit import model as gsmodel
-from gskit.fold import fold
+from gskit.fold import FoldOptions, fold
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -38,7 +38,7 @@ def _polygraphy(model):
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR
-    return fold_constants(model, size_threshold=16 * 2**20)
+    return fold_constants(model, size_threshold=FoldOptions().size_threshold)  # the same limit as gskit's
 
 
 def _onnxsim(model):

@@ -34,6 +34,7 @@ from gskit.edit import unique_name
 from gskit.errors import GskitError
 from gskit.ops import DEFAULT_DOMAINS, is_default_domain, is_plugin_node, node_key, plugin_keys
 from gskit.tensor_types import infer_tensor_types
+from gskit.transform import GraphPass, PassResult, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,93 @@ class Fp16Report:
     values_clamped: int = 0
 
 
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Opset conversion, then fp16, then int64 -> int32, as asked (``convert``'s options: the single source
+    of the defaults of ``convert_opset``, ``to_fp16``, ``int64_to_int32``, the CLI flags and the recipe)."""
+
+    opset: int | None = option(None, help="target default-domain opset", metavar="N")
+    fp16: bool = option(False, help="convert float32 computation to float16")
+    keep_io_fp32: bool = option(True, help="with fp16: keep float32 graph inputs and outputs in float32")
+    keep_inputs: tuple[str, ...] = option(
+        (), help="with fp16: keep this graph input float32 (repeatable)", flag="--keep-input", metavar="NAME"
+    )
+    keep_outputs: tuple[str, ...] = option(
+        (),
+        help="with fp16: keep this graph output float32 (repeatable)",
+        flag="--keep-output",
+        metavar="NAME",
+    )
+    block_ops: tuple[str, ...] = option(
+        (), help="with fp16: keep this op type float32 (repeatable)", flag="--block-op", metavar="TYPE"
+    )
+    clamp_min: float = option(
+        1e-7, help="with fp16: smallest non-zero magnitude of a converted constant", metavar="X"
+    )
+    clamp_max: float = option(
+        1e4, help="with fp16: largest finite magnitude of a converted constant", metavar="X"
+    )
+    int32: bool = option(False, help="int64 inputs and index constants to int32")
+    int32_inputs: bool = option(True, help="with int32: int64 graph inputs become int32 (Cast back inside)")
+    int32_constants: bool = option(True, help="with int32: narrow int64 index constants")
+
+
+_DEFAULTS = ConvertOptions()
+
+
+@dataclass
+class ConvertReport:
+    """What ``convert`` did: the opset reached and each conversion's own report (None: not asked for)."""
+
+    opset: int | None = None
+    fp16: Fp16Report | None = None
+    int32: Int32Report | None = None
+
+
+class _Convert(GraphPass[ConvertOptions]):
+    name, options, effect = "convert", ConvertOptions, "in_place"
+
+    def requires(self, model: Any, options: ConvertOptions) -> None:
+        low, high = options.clamp_min, options.clamp_max
+        if options.fp16 and not 0 < low < high <= 65504:
+            raise GskitError(f"to_fp16: need 0 < clamp_min < clamp_max <= 65504, got {low}, {high}")
+
+    def call(self, model: Any, options: ConvertOptions, **context: Any) -> PassResult:
+        is_model = isinstance(model, onnx.ModelProto)
+        out, report, done = model, ConvertReport(), []
+        if options.opset is not None:
+            proto = _convert_opset(gsmodel.to_model(out) if not is_model else out, options.opset)
+            if is_model:
+                out = proto
+            else:  # an in-place pass keeps the caller's graph object
+                out.__dict__.update(gsmodel.to_graph(proto).__dict__)
+            report.opset = options.opset
+            done.append(f"opset {options.opset}")
+        if options.fp16:
+            out, report.fp16 = _to_fp16(out, options, context.get("plugins"))
+            done.append("fp16")
+        if options.int32:
+            out, report.int32 = _int64_to_int32(out, options.int32_inputs, options.int32_constants)
+            done.append("int64 -> int32")
+        summary = ", ".join(done) or "nothing to convert"
+        return PassResult(out, modified=bool(done), report=report, summary=summary)
+
+
+#: The convert pass: ``run_pass(CONVERT, graph_or_model, ConvertOptions(...), plugins=...)``.
+CONVERT = _Convert()
+
+
 def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
-    """Convert a model to another default-domain opset with onnx's version converter.
+    """Convert a model to another default-domain opset with onnx's version converter
+    (``run_pass(CONVERT, model, ConvertOptions(opset=target))``).
 
     Raises:
         GskitError: the converter cannot convert some op (the message names it) or the target is invalid.
     """
+    return run_pass(CONVERT, model, ConvertOptions(opset=target)).model
+
+
+def _convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     current = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if current == target:
         return model
@@ -95,7 +177,7 @@ def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
 
 
 def clamp_to_fp16(
-    values: np.ndarray, clamp_min: float = 1e-7, clamp_max: float = 1e4
+    values: np.ndarray, clamp_min: float = _DEFAULTS.clamp_min, clamp_max: float = _DEFAULTS.clamp_max
 ) -> tuple[np.ndarray, int]:
     """Clamp magnitudes into ``[clamp_min, clamp_max]`` (keeping sign, 0, NaN and inf), then cast to float16.
 
@@ -115,15 +197,16 @@ def clamp_to_fp16(
 def to_fp16(
     graph_or_model: ModelT,
     *,
-    keep_io_types: bool = True,
-    keep_inputs: tuple[str, ...] = (),
-    keep_outputs: tuple[str, ...] = (),
-    clamp_min: float = 1e-7,
-    clamp_max: float = 1e4,
-    block_ops: tuple[str, ...] = (),
+    keep_io_types: bool = _DEFAULTS.keep_io_fp32,
+    keep_inputs: tuple[str, ...] = _DEFAULTS.keep_inputs,
+    keep_outputs: tuple[str, ...] = _DEFAULTS.keep_outputs,
+    clamp_min: float = _DEFAULTS.clamp_min,
+    clamp_max: float = _DEFAULTS.clamp_max,
+    block_ops: tuple[str, ...] = _DEFAULTS.block_ops,
     plugins: Any = None,
 ) -> tuple[ModelT, Fp16Report]:
-    """Convert float32 computation to float16 (see the module docstring for the rules).
+    """Convert float32 computation to float16 (see the module docstring for the rules;
+    ``run_pass(CONVERT, graph_or_model, ConvertOptions(fp16=True, ...))``).
 
     Args:
         graph_or_model: a gs.Graph (converted in place) or a ModelProto (a new one is returned).
@@ -143,16 +226,29 @@ def to_fp16(
         GskitError: a name in ``keep_inputs``/``keep_outputs`` is not a graph input/output, or clamp bounds
             are not ``0 < clamp_min < clamp_max <= 65504``.
     """
-    if not 0 < clamp_min < clamp_max <= 65504:
-        raise GskitError(f"to_fp16: need 0 < clamp_min < clamp_max <= 65504, got {clamp_min}, {clamp_max}")
+    options = ConvertOptions(
+        fp16=True,
+        keep_io_fp32=keep_io_types,
+        keep_inputs=tuple(keep_inputs),
+        keep_outputs=tuple(keep_outputs),
+        clamp_min=clamp_min,
+        clamp_max=clamp_max,
+        block_ops=tuple(block_ops),
+    )
+    result = run_pass(CONVERT, graph_or_model, options, plugins=plugins)
+    return result.model, result.report.fp16
+
+
+def _to_fp16(graph_or_model: ModelT, options: ConvertOptions, plugins: Any) -> tuple[ModelT, Fp16Report]:
     is_model = isinstance(graph_or_model, onnx.ModelProto)
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
-    _check_names("keep_inputs", keep_inputs, graph.inputs)
-    _check_names("keep_outputs", keep_outputs, graph.outputs)
+    _check_names("keep_inputs", options.keep_inputs, graph.inputs)
+    _check_names("keep_outputs", options.keep_outputs, graph.outputs)
     infer_tensor_types(graph)
-    converter = _Fp16(graph, clamp_min, clamp_max, set(block_ops), _fp16_plugins(plugins))
-    kept_in = {t.name for t in graph.inputs} if keep_io_types else set(keep_inputs)
-    kept_out = {t.name for t in graph.outputs} if keep_io_types else set(keep_outputs)
+    clamp = (options.clamp_min, options.clamp_max)
+    converter = _Fp16(graph, *clamp, set(options.block_ops), _fp16_plugins(plugins))
+    kept_in = {t.name for t in graph.inputs} if options.keep_io_fp32 else set(options.keep_inputs)
+    kept_out = {t.name for t in graph.outputs} if options.keep_io_fp32 else set(options.keep_outputs)
     converter.run(kept_in, kept_out)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     if is_model:
@@ -341,9 +437,13 @@ class Int32Report:
 
 
 def int64_to_int32(
-    graph_or_model: ModelT, *, inputs: bool = True, constants: bool = True
+    graph_or_model: ModelT,
+    *,
+    inputs: bool = _DEFAULTS.int32_inputs,
+    constants: bool = _DEFAULTS.int32_constants,
 ) -> tuple[ModelT, Int32Report]:
-    """Make int64 graph inputs int32 (with a Cast back to int64 inside) and narrow int64 index constants.
+    """Make int64 graph inputs int32 (with a Cast back to int64 inside) and narrow int64 index constants
+    (``run_pass(CONVERT, graph_or_model, ConvertOptions(int32=True, ...))``).
 
     Constants are narrowed only where the op takes int32 for that input independently of its other inputs
     (the indices of Gather, GatherElements, GatherND, ScatterElements, ScatterND, OneHot).
@@ -351,6 +451,12 @@ def int64_to_int32(
     Raises:
         GskitError: an index constant holds values outside int32's range (the message lists them).
     """
+    options = ConvertOptions(int32=True, int32_inputs=inputs, int32_constants=constants)
+    result = run_pass(CONVERT, graph_or_model, options)
+    return result.model, result.report.int32
+
+
+def _int64_to_int32(graph_or_model: ModelT, inputs: bool, constants: bool) -> tuple[ModelT, Int32Report]:
     is_model = isinstance(graph_or_model, onnx.ModelProto)
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
     report = Int32Report()

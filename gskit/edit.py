@@ -29,6 +29,8 @@ from onnx import TensorProto
 from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.ops import DEFAULT_DOMAINS, canonical_domain
+from gskit.shape_args import check_shape_options, check_symbolic_dims
+from gskit.transform import Before, GraphPass, PassResult, ensure
 
 log = logging.getLogger(__name__)
 
@@ -693,7 +695,7 @@ def _node(graph: gs.Graph, name: str) -> gs.Node:
     found = [n for n in graph.nodes if n.name == name]
     if not found:
         raise GskitError(
-            f"node '{name}' is not in graph '{graph.name}'; check the name (gskit inspect lists nodes)"
+            f"node '{name}' is not in graph '{graph.name}'; check the name (gskit inspect --nodes lists them)"
         )
     if len(found) > 1:
         raise GskitError(f"{len(found)} nodes are named '{name}' in graph '{graph.name}'; rename them first")
@@ -884,3 +886,94 @@ def _nbytes(tensor: gs.Constant) -> int:
     dtype = tensor.dtype
     itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_onnx_dtype(dtype))).itemsize
     return int(np.prod(tensor.shape, dtype=np.int64)) * itemsize
+
+
+# --- the edit pass: a recipe's edit step --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EditOptions:
+    """Graph edits: everything ``gskit edit`` does, applied in its order (see ``gskit.edit``).
+
+    ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs: {...}, inputs: [...], domain: D}``
+    (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name or a list of numbers (a constant).
+    """
+
+    rename: dict[str, str] = dataclasses.field(default_factory=dict)
+    input_shapes: dict[str, tuple[int | str | None, ...]] = dataclasses.field(default_factory=dict)
+    input_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
+    remove_nodes: tuple[str, ...] = ()
+    insert_after: tuple[dict[str, Any], ...] = ()
+    set_attrs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    remove_attrs: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    expose: tuple[str, ...] = ()
+    constants_to_initializers: bool = False
+    drop_initializer_inputs: bool = False
+    #: skip attribute checks against op schemas (insertions and attribute changes)
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        for entry in self.insert_after:
+            _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+        check_shape_options(self.input_shapes, check_symbolic_dims)
+
+
+_INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})
+
+
+def _insertion(entry: Any) -> Any:
+    """An ``insert_after`` recipe entry as an ``Insertion``; ValueError names what is wrong."""
+    if not isinstance(entry, dict) or not {"tensor", "op"} <= entry.keys() or entry.keys() - _INSERTION_KEYS:
+        raise ValueError(
+            f"insert_after entry {entry!r}: expected {{tensor: NAME, op: OP}} with optional "
+            "attrs, inputs, domain"
+        )
+    inputs = []
+    for item in entry.get("inputs") or ():
+        if isinstance(item, str):
+            inputs.append(item)
+        elif isinstance(item, (list, tuple)) and item and all(isinstance(v, (int, float)) for v in item):
+            whole = all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            inputs.append(np.array(item, dtype=np.int64 if whole else np.float32))
+        else:
+            raise ValueError(f"insert_after input {item!r}: a tensor name or a list of numbers")
+    return Insertion(
+        tensor=str(entry["tensor"]),
+        op=str(entry["op"]),
+        attrs=dict(entry.get("attrs") or {}),
+        extra_inputs=inputs,
+        domain=str(entry.get("domain") or ""),
+    )
+
+
+class _Edit(GraphPass[EditOptions]):
+    name, options, effect, keeps_outputs = "edit", EditOptions, "in_place", False
+
+    def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
+        plan = EditPlan(
+            drop_initializer_inputs=options.drop_initializer_inputs,
+            constants_to_initializers=options.constants_to_initializers,
+            renames=dict(options.rename),
+            input_dtypes=dict(options.input_dtypes),
+            input_shapes={name: list(dims) for name, dims in options.input_shapes.items()},
+            remove_nodes=list(options.remove_nodes),
+            insertions=[_insertion(entry) for entry in options.insert_after],
+            set_attrs={node: dict(values) for node, values in options.set_attrs.items()},
+            remove_attrs={node: list(keys) for node, keys in options.remove_attrs.items()},
+            expose=list(options.expose),
+            force=options.force,
+        )
+        changes = apply_plan(model, plan)
+        steps = list(dict.fromkeys(c.step for c in changes))
+        summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
+        return PassResult(model, modified=bool(changes), report=changes, summary=summary)
+
+    def ensures(self, model: Any, options: EditOptions, result: PassResult, before: Before) -> None:
+        outputs = {t.name for t in model.outputs}
+        renamed = {options.rename.get(name, name) for name in before.outputs}
+        extra = outputs - renamed - set(options.expose)
+        ensure(not extra, self.name, f"output(s) {sorted(extra)} appeared that no edit asked for")
+
+
+#: The edit pass (the recipe's ``edit`` step): ``run_pass(EDIT, graph, EditOptions(...))``.
+EDIT = _Edit()

@@ -175,18 +175,6 @@ def load_feeds(path: str | os.PathLike) -> dict[str, np.ndarray]:
         ) from err
 
 
-def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse ``name:2x3x224`` or ``name:2,3,224`` into ``(name, (2, 3, 224))``."""
-    name, sep, dims = text.rpartition(":")
-    try:
-        if not sep or not name:
-            raise ValueError
-        shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
-    except ValueError as err:
-        raise GskitError(f"--shape {text!r}: expected NAME:DIMS like input:1x3x224x224") from err
-    return name, shape
-
-
 def _check_fits(tensor: gs.Variable, shape: tuple[int, ...]) -> None:
     """A ``--shape`` keeps the rank and fixed dims of its input; name the dim that differs, early."""
     if tensor.shape is None:

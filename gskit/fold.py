@@ -65,6 +65,7 @@ from gskit.edit import unique_name
 from gskit.errors import GskitError
 from gskit.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
 from gskit.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
+from gskit.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -149,19 +150,29 @@ class FoldReport:
     spilled_bytes: int = 0
 
 
+def _bytes_or_no_limit(text: str) -> int | None:
+    """The CLI's ``--size-threshold``: a byte count, 0 meaning no limit."""
+    return int(text) or None
+
+
 @dataclass(frozen=True)
 class FoldOptions:
     """Constant folding to a fixed point, safe around plugin nodes (``fold``'s options; the single source
     of their defaults for the library call, the CLI flags and the recipe step)."""
 
-    #: most folding passes; folding stops earlier when a pass changes nothing
-    max_passes: int = 10
-    #: turn ``Shape`` (and ``Shape -> Gather/Slice``) of tensors with static dims into constants
-    fold_shapes: bool = True
-    #: largest constant folding may create, in bytes (None: no limit)
-    size_threshold: int | None = 16 * 2**20
-    #: skip folds onnxruntime cannot evaluate instead of failing
-    allow_partial: bool = False
+    max_passes: int = option(
+        10, help="most folding passes; folding stops earlier when a pass changes nothing", metavar="N"
+    )
+    fold_shapes: bool = option(
+        True, help="turn Shape (and Shape -> Gather/Slice) of tensors with static dims into constants"
+    )
+    size_threshold: int | None = option(
+        16 * 2**20,
+        help="largest constant fold may create, in bytes (0 on the CLI, null in a recipe: no limit)",
+        metavar="BYTES",
+        parse=_bytes_or_no_limit,
+    )
+    allow_partial: bool = option(False, help="skip folds onnxruntime cannot evaluate instead of failing")
 
 
 _FOLD_DEFAULTS = FoldOptions()
@@ -177,7 +188,7 @@ def fold(
     plugins: Any = None,
     spill_dir: str | os.PathLike | None = None,
 ) -> tuple[ModelT, FoldReport]:
-    """Fold constants to a fixed point without changing what the model computes.
+    """Fold constants to a fixed point without changing what the model computes (``run_pass(FOLD, ...)``).
 
     Args:
         graph_or_model: a gs.Graph (folded in place and returned) or a ModelProto (left as it is; a new
@@ -202,8 +213,47 @@ def fold(
         GskitError: a fold failed (onnxruntime could not evaluate a constant subgraph) and ``allow_partial``
             is False; the message names the node or op onnxruntime reported.
     """
-    if max_passes < 1:
-        raise GskitError(f"fold: max_passes must be at least 1, got {max_passes}")
+    options = FoldOptions(
+        max_passes=max_passes,
+        fold_shapes=fold_shapes,
+        size_threshold=size_threshold,
+        allow_partial=allow_partial,
+    )
+    result = run_pass(FOLD, graph_or_model, options, plugins=plugins, spill_dir=spill_dir)
+    return result.model, result.report
+
+
+class _Fold(GraphPass[FoldOptions]):
+    name, options, effect = "fold", FoldOptions, "in_place"
+
+    def requires(self, model: Any, options: FoldOptions) -> None:
+        if options.max_passes < 1:
+            raise GskitError(f"fold: max_passes must be at least 1, got {options.max_passes}")
+
+    def call(self, model: Any, options: FoldOptions, **context: Any) -> PassResult:
+        folded, report = _fold(model, options, context.get("plugins"), context.get("spill_dir"))
+        return PassResult(
+            folded,
+            # shapes folded into constants change the graph even when the node count stays
+            modified=True,
+            report=report,
+            summary=f"{report.nodes_before} -> {report.nodes_after} nodes in {report.passes} passes",
+        )
+
+    def ensures(self, model: Any, options: FoldOptions, result: PassResult, before: Before) -> None:
+        super().ensures(model, options, result, before)
+        ensure(result.report.nodes_after <= result.report.nodes_before, self.name, "folding added nodes")
+
+
+#: The fold pass: ``run_pass(FOLD, graph_or_model, FoldOptions(...), plugins=..., spill_dir=...)``.
+FOLD = _Fold()
+
+
+def _fold(
+    graph_or_model: ModelT, options: FoldOptions, plugins: Any, spill_dir: str | os.PathLike | None
+) -> tuple[ModelT, FoldReport]:
+    max_passes, fold_shapes = options.max_passes, options.fold_shapes
+    size_threshold, allow_partial = options.size_threshold, options.allow_partial
     is_model = isinstance(graph_or_model, onnx.ModelProto)
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
     # graphsurgeon exports the sub-models it evaluates with the graph's IR version; onnxruntime needs <= 13.

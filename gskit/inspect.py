@@ -188,6 +188,85 @@ class ModelSummary:
         return data
 
 
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of the main graph (``gskit inspect --tensors``).
+
+    Attributes:
+        name: the tensor's name (what ``gskit isolate``, ``edit --expose`` and ``compare`` take).
+        dtype: element type as in :class:`TensorSummary` (``?`` when unknown).
+        shape: dims (see ``Dim``), or None when even the rank is unknown.
+        kind: ``input`` (a graph input), ``initializer`` or ``activation`` (a node's output).
+        producer: the name of the node that computes it; None for inputs and initializers.
+        consumers: how many main-graph node inputs read it.
+        is_output: it is a graph output.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...] | None
+    kind: str
+    producer: str | None
+    consumers: int
+    is_output: bool
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """One node of the main graph (``gskit inspect --nodes``); ``op`` is ``domain::op_type``."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def list_nodes(model: onnx.ModelProto) -> tuple[NodeEntry, ...]:
+    """Every node of the main graph in graph order (an empty optional input stays ``""``)."""
+    return tuple(
+        NodeEntry(n.name, _key(n.domain, n.op_type), tuple(n.input), tuple(n.output))
+        for n in model.graph.node
+    )
+
+
+def list_tensors(model: onnx.ModelProto, *, infer_shapes: bool = True) -> tuple[TensorEntry, ...]:
+    """Every tensor of the main graph: inputs, initializers, then node outputs in graph order.
+
+    Types and shapes come from shape inference on a weight-free copy (see ``summarize``), or only from the
+    model's own value_info with ``infer_shapes=False``; no weight is read.
+    """
+    graph = model.graph
+    typed, _ = _inferred_graph(model, infer_shapes)
+    known = {v.name: _tensor(v) for v in (*typed.input, *typed.value_info, *typed.output)}
+    consumers = Counter(name for node in graph.node for name in node.input if name)
+    outputs = {v.name for v in graph.output}
+    tensors: dict[str, TensorEntry] = {}
+
+    def add(name: str, kind: str, producer: str | None, fallback: TensorSummary | None = None) -> None:
+        if not name or name in tensors:
+            return
+        summary = known.get(name) or fallback or TensorSummary(name, "?", None)
+        tensors[name] = TensorEntry(
+            name, summary.dtype, summary.shape, kind, producer, consumers[name], name in outputs
+        )
+
+    initializers = {t.name: t for t in graph.initializer}
+    for value in graph.input:
+        if value.name not in initializers:
+            add(value.name, "input", None)
+    for init in graph.initializer:
+        add(
+            init.name,
+            "initializer",
+            None,
+            TensorSummary(init.name, _dtype_name(init.data_type), tuple(init.dims)),
+        )
+    for node in graph.node:
+        for name in node.output:
+            add(name, "activation", node.name)
+    return tuple(tensors.values())
+
+
 def summarize_file(path: str | os.PathLike, *, infer_shapes: bool = True) -> ModelSummary:
     """Load ``path`` without its weights and summarize it (see ``summarize``).
 
@@ -383,13 +462,7 @@ def _weight_free_copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _missing_shapes(model: onnx.ModelProto, infer: bool) -> tuple[tuple[str, ...], str | None]:
     """Main-graph node outputs without a rank, after shape inference (or from value_info as present)."""
-    graph, error = model.graph, None
-    if infer:
-        try:
-            graph = onnx.shape_inference.infer_shapes(_weight_free_copy(model), data_prop=True).graph
-        except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as err:
-            error = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-            log.warning("shape inference failed, using the model's value_info: %s", error)
+    graph, error = _inferred_graph(model, infer)
     known = {t.name for t in graph.initializer}
     for value in (*graph.input, *graph.output, *graph.value_info):
         if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
@@ -398,3 +471,16 @@ def _missing_shapes(model: onnx.ModelProto, infer: bool) -> tuple[tuple[str, ...
             known.add(value.name)  # sequences, maps, optionals: no rank to report
     missing = [name for node in model.graph.node for name in node.output if name and name not in known]
     return tuple(missing), error
+
+
+def _inferred_graph(model: onnx.ModelProto, infer: bool) -> tuple[onnx.GraphProto, str | None]:
+    """The main graph with inferred value_info (on a weight-free copy), and onnx's message when that failed
+    (then the model's own graph, with the value_info it has)."""
+    if not infer:
+        return model.graph, None
+    try:
+        return onnx.shape_inference.infer_shapes(_weight_free_copy(model), data_prop=True).graph, None
+    except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as err:
+        error = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        log.warning("shape inference failed, using the model's value_info: %s", error)
+        return model.graph, error

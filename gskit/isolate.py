@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -25,11 +27,54 @@ from gskit.errors import GskitError
 from gskit.model import node_subgraphs, to_model
 from gskit.plugin import PluginRegistry
 from gskit.shapes import infer_shapes, stubbed_constants
+from gskit.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 
 log = logging.getLogger(__name__)
 
 #: Constants up to this size keep their data for shape inference (shape operands of Reshape, Slice...).
 INFERENCE_KEEP_BYTES = 4096
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """The CLI's comma-separated tensor names."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+@dataclass(frozen=True)
+class IsolateOptions:
+    """Keep only the subgraph between these tensors (``isolate``'s options)."""
+
+    inputs: tuple[str, ...] = option(
+        (), help="comma-separated tensor names that become the inputs", parse=_names, metavar="NAMES"
+    )
+    outputs: tuple[str, ...] = option(
+        (),
+        help="comma-separated tensor names that become the outputs",
+        parse=_names,
+        metavar="NAMES",
+        required=True,
+    )
+
+
+class _Isolate(GraphPass[IsolateOptions]):
+    name, options, effect, keeps_outputs = "isolate", IsolateOptions, "copying", False
+
+    def requires(self, model: Any, options: IsolateOptions) -> None:
+        if not options.outputs:
+            raise GskitError("isolate needs at least one output tensor name")
+
+    def call(self, model: Any, options: IsolateOptions, **context: Any) -> PassResult:
+        sub = _isolate(model, options.inputs, options.outputs, context.get("plugins"))
+        summary = f"kept the subgraph {list(options.inputs)} -> {list(options.outputs)}"
+        return PassResult(sub, modified=True, summary=summary)
+
+    def ensures(self, model: Any, options: IsolateOptions, result: PassResult, before: Before) -> None:
+        outputs = [t.name for t in result.model.outputs]
+        ensure(outputs == list(options.outputs), self.name, f"outputs are {outputs}")
+
+
+#: The isolate pass: ``run_pass(ISOLATE, graph, IsolateOptions(inputs, outputs), plugins=registry)``.
+ISOLATE = _Isolate()
 
 
 def isolate(
@@ -54,15 +99,21 @@ def isolate(
             ``None`` infers through standard ops only.
 
     Returns:
-        The subgraph, with dtype and shape filled in on its inputs and outputs.
+        The subgraph, with dtype and shape filled in on its inputs and outputs
+        (``run_pass(ISOLATE, graph, IsolateOptions(inputs, outputs), plugins=registry).model``).
 
     Raises:
         GskitError: a name is unknown (the message lists close names) or listed twice, an input is an
             initializer, an output cannot be computed from the inputs (the message names the tensor
             that is missing), or an input/output's dtype stays unknown after shape inference.
     """
-    if not outputs:
-        raise GskitError("isolate needs at least one output tensor name")
+    options = IsolateOptions(inputs=tuple(inputs), outputs=tuple(outputs))
+    return run_pass(ISOLATE, graph, options, plugins=registry).model
+
+
+def _isolate(
+    graph: gs.Graph, inputs: Sequence[str], outputs: Sequence[str], registry: PluginRegistry | None
+) -> gs.Graph:
     names = graph.tensors()
     in_tensors = _lookup(names, inputs, "input")
     out_tensors = _lookup(names, outputs, "output")
@@ -98,7 +149,7 @@ def _lookup(tensors: dict[str, gs.Tensor], names: Sequence[str], role: str) -> l
             hint = f"close names: {', '.join(repr(c) for c in close)}" if close else "no similar name"
             raise GskitError(
                 f"unknown {role} tensor '{name}' (not in the main graph; {hint}); "
-                f"`gskit inspect` lists the model's tensors"
+                f"`gskit inspect --tensors` lists the model's tensors"
             )
         found.append(tensor)
     return found

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,7 @@ from gskit.html_report import DrawnNode, Page, Region, environment_rows, render_
 from gskit.ops import op_label
 from gskit.passes import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin import load_plugins
-from gskit.recipe import Recipe, make_recipe
+from gskit.recipe import Recipe, RecipeStep, make_recipe
 from gskit.report import dumps
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class StepResult:
     nodes_after: int
     status: str  # "ok", "skipped", "failed"
     summary: str
+    #: the step's options as run (the recipe's values with the command's flags applied)
+    options: Any = None
 
 
 @dataclass
@@ -78,6 +80,95 @@ class StepListener(Protocol):
 def default_recipe() -> Recipe:
     """The recipe ``gskit prepare`` runs without ``--recipe``."""
     return dataclasses.replace(make_recipe([(name, {}) for name in DEFAULT_STEPS]), source="default")
+
+
+#: Where ``fp16=True`` puts a convert step when the recipe has none: before the first of these steps (after
+#: replacing and folding, so plugin nodes and folded constants are what gets converted).
+_CONVERT_BEFORE = ("check_trt", "validate", "build")
+
+
+def recipe_with_overrides(
+    recipe: Recipe,
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seed: int | None = None,
+    fp16: bool = False,
+    only: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+    compute_capability: str | None = None,
+) -> Recipe:
+    """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
+
+    ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
+    step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
+    convert step, adding one (before check_trt/validate/build) when the recipe has none. ``skip`` drops
+    every step of each name, first. ``inputs`` is relative to the working directory and kept absolute.
+
+    Raises:
+        GskitError: ``skip`` names a step the recipe does not have, every step is skipped, an option is
+            given for a step the recipe does not have, or a value is invalid (e.g. a dim below 1).
+    """
+    if fp16 and "convert" in skip:
+        raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
+    steps = _without(recipe, skip)
+    flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
+    overrides: dict[str, dict[str, Any]] = {
+        "validate": {
+            "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
+            "inputs": str(Path(inputs).absolute()) if inputs is not None else None,
+            "atol": atol,
+            "rtol": rtol,
+            "seed": seed,
+        },
+        "replace": {"only": tuple(only) if only else None},
+        "build": {"compute_capability": compute_capability},
+        "convert": {"fp16": True if fp16 else None},
+    }
+    if fp16 and not any(step.name == "convert" for step in steps):
+        at = next((i for i, step in enumerate(steps) if step.name in _CONVERT_BEFORE), len(steps))
+        steps.insert(at, RecipeStep("convert", PASSES["convert"].options()))
+    for step_name, values in overrides.items():
+        given = {option: value for option, value in values.items() if value is not None}
+        if not given:
+            continue
+        named = [_flag(option) for option in given]
+        flags += named
+        if not any(step.name == step_name for step in steps):
+            raise GskitError(
+                f"{', '.join(named)}: the recipe has no {step_name} step to apply it to; its steps: "
+                f"{', '.join(step.name for step in steps)}"
+            )
+        steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
+    if not flags:
+        return recipe
+    return Recipe(steps=tuple(steps), source=f"{recipe.source} with {' '.join(flags)}")
+
+
+def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
+    """The recipe's steps but those named in ``skip``; a name it lacks, or skipping all, is an error."""
+    names = [step.name for step in recipe.steps]
+    for name in skip:
+        if name not in names:
+            raise GskitError(f"--skip {name}: the recipe has no step '{name}'; its steps: {', '.join(names)}")
+    steps = [step for step in recipe.steps if step.name not in skip]
+    if not steps:
+        raise GskitError(f"--skip {' '.join(skip)}: that leaves no step to run")
+    return steps
+
+
+def _flag(option: str) -> str:
+    """The ``gskit prepare`` flag that sets a recipe option."""
+    return "--shape" if option == "shapes" else f"--{option.replace('_', '-')}"
+
+
+def _with_options(step: RecipeStep, values: dict[str, Any]) -> RecipeStep:
+    try:
+        return dataclasses.replace(step, options=dataclasses.replace(step.options, **values))
+    except (TypeError, ValueError) as err:
+        raise GskitError(f"step '{step.name}': {err}") from err
 
 
 def prepare(
@@ -152,7 +243,14 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
             outcome = _run_step(step.name, state, step.options)
         except GskitError as err:
             result = StepResult(
-                step.name, step.line, time.perf_counter() - start, before, before, "failed", str(err)
+                step.name,
+                step.line,
+                time.perf_counter() - start,
+                before,
+                before,
+                "failed",
+                str(err),
+                step.options,
             )
             report.steps.append(result)
             if listener:
@@ -169,6 +267,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
             gsmodel.count_nodes(state.graph),
             outcome.status,
             outcome.summary,
+            step.options,
         )
         report.steps.append(result)
         if listener:

@@ -30,9 +30,9 @@ import hashlib
 import importlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -44,6 +44,7 @@ from gskit import model as gsmodel
 from gskit.errors import GskitError
 from gskit.ops import is_default_domain, op_counts
 from gskit.tensor_types import infer_tensor_types
+from gskit.transform import GraphPass, PassResult, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +82,39 @@ class SanitizeReport:
     removed_ops: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SanitizeOptions:
+    """Tidy a model: constants to initializers, dedupe, drop no-ops and unused things (``sanitize``'s
+    options, the single source of their defaults for the library call, the CLI flags and the recipe)."""
+
+    skip: tuple[str, ...] = option(
+        (),
+        help=f"skip a step (repeatable): {', '.join(DEFAULT_STEPS)}",
+        metavar="STEP",
+        choices=DEFAULT_STEPS,
+    )
+    extra: tuple[str, ...] = option(
+        (),
+        help="also run onnxoptimizer:PASS, onnxslim or onnxsim[:skip=PASS,...] (repeatable)",
+        flag="--with",
+        metavar="TOOL[:PASS]",
+    )
+
+
+_DEFAULTS = SanitizeOptions()
+
+
 def sanitize(
     graph_or_model: ModelT,
     *,
-    steps: Sequence[str] = DEFAULT_STEPS,
-    skip: Iterable[str] = (),
-    extra: Iterable[str] = (),
+    skip: Iterable[str] = _DEFAULTS.skip,
+    extra: Iterable[str] = _DEFAULTS.extra,
 ) -> tuple[ModelT, SanitizeReport]:
-    """Run the built-in tidy steps (minus ``skip``), then the ``extra`` steps of optional tools.
+    """Run the built-in tidy steps (minus ``skip``), then the ``extra`` steps of optional tools
+    (``run_pass(SANITIZE, ...)``).
 
     Args:
         graph_or_model: a gs.Graph (changed in place and returned) or a ModelProto (a new one is returned).
-        steps: built-in steps to run, in the module's order whatever the order given.
         skip: built-in steps not to run.
         extra: optional steps of other tools, e.g. ``("onnxoptimizer:eliminate_nop_transpose",)``.
 
@@ -103,22 +125,48 @@ def sanitize(
         GskitError: an unknown step name, or an optional tool that is not installed (the message names the
             ``pip install``) or that fails.
     """
-    skip = set(skip)
-    unknown = (set(steps) | skip) - set(DEFAULT_STEPS)
-    if unknown:
-        raise GskitError(f"sanitize: unknown step(s) {sorted(unknown)}; known: {', '.join(DEFAULT_STEPS)}")
-    extra = tuple(extra)
-    for item in extra:
-        _check_extra(item)
+    result = run_pass(SANITIZE, graph_or_model, SanitizeOptions(skip=tuple(skip), extra=tuple(extra)))
+    return result.model, result.report
+
+
+class _Sanitize(GraphPass[SanitizeOptions]):
+    name, options, effect = "sanitize", SanitizeOptions, "in_place"
+
+    def requires(self, model: Any, options: SanitizeOptions) -> None:
+        unknown = set(options.skip) - set(DEFAULT_STEPS)
+        if unknown:
+            raise GskitError(
+                f"sanitize: unknown step(s) {sorted(unknown)}; known: {', '.join(DEFAULT_STEPS)}"
+            )
+        for item in options.extra:
+            _check_extra(item)
+
+    def call(self, model: Any, options: SanitizeOptions, **context: Any) -> PassResult:
+        out, report = _sanitize(model, set(options.skip), options.extra)
+        changed = ", ".join(f"{step} {n}" for step, n in report.changes.items() if n) or "nothing to tidy"
+        return PassResult(
+            out,
+            modified=any(report.changes.values()) or report.nodes_after != report.nodes_before,
+            report=report,
+            summary=f"{report.nodes_before} -> {report.nodes_after} nodes ({changed})",
+        )
+
+
+#: The sanitize pass: ``run_pass(SANITIZE, graph_or_model, SanitizeOptions(...))``.
+SANITIZE = _Sanitize()
+
+
+def _sanitize(
+    graph_or_model: ModelT, skip: set[str], extra: tuple[str, ...]
+) -> tuple[ModelT, SanitizeReport]:
     is_model = isinstance(graph_or_model, onnx.ModelProto)
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
     report = SanitizeReport()
     ops_before = op_counts(graph)
     report.nodes_before = sum(ops_before.values())
     report.initializers_before = _initializer_count(graph)
-    wanted = set(steps) - skip
     for name in DEFAULT_STEPS:
-        if name in wanted:
+        if name not in skip:
             report.changes[name] = _STEPS[name](graph)
     if extra:
         model = gsmodel.to_model(graph)

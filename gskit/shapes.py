@@ -46,6 +46,7 @@ from gskit.plugin import (
     TensorInfo,
     attribute_value,
 )
+from gskit.transform import GraphPass, PassResult, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,37 @@ def deregister_schemas() -> None:
         del _REGISTERED[(domain, op)]
 
 
-def infer_shapes(model: onnx.ModelProto, registry: PluginRegistry, *, strict: bool = True) -> onnx.ModelProto:
+@dataclass(frozen=True)
+class InferShapesOptions:
+    """Custom-domain aware shape inference (``infer_shapes``'s options, the single source of the default)."""
+
+    strict: bool = option(
+        True, help="fail on the first node whose inference fails (--no-strict: skip such nodes)"
+    )
+
+
+_DEFAULTS = InferShapesOptions()
+
+
+class _InferShapes(GraphPass[InferShapesOptions]):
+    """A gs.Graph gets shapes set on its own tensors; a ModelProto is left alone (a new one is returned)."""
+
+    name, options, effect = "infer_shapes", InferShapesOptions, "in_place"
+
+    def call(self, model: Any, options: InferShapesOptions, **context: Any) -> PassResult:
+        registry = context.get("plugins") or PluginRegistry()
+        if isinstance(model, onnx.ModelProto):
+            return PassResult(_infer_model(model, registry, options.strict), modified=True)
+        return PassResult(_infer_graph(model, registry, options.strict), modified=True)
+
+
+#: The shape inference pass: ``run_pass(INFER_SHAPES, graph_or_model, InferShapesOptions(...), plugins=...)``.
+INFER_SHAPES = _InferShapes()
+
+
+def infer_shapes(
+    model: onnx.ModelProto, registry: PluginRegistry, *, strict: bool = _DEFAULTS.strict
+) -> onnx.ModelProto:
     """Infer dtypes and shapes of every tensor, through plugin nodes too.
 
     Args:
@@ -153,11 +184,16 @@ def infer_shapes(model: onnx.ModelProto, registry: PluginRegistry, *, strict: bo
             tensors left without shapes are logged.
 
     Returns:
-        A new model with ``value_info`` (and graph output types) filled in.
+        A new model with ``value_info`` (and graph output types) filled in
+        (``run_pass(INFER_SHAPES, model, InferShapesOptions(strict), plugins=registry).model``).
 
     Raises:
         GskitError: (strict) a node's inference failed; the message names the node.
     """
+    return run_pass(INFER_SHAPES, model, InferShapesOptions(strict=strict), plugins=registry).model
+
+
+def _infer_model(model: onnx.ModelProto, registry: PluginRegistry, strict: bool) -> onnx.ModelProto:
     register_schemas(registry)
     with _stubbed_initializers(model) as light:
         payload = light.SerializeToString()
@@ -189,7 +225,7 @@ def infer_shapes_path(
     output_path: str | os.PathLike,
     registry: PluginRegistry,
     *,
-    strict: bool = True,
+    strict: bool = _DEFAULTS.strict,
 ) -> Path:
     """Path-based inference (onnx's ``infer_shapes_path``) for model files of any size, >2 GB included.
 
@@ -228,17 +264,24 @@ def infer_shapes_path(
     return output
 
 
-def infer_graph_shapes(graph: gs.Graph, registry: PluginRegistry, *, strict: bool = True) -> gs.Graph:
-    """Infer shapes of a graph and set them on its own tensors (the graph is returned, not copied).
+def infer_graph_shapes(
+    graph: gs.Graph, registry: PluginRegistry, *, strict: bool = _DEFAULTS.strict
+) -> gs.Graph:
+    """Infer shapes of a graph and set them on its own tensors (the graph is returned, not copied;
+    ``run_pass(INFER_SHAPES, graph, InferShapesOptions(strict), plugins=registry).model``).
 
     Constants are exported as stubs (dims and dtype, no data), so weights are not copied.
 
     Raises:
         GskitError: (strict) a node's inference failed.
     """
+    return run_pass(INFER_SHAPES, graph, InferShapesOptions(strict=strict), plugins=registry).model
+
+
+def _infer_graph(graph: gs.Graph, registry: PluginRegistry, strict: bool) -> gs.Graph:
     with stubbed_constants(graph):
         proto = gsmodel.to_model(graph)
-    inferred = infer_shapes(proto, registry, strict=strict)
+    inferred = _infer_model(proto, registry, strict)
     infos: dict[str, onnx.ValueInfoProto] = {}
     for sub in gsmodel.graph_protos(inferred.graph):
         for vi in (*sub.value_info, *sub.output):

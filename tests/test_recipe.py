@@ -29,7 +29,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "drop_initializer_inputs": True,
     },
     "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
-    "replace": {"only": ("LayerNorm",), "keep_function": True},
+    "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True},
     "infer_shapes": {"strict": False},
     "fold": {"max_passes": 3, "fold_shapes": False, "size_threshold": 1024, "allow_partial": True},
     "convert": {
@@ -39,7 +39,11 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "block_ops": ("Softmax",),
         "clamp_min": 1e-3,
         "clamp_max": 6.5e4,
+        "keep_inputs": ("x",),
+        "keep_outputs": ("y",),
         "int32": True,
+        "int32_inputs": False,
+        "int32_constants": False,
     },
     "check_trt": {"fail_on_unsupported": True, "backend": "static"},
     "validate": {

@@ -27,7 +27,7 @@ from typing import Any
 import onnx
 
 from gskit import model as gsmodel
-from gskit.backends.trt import TRT_PLUGIN_MODULE, find_plugin_files, resolve_backend, run_worker
+from gskit.backends.trt import TRT_PLUGIN_MODULE, find_plugin_files, gpu_count, resolve_backend, run_worker
 from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
 from gskit.errors import GskitError
 from gskit.plugin import PluginSpec, load_spec_file
@@ -119,6 +119,13 @@ def build_engine(
             f"build with full TensorRT (docker/run-gpu-tests.sh) or check the rest with gskit check-trt"
         )
     capability = _parse_capability(compute_capability, flavour)
+    if flavour == "tensorrt_rtx" and capability is None and gpu_count() < 1:
+        # Without a target TensorRT-RTX builds for the GPU it runs on; with none it fails deep inside
+        # Polygraphy ("Invalid Engine"), after the work. Say what to give instead, before trying.
+        raise GskitError(
+            "TensorRT-RTX on a machine without a GPU builds ahead of time only: give --compute-capability "
+            "of the target GPU, e.g. 8.9 (recipe: build: {compute_capability: '8.9'})"
+        )
     profile = derive_profile(model, shapes)
     files = find_plugin_files(plugins)
     if files and flavour == "tensorrt_rtx":

@@ -9,6 +9,7 @@ import numpy as np
 from gskit import edit, report
 from gskit import model as gsmodel
 from gskit.errors import GskitError
+from gskit.shape_args import parse_symbolic_shape
 
 _ORDER = (
     "Edits run in this order, whatever the order on the command line: drop initializer inputs, constants to "
@@ -35,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=[],
         metavar="NAME:DIMS",
-        help="set an input's shape; DIMS like 1,3,-1,batch (-1 or ? dynamic, a word symbolic, empty scalar)",
+        help="set an input's shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224]; with commas a dim may "
+        "be -1 or ? (dynamic) or a word (symbolic), e.g. x:batch,3,-1,-1; x: is a scalar",
     )
     p.add_argument(
         "--input-dtype",
@@ -136,10 +138,8 @@ def _plan(args: argparse.Namespace) -> edit.EditPlan:
             raise GskitError(f"--rename {item!r}: expected OLD=NEW")
         plan.renames[old] = new
     for item in args.input_shape:
-        name, sep, dims = item.rpartition(":")
-        if not sep or not name:
-            raise GskitError(f"--input-shape {item!r}: expected NAME:DIMS such as x:1,3,-1,batch")
-        plan.input_shapes[name] = [_dim(d, item) for d in dims.split(",")] if dims.strip() else []
+        name, dims = parse_symbolic_shape(item)
+        plan.input_shapes[name] = dims
     for item in args.input_dtype:
         name, sep, dtype = item.rpartition(":")
         if not sep or not name or not dtype:
@@ -159,20 +159,6 @@ def _plan(args: argparse.Namespace) -> edit.EditPlan:
             raise GskitError(f"--remove-attr {item!r}: expected NODE:KEY")
         plan.remove_attrs.setdefault(node, []).append(key)
     return plan
-
-
-def _dim(text: str, item: str) -> int | str | None:
-    text = text.strip()
-    if text in ("?", "-1", ""):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        if not text.isidentifier():
-            raise GskitError(
-                f"--input-shape {item!r}: dim {text!r} is not an int, -1, ? or a symbol name"
-            ) from None
-        return text
 
 
 def _insertion(item: str) -> edit.Insertion:

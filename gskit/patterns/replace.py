@@ -28,6 +28,7 @@ from gskit.errors import GskitError, PluginError
 from gskit.patterns.match import GraphIndex, MatchResult, Tracer, constant_value, label, op_key
 from gskit.patterns.rules import Match, Rewrite, Rule
 from gskit.plugin import PluginSpec
+from gskit.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +105,38 @@ class _Candidate:
     report: PluginReport
 
 
+@dataclass(frozen=True)
+class ReplaceOptions:
+    """Replace plugin patterns by plugin nodes (``replace``'s options: the single source of their defaults
+    for the library call, the CLI flags and the recipe)."""
+
+    only: tuple[str, ...] | None = option(
+        None,
+        help="use only these plugins (spec names; all known plugins by default)",
+        metavar="NAME",
+        nargs="+",
+    )
+    keep_function: bool = option(
+        False,
+        help="also keep each replaced subgraph as a local function named like the plugin "
+        "(plain onnxruntime runs it)",
+    )
+    explain: bool = option(False, help="say which node or constant failed which check")
+
+
+_DEFAULTS = ReplaceOptions()
+
+
 def replace(
     graph: gs.Graph,
     plugins: Iterable[PluginSpec],
     *,
-    only: Sequence[str] | None = None,
-    keep_function: bool = False,
-    explain: bool = False,
+    only: Sequence[str] | None = _DEFAULTS.only,
+    keep_function: bool = _DEFAULTS.keep_function,
+    explain: bool = _DEFAULTS.explain,
 ) -> ReplaceReport:
-    """Replace every instance of the plugins' patterns by one plugin node each, in place.
+    """Replace every instance of the plugins' patterns by one plugin node each, in place
+    (``run_pass(REPLACE, graph, ReplaceOptions(...), plugins=plugins).report``).
 
     Args:
         graph: the model graph; nodes inside If/Loop/Scan bodies are matched too.
@@ -133,6 +157,49 @@ def replace(
     Raises:
         GskitError: a name in ``only`` is not among the plugins.
     """
+    options = ReplaceOptions(
+        only=None if only is None else tuple(only), keep_function=keep_function, explain=explain
+    )
+    return run_pass(REPLACE, graph, options, plugins=plugins).report
+
+
+class _Replace(GraphPass[ReplaceOptions]):
+    name, options, effect = "replace", ReplaceOptions, "in_place"
+
+    def call(self, model: Any, options: ReplaceOptions, **context: Any) -> PassResult:
+        report = _replace(model, context.get("plugins") or (), options)
+        skipped = sum(len(p.skipped) for p in report.plugins)
+        per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
+        left = report.norm_like_left
+        missed = (
+            f"; {len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
+            f"{' ...' if len(left) > 3 else ''}; gskit replace --explain says why)"
+            if left
+            else ""
+        )
+        summary = f"{report.replaced} replaced, {skipped} skipped"
+        summary += f" ({per_plugin})" if per_plugin else ""
+        return PassResult(model, modified=report.replaced > 0, report=report, summary=summary + missed)
+
+    def ensures(self, model: Any, options: ReplaceOptions, result: PassResult, before: Before) -> None:
+        """Each replaced region is one plugin node now: its own node is there and none of its originals is."""
+        super().ensures(model, options, result, before)
+        regions = result.report.regions
+        if not regions:
+            return
+        names = {n.name for g in (model, *model.subgraphs(recursive=True)) for n in g.nodes}
+        missing = [r.node for r in regions if r.node not in names]
+        ensure(not missing, self.name, f"plugin node(s) {missing[:3]} are not in the graph")
+        left = [n for r in regions for n in r.original_nodes if n in names and n != r.node]
+        ensure(not left, self.name, f"replaced node(s) {left[:3]} are still in the graph")
+
+
+#: The replace pass: ``run_pass(REPLACE, graph, ReplaceOptions(...), plugins=specs)``.
+REPLACE = _Replace()
+
+
+def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOptions) -> ReplaceReport:
+    only, keep_function, explain = options.only, options.keep_function, options.explain
     specs = list(plugins)
     if only is not None:
         names = {s.name for s in specs}

@@ -26,6 +26,7 @@ from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.errors import GskitError
 from gskit.patterns import FunctionPattern, Match, ReplaceReport, replace
+from gskit.patterns.replace import ReplaceOptions
 from gskit.plugin import PluginRegistry, PluginSpec
 from gskit.torch_export._torch import require
 
@@ -150,7 +151,7 @@ def export_as_plugins(
     opset: int = 17,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    keep_function: bool = False,
+    keep_function: bool = ReplaceOptions().keep_function,
     check: bool = True,
     atol: float = 1e-5,
     rtol: float = 1e-5,
