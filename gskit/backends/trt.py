@@ -136,14 +136,19 @@ def run_worker(
     Raises:
         GskitError: the child crashed, failed or timed out (the message quotes the end of its log).
     """
-    env = dict(os.environ)
+    env = _worker_env()
     env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
     with tempfile.TemporaryDirectory(prefix="gskit-trt-") as tmp:
         request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
         request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))
-        command = [sys.executable, "-m", "gskit.backends.trt_worker", str(request_path), str(response_path)]
+        command = [sys.executable, *_SAFE_PATH_FLAG, "-m", "gskit.backends.trt_worker"]
+        command += [str(request_path), str(response_path), str(os.getpid())]
         try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+            # cwd is the private request folder: the caller's folder may hold modules named like the ones
+            # the worker imports (json.py), which Python would otherwise run first.
+            done = subprocess.run(
+                command, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired as err:
             raise GskitError(
                 f"{flavour} {task} did not finish in {timeout_s} s; check the model size"
@@ -157,6 +162,35 @@ def run_worker(
             )
             raise GskitError(f"{flavour} {task} {how}: {_tail(done.stderr)}")
         return json.loads(response_path.read_text())
+
+
+#: Keep the working folder off the child's import path (Python >= 3.11); the private cwd covers 3.10.
+_SAFE_PATH_FLAG = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
+def _worker_env() -> dict[str, str]:
+    """The caller's environment, with a PYTHONPATH that finds this gskit and no folder relative to cwd.
+
+    gskit may be importable only from the caller's working folder (a source checkout); its root is named
+    explicitly. Relative and empty PYTHONPATH entries would name the worker's folder, so they are dropped.
+    """
+    import gskit
+
+    env = dict(os.environ)
+    root = str(Path(gskit.__file__).resolve().parents[1])
+    entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(e)]
+    if root not in _site_folders():
+        entries.insert(0, root)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(entries))
+    return env
+
+
+def _site_folders() -> set[str]:
+    import site
+
+    folders = set(site.getsitepackages()) if hasattr(site, "getsitepackages") else set()
+    folders.add(site.getusersitepackages())
+    return {str(Path(f).resolve()) for f in folders}
 
 
 def _tail(text: str) -> str:
