@@ -304,13 +304,18 @@ def _remember_input(path: Path, model_path: Path) -> None:
             files.setdefault(entry, model_path)
 
 
+def input_reading(path: str | os.PathLike) -> Path | None:
+    """The model loaded in :func:`guarding_inputs` that reads the file at ``path``, or None."""
+    return (_INPUT_FILES.get() or {}).get(output_entry(path))
+
+
 def check_output(path: str | os.PathLike) -> None:
     """Refuse an output name that is a file a model loaded in :func:`guarding_inputs` reads.
 
     Raises:
         GskitError: naming the file, the model that reads it and what to do.
     """
-    model_path = (_INPUT_FILES.get() or {}).get(output_entry(path))
+    model_path = input_reading(path)
     if model_path is not None:
         raise GskitError(
             f"{path}: the input model {model_path} is still read from this file; writing it would destroy "

@@ -203,8 +203,7 @@ def _remove_earlier_outputs(out_dir: Path) -> None:
 
     for name in (MODEL_NAME, MODEL_NAME + ".data", ENGINE_NAME, sidecar_path(ENGINE_NAME).name):
         stale = out_dir / name
-        if stale.exists() or stale.is_symlink():
-            gsmodel.check_output(stale)
+        if (stale.exists() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
             log.info("removing %s from an earlier run (this run failed)", stale)
             stale.unlink()
 
@@ -272,8 +271,7 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
     if info is None:
         # An engine left by an earlier run was built from another model: it must not sit beside this one.
         for stale in (target, sidecar_path(target)):
-            if stale.is_file():
-                gsmodel.check_output(stale)
+            if stale.is_file() and gsmodel.input_reading(stale) is None:
                 log.info("removing %s from an earlier run (no engine built this time)", stale)
                 stale.unlink()
         return

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import onnx
 import pytest
 
 from gskit import model as gsmodel
+from gskit.backends.trt import run_worker
 from gskit.cli import main
 from gskit.errors import GskitError
 
@@ -322,6 +324,11 @@ def test_trt_worker_dies_with_its_parent(tmp_path) -> None:
     while time.time() < deadline and _alive(worker):
         time.sleep(0.05)
     assert not _alive(worker)
+    # Its request folder is left (a SIGKILL runs no cleanup); the next call removes it once it is old.
+    (left,) = Path(tempfile.gettempdir()).glob(f"gskit-trt-{parent.pid}-*")
+    os.utime(left, (time.time() - 3600, time.time() - 3600))
+    run_worker("ops", "tensorrt_rtx", {"ops": ["Relu"]})
+    assert not left.exists()
 
 
 def _alive(pid: int) -> bool:

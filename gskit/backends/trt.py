@@ -16,10 +16,14 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,8 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "tensorrt", "tensorrt_rtx", "static")
 #: Seconds a worker may run before it is stopped.
 WORKER_TIMEOUT_S = 600
+#: A temporary folder of a dead gskit process is removed once it is this old (more than any call lasts).
+ABANDONED_AFTER_S = 2 * WORKER_TIMEOUT_S
 #: Lines of the worker's stderr quoted in the error when it fails.
 STDERR_TAIL_LINES = 6
 #: Name of a plugin folder's TensorRT Python plugin module (``plugins/<name>/trt_plugin.py``).
@@ -138,7 +144,7 @@ def run_worker(
     """
     env = _worker_env()
     env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
-    with tempfile.TemporaryDirectory(prefix="gskit-trt-") as tmp:
+    with private_temp_folder("gskit-trt-") as tmp:
         request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
         request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))
         command = [sys.executable, *_SAFE_PATH_FLAG, "-m", "gskit.backends.trt_worker"]
@@ -162,6 +168,42 @@ def run_worker(
             )
             raise GskitError(f"{flavour} {task} {how}: {_tail(done.stderr)}")
         return json.loads(response_path.read_text())
+
+
+@contextmanager
+def private_temp_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder ``<prefix><pid>-XXXX``, removed on the way out.
+
+    A process killed by SIGKILL cannot remove its folders: they are removed here later, by the next call
+    with the same prefix, once their process is gone and they are older than any call can last.
+    """
+    _remove_abandoned(prefix)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-") as tmp:
+        yield Path(tmp)
+
+
+def _remove_abandoned(prefix: str) -> None:
+    too_old = time.time() - ABANDONED_AFTER_S
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        try:
+            info = folder.lstat()
+        except FileNotFoundError:
+            continue
+        mine = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)
+        if pid.isdigit() and mine and info.st_mtime < too_old and not _alive(int(pid)):
+            log.info("removing %s, left by a killed gskit process", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 #: Keep the working folder off the child's import path (Python >= 3.11); the private cwd covers 3.10.

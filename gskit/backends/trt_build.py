@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ from typing import Any
 import onnx
 
 from gskit import model as gsmodel
-from gskit.backends.trt import TRT_PLUGIN_MODULE, find_plugin_files, resolve_backend, run_worker
+from gskit.backends.trt import (
+    TRT_PLUGIN_MODULE,
+    find_plugin_files,
+    private_temp_folder,
+    resolve_backend,
+    run_worker,
+)
 from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
 from gskit.errors import GskitError
 from gskit.plugin import PluginSpec, load_spec_file
@@ -137,8 +144,8 @@ def build_engine(
     tmp_engine = Path(tmp_name)
     # TensorRT reads and writes the cache in a private folder (Polygraphy leaves a .lock file beside it);
     # the result replaces the user's file only if it is a timing cache.
-    cache_dir = tempfile.TemporaryDirectory(prefix="gskit-timing-")
-    work_cache = Path(cache_dir.name) / "timing.cache"
+    cache_dir = ExitStack()
+    work_cache = cache_dir.enter_context(private_temp_folder("gskit-timing-")) / "timing.cache"
     try:
         if cache is not None and cache.is_file() and cache.stat().st_size > 0:
             shutil.copyfile(cache, work_cache)
@@ -181,7 +188,7 @@ def build_engine(
             _save_timing_cache(work_cache, cache)
     finally:
         tmp_engine.unlink(missing_ok=True)
-        cache_dir.cleanup()
+        cache_dir.close()
     log.info("built %s (%s %s)", engine_path, info.tensorrt["flavour"], info.tensorrt["version"])
     return info
 
