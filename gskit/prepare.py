@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "model.onnx"
 ENGINE_NAME = "model.engine"
+REPORT_NAMES = ("report.json", "report.html")
 #: OUTDIR's lock file: one run at a time writes there.
 LOCK_NAME = ".gskit.lock"
 #: Prefix of a run's work folder inside OUTDIR.
@@ -120,6 +121,8 @@ def prepare(
         if not original.graph.output:
             raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
         registry = load_plugins(plugin_dirs)
+        for name in REPORT_NAMES:  # checked first: a failure is recorded there
+            gsmodel.check_output(out_dir / name)
         with _claim(out_dir) as work:
             report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
             state = RunState(
@@ -285,8 +288,9 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
 
 
 def _write_reports(report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path) -> None:
-    gsmodel.write_atomic(out_dir / "report.json", dumps(report))
-    gsmodel.write_atomic(out_dir / "report.html", _html(report, original, state))
+    json_name, html_name = REPORT_NAMES
+    gsmodel.write_atomic(out_dir / json_name, dumps(report))
+    gsmodel.write_atomic(out_dir / html_name, _html(report, original, state))
 
 
 def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> str:

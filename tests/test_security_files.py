@@ -177,6 +177,14 @@ def test_outputs_never_replace_or_delete_the_inputs_files(tmp_path, capsys, comm
     assert gsmodel.load(path).graph.initializer[0].raw_data == before["model.onnx.data"]
 
 
+def test_prepare_refuses_a_report_name_that_the_input_reads_before_running(tmp_path, capsys) -> None:
+    path = _model(tmp_path / "x.onnx", location="report.json")
+    before = _snapshot(tmp_path)
+    assert main(["prepare", str(path), "-o", str(tmp_path)]) == 2
+    _one_line_error(capsys, "prepare", "report.json", "x.onnx")
+    assert _snapshot(tmp_path) == before and not (tmp_path / "model.onnx").exists()
+
+
 def test_output_over_the_input_names_in_place_only_where_the_command_has_it(tmp_path, capsys) -> None:
     path = _model(tmp_path / "x.onnx")
     assert main(["fold", str(path), "-o", str(path)]) == 2

@@ -64,8 +64,12 @@ def _die_with_parent(parent: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl in this C library: the check below still runs
             pass
-    if os.getppid() != parent:
-        raise SystemExit("gskit's TensorRT worker: the process that started it is gone")
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        raise SystemExit("gskit's TensorRT worker: the process that started it is gone") from None
+    except PermissionError:  # alive, under another user (a launcher that changed user)
+        pass
 
 
 #: C++ plugin libraries loaded into this process (TensorRT refuses a second registration of a creator).
