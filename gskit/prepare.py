@@ -44,8 +44,6 @@ REPORT_NAMES = ("report.json", "report.html")
 LOCK_NAME = ".gskit.lock"
 #: Prefix of a run's work folder inside OUTDIR.
 WORK_PREFIX = ".gskit-work-"
-#: Names of work folders and temporary files that only a killed run leaves in OUTDIR.
-LEFTOVER_PREFIXES = (WORK_PREFIX, f".{MODEL_NAME}.", ".report.json.", ".report.html.")
 
 
 @dataclass
@@ -191,13 +189,18 @@ def _claim(out_dir: Path) -> Iterator[Path]:
 
 def _remove_leftovers(out_dir: Path) -> None:
     for path in out_dir.iterdir():
-        if not path.name.startswith(LEFTOVER_PREFIXES):
-            continue
-        log.info("removing %s, left by an interrupted run", path)
-        if path.is_dir() and not path.is_symlink():
+        folder = path.is_dir() and not path.is_symlink()
+        if folder and path.name.startswith((WORK_PREFIX, f".{MODEL_NAME}.")):  # save's temporary folder
+            log.info("removing %s, left by an interrupted run", path)
             shutil.rmtree(path, ignore_errors=True)
-        else:
+        elif not folder and _is_report_temporary(path.name) and gsmodel.input_reading(path) is None:
+            log.info("removing %s, left by an interrupted run", path)
             path.unlink(missing_ok=True)
+
+
+def _is_report_temporary(name: str) -> bool:
+    """``gsmodel.write_atomic``'s temporary file for a report: ``.report.json.XXXX.tmp``."""
+    return name.endswith(".tmp") and any(name.startswith(f".{report}.") for report in REPORT_NAMES)
 
 
 def _remove_earlier_outputs(out_dir: Path) -> None:

@@ -283,8 +283,12 @@ def test_stale_work_folders_are_removed_by_the_next_run(tmp_path) -> None:
     out = tmp_path / "out"
     (out / ".gskit-work-old").mkdir(parents=True)
     (out / ".gskit-work-old" / "model.onnx").write_bytes(b"half")
+    (out / ".model.onnx.abc123").mkdir()  # gsmodel.save's temporary folder
+    (out / ".report.json.abc123.tmp").write_text("{")
+    (out / ".model.onnx.bak").write_text("the user's")
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", _sanitize_recipe(tmp_path)]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
+        ".model.onnx.bak",
         "model.onnx",
         "report.html",
         "report.json",
