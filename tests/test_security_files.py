@@ -78,6 +78,23 @@ def test_trt_worker_does_not_import_modules_from_the_current_folder(tmp_path, mo
     assert not marker.exists(), marker.read_text()
 
 
+@rtx
+def test_trt_worker_runs_the_gskit_that_started_it(tmp_path) -> None:
+    """gskit found only through the working folder (a source checkout, no PYTHONPATH): the worker, which
+    does not look there, is still given this checkout, not another gskit installed elsewhere."""
+    model = _model(tmp_path / "m.onnx")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gskit.cli", "check-trt", str(model), "--backend", "tensorrt_rtx"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 # ------------------------------------------------------ 2. external data read through links is refused
 
 
