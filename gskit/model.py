@@ -11,6 +11,17 @@ the model (``<model>.onnx.data``). gskit never copies weights it does not need t
 
 Every save goes to a temporary folder beside the destination, is checked there, and is then renamed
 into place: a crash never leaves a half-written model under the final name.
+
+Files are handled safely by default:
+
+* ``load`` reads external data only from regular files inside the model's own folder: a ``location``
+  that leads out of it through a symbolic link is refused, and so is a hard-linked data file unless
+  ``GSKIT_ALLOW_HARDLINKED_DATA=1`` (a hard link can be a second name of any file on the same disk).
+* Inside :func:`guarding_inputs` (each CLI command, each ``prepare`` run), every file a loaded model reads
+  (the model and its data files) is remembered, and :func:`place_file` / :func:`write_atomic`, the one way
+  gskit puts an output under its final name (models, data files, reports, engines, sidecars, timing
+  caches), refuse to replace or delete one of them. They rename over the final name itself, so a symbolic
+  link there is replaced, never followed.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +55,10 @@ EXTERNAL_TENSOR_MIN_BYTES = 1024
 _COPY_CHUNK = 64 * 1024 * 1024
 _TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
 _BASEPATH = "basepath"
+#: Set to 1 to accept external data files that have more than one hard link.
+ALLOW_HARDLINKS_ENV = "GSKIT_ALLOW_HARDLINKED_DATA"
+#: Inside :func:`guarding_inputs`: files that loaded models read (-> the model), never written over.
+_INPUT_FILES: ContextVar[dict[Path, Path] | None] = ContextVar("gskit_input_files", default=None)
 
 ModelLike = onnx.ModelProto | gs.Graph
 
@@ -72,8 +88,10 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
     if not model.HasField("graph") or model.ir_version <= 0:
         raise GskitError(f"{path}: not an ONNX model (no graph or no IR version); check the file")
     base_dir = str(path.resolve().parent)
+    _remember_input(path, path)
     for tensor in _external_tensors(model):
         _check_external_data(tensor, base_dir, path)
+        _remember_input(_data_file(tensor, base_dir), path)
         if load_weights:
             tensor.raw_data = _read_external(tensor, base_dir)
             tensor.data_location = TensorProto.DEFAULT
@@ -89,6 +107,7 @@ def save(
     *,
     external_data: bool | None = None,
     check: bool = True,
+    in_place: bool = False,
 ) -> Path:
     """Write ``model`` to ``path`` atomically, checking it first.
 
@@ -98,17 +117,19 @@ def save(
         external_data: force (True) or forbid (False) external data; ``None`` chooses it when the
             tensors hold more than ``EXTERNAL_DATA_THRESHOLD`` bytes or some weights are still on disk.
         check: run onnx's checker on the written file before it takes the final name.
+        in_place: the model and data files may replace files that a loaded model reads (``edit
+            --in-place``); never the data file that this model's own weights on disk are read from.
 
     Returns:
         The path written.
 
     Raises:
-        GskitError: the destination is a folder or its folder cannot be created, would overwrite the data
-            file that the model's lazy weights are read from, or the model cannot be serialized.
+        GskitError: the destination is a folder or its folder cannot be created, would replace or delete a
+            file that a loaded model reads, or the model cannot be serialized.
         ModelCheckError: the model fails onnx's checker (nothing is written under the final name).
     """
     proto = to_model(model) if isinstance(model, gs.Graph) else model
-    path = Path(path).resolve()
+    path = output_entry(path)
     if path.is_dir():
         raise GskitError(f"{path}: is a folder; give the path of the .onnx file to write")
     try:
@@ -121,7 +142,11 @@ def save(
         external_data = (
             any(uses_external_data(t) for t in tensors) or _tensor_bytes(tensors) > EXTERNAL_DATA_THRESHOLD
         )
-    _refuse_overwriting_sources(tensors, path.parent / data_name)
+    data_path = path.parent / data_name
+    if not in_place:
+        check_output(data_path)  # first: losing the weights is the worse of the two
+        check_output(path)
+    _refuse_overwriting_sources(tensors, data_path)
 
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -143,11 +168,11 @@ def save(
         tmp_data = tmp_dir / data_name
         wrote_data = tmp_data.is_file() and tmp_data.stat().st_size > 0
         if wrote_data:
-            os.replace(tmp_data, path.parent / data_name)
-        os.replace(tmp_model, path)
-        if not wrote_data:
+            place_file(tmp_data, data_path, in_place=in_place)
+        place_file(tmp_model, path, in_place=in_place)
+        if not wrote_data and (data_path.exists() or data_path.is_symlink()):
             # A data file left from an earlier save to this path belongs to no model any more.
-            (path.parent / data_name).unlink(missing_ok=True)
+            data_path.unlink()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("saved %s%s", path, " (+ external data)" if external_data else "")
@@ -222,14 +247,116 @@ def to_model(graph: gs.Graph) -> onnx.ModelProto:
     return model
 
 
-def resolve_output(input_path: str | os.PathLike, output_path: str | os.PathLike, *, in_place: bool) -> Path:
-    """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``."""
+def resolve_output(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    *,
+    in_place: bool,
+    has_in_place: bool = False,
+) -> Path:
+    """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``.
+
+    ``has_in_place``: the command offers ``--in-place``, so the message may suggest it.
+    """
     out = Path(output_path)
     if out.resolve() == Path(input_path).resolve() and not in_place:
-        raise GskitError(
-            f"{out}: output would overwrite the input model; choose another -o or pass --in-place"
-        )
+        hint = "choose another -o or pass --in-place" if has_in_place else "choose another -o"
+        raise GskitError(f"{out}: output would overwrite the input model; {hint}")
     return out
+
+
+def output_entry(path: str | os.PathLike) -> Path:
+    """The absolute name an output takes: its folder resolved, its last part kept even if it is a link.
+
+    Writing renames a new file over this name, so a symbolic link found there is replaced, not followed.
+    """
+    path = Path(os.path.abspath(path))
+    return path.parent.resolve() / path.name
+
+
+def _entries(path: Path) -> set[Path]:
+    """The names through which a file is reached: its own and, through links, the real one."""
+    return {output_entry(path), path.resolve()}
+
+
+@contextmanager
+def guarding_inputs() -> Iterator[None]:
+    """Within this block, no gskit writer replaces or deletes a file that a model loaded in it reads.
+
+    One command is one block: the files are those of its input model(s), not every model a long-running
+    process ever loaded (a file written, read back and written again stays writable outside the block).
+    Nested blocks share the outer one's files.
+    """
+    if _INPUT_FILES.get() is not None:
+        yield
+        return
+    token = _INPUT_FILES.set({})
+    try:
+        yield
+    finally:
+        _INPUT_FILES.reset(token)
+
+
+def _remember_input(path: Path, model_path: Path) -> None:
+    files = _INPUT_FILES.get()
+    if files is not None:
+        for entry in _entries(path):
+            files.setdefault(entry, model_path)
+
+
+def input_reading(path: str | os.PathLike) -> Path | None:
+    """The model loaded in :func:`guarding_inputs` that reads the file at ``path``, or None."""
+    return (_INPUT_FILES.get() or {}).get(output_entry(path))
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Refuse an output name that is a file a model loaded in :func:`guarding_inputs` reads.
+
+    Raises:
+        GskitError: naming the file, the model that reads it and what to do.
+    """
+    model_path = input_reading(path)
+    if model_path is not None:
+        raise GskitError(
+            f"{path}: the input model {model_path} is still read from this file; writing it would destroy "
+            f"the input; choose another output path"
+        )
+
+
+def place_file(tmp: str | os.PathLike, path: str | os.PathLike, *, in_place: bool = False) -> Path:
+    """Rename a finished temporary file to its final name ``path`` (same file system), atomically.
+
+    The one way gskit's outputs take their final name. A link at ``path`` is replaced, never followed;
+    a file that a loaded model reads is never replaced (unless ``in_place``).
+
+    Raises:
+        GskitError: ``path`` is a file a loaded model reads, or a folder.
+    """
+    target = output_entry(path)
+    if not in_place:
+        check_output(target)
+    if target.is_dir() and not target.is_symlink():
+        raise GskitError(f"{path}: is a folder; give the path of a file to write")
+    os.replace(tmp, target)
+    return target
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o644) -> Path:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place (:func:`place_file`).
+
+    Raises:
+        GskitError: ``path`` is a file a loaded model reads, or a folder.
+    """
+    target = output_entry(path)
+    check_output(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, mode)  # mkstemp makes files private; outputs are meant to be shared
+        return place_file(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -347,6 +474,7 @@ def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -
             f"{model_path}: external data file '{location}' for tensor '{tensor.name}' is missing; "
             f"copy it next to the model"
         )
+    _refuse_linked_data(tensor, data, base_dir, model_path)
     try:
         offset, length = int(_entry(tensor, "offset") or 0), _entry(tensor, "length")
         end = offset + (int(length) if length is not None else 0)
@@ -364,6 +492,22 @@ def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -
         raise GskitError(
             f"{model_path}: external data file '{location}' is too short for tensor '{tensor.name}' "
             f"(needs {end} bytes, has {data.stat().st_size}); the file is truncated"
+        )
+
+
+def _refuse_linked_data(tensor: TensorProto, data: Path, base_dir: str, model_path: Path) -> None:
+    """Data must be a file of the model's own folder: a link could point at any file (a secret)."""
+    location = _entry(tensor, "location")
+    if not data.resolve().is_relative_to(Path(base_dir)):
+        raise GskitError(
+            f"{model_path}: external data '{location}' of tensor '{tensor.name}' is a link to "
+            f"{data.resolve()}, outside the model's folder; copy the data file next to the model"
+        )
+    if data.stat().st_nlink > 1 and os.environ.get(ALLOW_HARDLINKS_ENV) != "1":
+        raise GskitError(
+            f"{model_path}: external data '{location}' of tensor '{tensor.name}' has "
+            f"{data.stat().st_nlink} hard links (it may be any file); copy it, or set "
+            f"{ALLOW_HARDLINKS_ENV}=1 if you trust it"
         )
 
 

@@ -3,17 +3,22 @@
 OUTDIR receives ``model.onnx`` (+ ``model.onnx.data`` when large), ``report.json``, ``report.html`` and, when
 an engine is built, ``model.engine`` with its sidecar. Each is written under a temporary name and renamed into
 place, so an interrupted run never leaves a partial file under a final name; the input model is only read.
+One run at a time writes to an OUTDIR (it holds ``OUTDIR/.gskit.lock`` while it runs); a run clears what a
+killed run left, and a failed run removes the model and engine of an earlier run, so that what OUTDIR holds
+is what its report describes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "model.onnx"
 ENGINE_NAME = "model.engine"
+REPORT_NAMES = ("report.json", "report.html")
+#: OUTDIR's lock file: one run at a time writes there.
+LOCK_NAME = ".gskit.lock"
+#: Prefix of a run's work folder inside OUTDIR.
+WORK_PREFIX = ".gskit-work-"
 
 
 @dataclass
@@ -195,41 +205,104 @@ def prepare(
     final_model = out_dir / MODEL_NAME
     if final_model.resolve() == model_path.resolve():
         raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
-    original = gsmodel.load(model_path, load_weights=False)
-    if not original.graph.output:
-        raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
-    registry = load_plugins(plugin_dirs)
+    with gsmodel.guarding_inputs():
+        original = gsmodel.load(model_path, load_weights=False)
+        if not original.graph.output:
+            raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
+        registry = load_plugins(plugin_dirs)
+        for name in REPORT_NAMES:  # checked first: a failure is recorded there
+            gsmodel.check_output(out_dir / name)
+        with _claim(out_dir) as work:
+            report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
+            state = RunState(
+                graph=gsmodel.to_graph(original),
+                original_path=model_path,
+                registry=registry,
+                plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
+                work_dir=work,
+            )
+            try:
+                _run_steps(recipe, state, report, listener)
+                report.prepared_model = str(gsmodel.save(state.graph, final_model))
+            except GskitError as err:
+                report.error = str(err)
+                _remove_earlier_outputs(out_dir)
+                _write_reports(report, original, state, out_dir)
+                raise
+            _move_engine(state, out_dir, report)
+            report.passed = all(s.status != "failed" for s in report.steps) and (
+                state.comparison is None or state.comparison.passed
+            )
+            _write_reports(report, original, state, out_dir)
+    return report
+
+
+@contextmanager
+def _claim(out_dir: Path) -> Iterator[Path]:
+    """Lock OUTDIR for this run, clear what killed runs left there, and give a work folder inside it.
+
+    The lock (``flock`` on ``OUTDIR/.gskit.lock``, released by the kernel even when the process is killed)
+    keeps two runs from mixing their files; holding it, any work folder or temporary file found there is
+    a leftover of a killed run. The work folder is removed on the way out (errors, Ctrl-C, SIGTERM).
+
+    Raises:
+        GskitError: OUTDIR is a file or cannot be created, or another run holds it.
+    """
     if out_dir.exists() and not out_dir.is_dir():
         raise GskitError(f"{out_dir}: OUTDIR is a file, not a folder; choose another -o")
+    lock = out_dir / LOCK_NAME
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".gskit-work-", dir=out_dir))
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as err:
         raise GskitError(f"{out_dir}: cannot create OUTDIR ({err.strerror}); choose another -o") from err
-    report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
     try:
-        state = RunState(
-            graph=gsmodel.to_graph(original),
-            original_path=model_path,
-            registry=registry,
-            plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
-            work_dir=work,
-        )
         try:
-            _run_steps(recipe, state, report, listener)
-            report.prepared_model = str(gsmodel.save(state.graph, final_model))
-        except GskitError as err:
-            report.error = str(err)
-            _write_reports(report, original, state, out_dir)
-            raise
-        _move_engine(state, out_dir, report)
-        report.passed = all(s.status != "failed" for s in report.steps) and (
-            state.comparison is None or state.comparison.passed
-        )
-        _write_reports(report, original, state, out_dir)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The holder before us removes the file on its way out: the lock must be on the file there now.
+            locked = os.fstat(fd).st_ino == os.stat(lock, follow_symlinks=False).st_ino
+        except (BlockingIOError, FileNotFoundError):
+            locked = False
+        if not locked:
+            raise GskitError(
+                f"{out_dir}: another gskit prepare is writing there; wait for it to end or choose another -o"
+            )
+        _remove_leftovers(out_dir)
+        work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out_dir))
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            lock.unlink(missing_ok=True)  # still locked: a run that opened it meanwhile sees it is gone
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return report
+        os.close(fd)
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    for path in out_dir.iterdir():
+        folder = path.is_dir() and not path.is_symlink()
+        if folder and path.name.startswith((WORK_PREFIX, f".{MODEL_NAME}.")):  # save's temporary folder
+            log.info("removing %s, left by an interrupted run", path)
+            shutil.rmtree(path, ignore_errors=True)
+        elif not folder and _is_report_temporary(path.name) and gsmodel.input_reading(path) is None:
+            log.info("removing %s, left by an interrupted run", path)
+            path.unlink(missing_ok=True)
+
+
+def _is_report_temporary(name: str) -> bool:
+    """``gsmodel.write_atomic``'s temporary file for a report: ``.report.json.XXXX.tmp``."""
+    return name.endswith(".tmp") and any(name.startswith(f".{report}.") for report in REPORT_NAMES)
+
+
+def _remove_earlier_outputs(out_dir: Path) -> None:
+    """A failed run leaves no model or engine of an earlier run beside a report that is not about them."""
+    from gskit.backends.trt_build import sidecar_path
+
+    for name in (MODEL_NAME, MODEL_NAME + ".data", ENGINE_NAME, sidecar_path(ENGINE_NAME).name):
+        stale = out_dir / name
+        if (stale.exists() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
+            log.info("removing %s from an earlier run (this run failed)", stale)
+            stale.unlink()
 
 
 def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
@@ -303,12 +376,12 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
     if info is None:
         # An engine left by an earlier run was built from another model: it must not sit beside this one.
         for stale in (target, sidecar_path(target)):
-            if stale.is_file():
+            if stale.is_file() and gsmodel.input_reading(stale) is None:
                 log.info("removing %s from an earlier run (no engine built this time)", stale)
                 stale.unlink()
         return
-    os.replace(info.sidecar, out_dir / info.sidecar.name)
-    os.replace(info.engine, target)
+    gsmodel.place_file(info.sidecar, out_dir / info.sidecar.name)
+    gsmodel.place_file(info.engine, target)
     report.engine = {
         "engine": str(target),
         "sidecar": str(out_dir / info.sidecar.name),
@@ -317,20 +390,9 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
 
 
 def _write_reports(report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path) -> None:
-    _write_atomic(out_dir / "report.json", dumps(report))
-    _write_atomic(out_dir / "report.html", _html(report, original, state))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; reports are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    json_name, html_name = REPORT_NAMES
+    gsmodel.write_atomic(out_dir / json_name, dumps(report))
+    gsmodel.write_atomic(out_dir / html_name, _html(report, original, state))
 
 
 def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> str:

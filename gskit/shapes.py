@@ -256,7 +256,7 @@ def infer_shapes_path(
             _STRICT.reset(token)
         if output.resolve().parent == tmp.parent:
             gsmodel.check_file(tmp)
-            os.replace(tmp, output)
+            gsmodel.place_file(tmp, output)
         else:
             gsmodel.save(gsmodel.load(tmp, load_weights=False), output)
     finally:

@@ -7,8 +7,11 @@ import difflib
 import importlib
 import logging
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 from gskit.errors import GskitError
@@ -141,8 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     _quiet_onnxruntime(level)
+    from gskit import model as gsmodel
+
     try:
-        return int(args.func(args) or 0)
+        # Whatever the command loads is its input: no output of it may replace one of those files.
+        with gsmodel.guarding_inputs(), _sigterm_unwinds():
+            return int(args.func(args) or 0)
     except GskitError as err:
         if args.debug:
             raise
@@ -155,6 +162,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gskit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"gskit {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived; a BaseException so that no ``except Exception`` of a step swallows it."""
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into an exception, so that cleanup (work folders, TensorRT worker) runs as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -102,12 +102,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.in_place:
         raise GskitError("edit: give -o OUTPUT or --in-place")
-    output = gsmodel.resolve_output(args.model, args.output or args.model, in_place=args.in_place)
+    output = gsmodel.resolve_output(
+        args.model, args.output or args.model, in_place=args.in_place, has_in_place=True
+    )
     plan = _plan(args)
     # In place, weights must be in memory: the data file they would be read from is being replaced.
     model = gsmodel.load(args.model, load_weights=args.in_place)
     graph, changes = edit.apply_edits(model, plan)
-    path = gsmodel.save(graph, output)
+    path = gsmodel.save(graph, output, in_place=args.in_place)
     if args.json:
         report.print_json({"output": path, "changes": changes})
     else:
