@@ -12,10 +12,10 @@ from conftest import LIGHT_MODELS, parse_model
 
 from gskit.backends.trt import run_worker
 from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+from gskit.backends.trt_support import RESTRICTED, supports_operator
 from gskit.cli import check_trt as check_trt_cli
 from gskit.errors import GskitError
-from gskit.ops import ONNX_DOMAINS
-from gskit.trt_support import RESTRICTED, supports_operator
+from gskit.plugin.ops import ONNX_DOMAINS
 
 rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
 

@@ -20,10 +20,10 @@ import numpy as np
 import onnx
 import pytest
 
-from gskit import model as gsmodel
 from gskit.backends.trt import run_worker
 from gskit.cli import main
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "gskit" / "data" / "example.onnx"

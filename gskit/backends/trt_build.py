@@ -28,7 +28,6 @@ from typing import Any
 
 import onnx
 
-from gskit import model as gsmodel
 from gskit.backends.trt import (
     TRT_PLUGIN_MODULE,
     find_plugin_files,
@@ -39,7 +38,8 @@ from gskit.backends.trt import (
 )
 from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
 from gskit.errors import GskitError
-from gskit.plugin import PluginSpec, load_spec_file
+from gskit.io import model as gsmodel
+from gskit.plugin.spec import PluginSpec, load_spec_file
 
 log = logging.getLogger(__name__)
 

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     _quiet_onnxruntime(level)
-    from gskit import model as gsmodel
+    from gskit.io import model as gsmodel
 
     try:
         # Whatever the command loads is its input: no output of it may replace one of those files.

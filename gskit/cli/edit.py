@@ -6,10 +6,11 @@ import argparse
 
 import numpy as np
 
-from gskit import edit, report
-from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.shape_args import parse_symbolic_shape
+from gskit.io import model as gsmodel
+from gskit.io import report
+from gskit.io.shape_args import parse_symbolic_shape
+from gskit.passes import edit
 
 _ORDER = (
     "Edits run in this order, whatever the order on the command line: drop initializer inputs, constants to "

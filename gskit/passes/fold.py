@@ -13,12 +13,12 @@
 then cleans up and sorts the graph and gives graph outputs back the dtype and shape they had.
 
 Models whose constants exceed ``_PARTITION_BYTES`` (1.5 GB; protobuf cannot serialize 2 GB) or whose
-weights are still on disk (``gskit.model.load(path, load_weights=False)``) are never serialized whole: step 3
-becomes gskit's batched evaluation. The nodes whose inputs are all constant are grouped, in topological
+weights are still on disk (``gskit.io.model.load(path, load_weights=False)``) are never serialized whole: step
+3 becomes gskit's batched evaluation. The nodes whose inputs are all constant are grouped, in topological
 order, into batches reading and writing at most ``_BATCH_BYTES``; each batch becomes a small model (those
 nodes only) whose large constants are fed as inputs, read from disk just for that batch. Folded constants of
 ``_SPILL_BYTES`` or more go to a temporary data file and stay on disk as lazy values, so
-``gskit.model.save`` streams them and peak memory stays near one batch. A batch that onnxruntime cannot
+``gskit.io.model.save`` streams them and peak memory stays near one batch. A batch that onnxruntime cannot
 evaluate is evaluated node by node, so the error (or, with ``allow_partial``, the failure recorded in the
 report) names the node. Nodes with subgraphs are not evaluated in this mode (constant ``If`` nodes are still
 flattened).
@@ -34,7 +34,7 @@ Why not graphsurgeon's defaults (each found with onnx's backend node tests,
 * its subgraph recursion drops ``should_exclude_node``, so plugin nodes inside subgraphs would be evaluated;
 * it hands sequences and optionals returned by onnxruntime to ``Constant``.
 
-Never evaluated: plugin nodes (``gskit.ops.is_plugin_node``: a domain onnxruntime does not implement, a
+Never evaluated: plugin nodes (``gskit.plugin.ops.is_plugin_node``: a domain onnxruntime does not implement, a
 ``plugin_namespace`` attribute, or the ``(namespace, name, version)`` of a loaded plugin spec), random ops,
 and nodes whose outputs are sequences or optionals. Constants around them still fold.
 """
@@ -59,12 +59,12 @@ import onnx_graphsurgeon as gs
 from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_import_domains
 
-from gskit import model as gsmodel
-from gskit.edit import unique_name
 from gskit.errors import GskitError
-from gskit.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
-from gskit.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
-from gskit.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.io import model as gsmodel
+from gskit.passes.edit import unique_name
+from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
+from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def fold(
         size_threshold: do not create constants larger than this many bytes (``None``: no limit).
         allow_partial: skip folds that onnxruntime cannot evaluate (recorded in ``FoldReport.failures``)
             instead of raising.
-        plugins: a ``gskit.plugin.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never
+        plugins: a ``gskit.plugin.spec.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never
             evaluated, in addition to every node of a custom domain.
         spill_dir: batched mode (over 1.5 GB of constants, or weights on disk): folder for the data file
             holding large folded constants until the model is saved; it must outlive the returned model and

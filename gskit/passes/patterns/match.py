@@ -10,7 +10,7 @@ for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the p
 the matcher looks through such a Cast: between two pattern nodes the Cast joins the match (it is replaced
 with the rest and its output must not be used outside), in front of a pattern argument the argument binds
 to the Cast's input. So matching does not depend on a cleanup having run first. A Cast is a no-op only
-when its input's dtype is known; ``gskit.patterns.replace`` infers missing dtypes before matching.
+when its input's dtype is known; ``gskit.passes.patterns.replace`` infers missing dtypes before matching.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.ops import canonical_domain
-from gskit.patterns.dsl import (
+from gskit.passes.patterns.dsl import (
     ATTRIBUTE_INPUTS,
     Capture,
     ConstValue,
@@ -37,6 +36,7 @@ from gskit.patterns.dsl import (
     Value,
     Var,
 )
+from gskit.plugin.ops import canonical_domain
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """The pipeline's passes: one class per recipe step, one contract for all of them.
 
-Every transformation is a core pass (``gskit.transform.GraphPass`` beside its library function, e.g.
-``gskit.fold.FOLD``); its step here runs it on the run's graph with the step's options. A :class:`Pass`
+Every transformation is a core pass (``gskit.passes.transform.GraphPass`` beside its library function, e.g.
+``gskit.passes.fold.FOLD``); its step here runs it on the run's graph with the step's options. A :class:`Pass`
 declares its name, its options dataclass (the recipe schema and the defaults), whether it
 changes the graph in place, replaces it, or only reads the model as saved so far (a check), and:
 
 * ``requires``: what must hold before it runs (cheap; raises :class:`StepError`),
-* ``call``: the work, returning a :class:`gskit.transform.PassResult` (the graph, whether it was modified,
-  the pass's own report, a summary and the verdict),
+* ``call``: the work, returning a :class:`gskit.passes.transform.PassResult` (the graph, whether it was
+  modified, the pass's own report, a summary and the verdict),
 * ``ensures``: what it promises afterwards, checked cheaply from facts taken before the call (never a
   second run of the pass).
 
@@ -24,18 +24,18 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import onnx_graphsurgeon as gs
 
-from gskit import model as gsmodel
-from gskit.convert import CONVERT, ConvertOptions
-from gskit.edit import EDIT, EditOptions
 from gskit.errors import GskitError
-from gskit.fold import FOLD, FoldOptions
-from gskit.isolate import ISOLATE, IsolateOptions
-from gskit.patterns.replace import REPLACE, ReplaceOptions
-from gskit.plugin import PluginRegistry, implementation_paths
-from gskit.sanitize import SANITIZE, SanitizeOptions
-from gskit.shape_args import check_fixed_dims, check_profile, check_shape_options
-from gskit.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
-from gskit.transform import Before, GraphPass, PassResult, run_pass
+from gskit.io import model as gsmodel
+from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options
+from gskit.passes.convert import CONVERT, ConvertOptions
+from gskit.passes.edit import EDIT, EditOptions
+from gskit.passes.fold import FOLD, FoldOptions
+from gskit.passes.isolate import ISOLATE, IsolateOptions
+from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
+from gskit.passes.sanitize import SANITIZE, SanitizeOptions
+from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
+from gskit.passes.transform import Before, GraphPass, PassResult, run_pass
+from gskit.plugin.spec import PluginRegistry, implementation_paths
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -177,7 +177,8 @@ def _ensure(condition: bool, step: str, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- passes
-# Every transformation is a core pass (``gskit.transform.GraphPass``) beside its library function; a step
+# Every transformation is a core pass (``gskit.passes.transform.GraphPass``) beside its library function; a
+# step
 # here runs it on the run's graph. The checks import their backends locally.
 
 
@@ -295,8 +296,8 @@ class Validate(Pass[ValidateOptions]):
     name, options, effect = "validate", ValidateOptions, "check"
 
     def call(self, state: RunState, options: ValidateOptions) -> PassResult:
-        from gskit.compare import ReferenceRunError, compare, describe_feeds, failing_node
-        from gskit.feeds import load_feeds, random_feeds
+        from gskit.compare.outputs import ReferenceRunError, compare, describe_feeds, failing_node
+        from gskit.io.feeds import load_feeds, random_feeds
 
         prepared = state.snapshot()
         common = dict(atol=options.atol, rtol=options.rtol, plugins=state.registry)
@@ -342,7 +343,7 @@ def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
     """On a failed validation: whether the original itself gives different outputs on two identical runs."""
     if report.passed:
         return ""
-    from gskit.compare import unsteady_outputs
+    from gskit.compare.outputs import unsteady_outputs
 
     unsteady = unsteady_outputs(state.original_path, feeds, state.registry)
     if not unsteady:
@@ -420,5 +421,5 @@ PASSES: Mapping[str, Pass] = {
     )
 }
 
-#: The options dataclass of each step (what ``gskit.recipe`` validates a recipe against).
+#: The options dataclass of each step (what ``gskit.pipeline.recipe`` validates a recipe against).
 STEP_OPTIONS: Mapping[str, type] = {name: p.options for name, p in PASSES.items()}

@@ -1,8 +1,8 @@
 """Plugin-by-plugin comparison: each plugin node against the original region it replaced.
 
 A replacement keeps the names of its boundary tensors, so the region a plugin node replaced is the part
-of the ORIGINAL model between the node's input and output tensors (``gskit.isolate``). The original runs
-once with every boundary tensor exposed; each region then runs alone on onnxruntime on the captured
+of the ORIGINAL model between the node's input and output tensors (``gskit.passes.isolate``). The original
+runs once with every boundary tensor exposed; each region then runs alone on onnxruntime on the captured
 inputs, and so does the plugin node (its numpy reference on onnxruntime, or TensorRT with
 ``backend="trt"``). A failing plugin is named with its node, its input shapes and its error, even when a
 later part of the model hides the error.
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
-from gskit.compare import (
+from gskit.compare.layers import OrtTensors
+from gskit.compare.outputs import (
     ModelSource,
     OutputComparison,
     check_backend,
@@ -31,12 +31,12 @@ from gskit.compare import (
     source_label,
     source_model,
 )
-from gskit.compare_layers import OrtTensors
 from gskit.errors import GskitError
-from gskit.feeds import feed_shapes, resolve_feeds
-from gskit.isolate import isolate
-from gskit.ops import is_plugin_node
-from gskit.plugin import PluginRegistry
+from gskit.io import model as gsmodel
+from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.passes.isolate import isolate
+from gskit.plugin.ops import is_plugin_node
+from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import onnx
 
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
-from gskit.compare import (
+from gskit.compare.outputs import (
     ModelSource,
     OutputComparison,
     check_backend,
@@ -42,8 +42,8 @@ from gskit.compare import (
     source_model,
 )
 from gskit.errors import GskitError
-from gskit.feeds import feed_shapes, resolve_feeds
-from gskit.plugin import PluginRegistry
+from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
 

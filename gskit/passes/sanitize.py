@@ -3,9 +3,9 @@
 Built-in steps, run in this order (each can be skipped by name):
 
 ``constants_to_initializers``
-    Constant nodes become initializers (``gskit.edit.constants_to_initializers``).
+    Constant nodes become initializers (``gskit.passes.edit.constants_to_initializers``).
 ``drop_initializer_inputs``
-    Initializers are no longer listed as graph inputs (``gskit.edit.drop_initializer_inputs``).
+    Initializers are no longer listed as graph inputs (``gskit.passes.edit.drop_initializer_inputs``).
 ``merge_duplicate_initializers``
     Initializers with the same dtype, shape and bytes become one (candidates grouped by dtype and shape first,
     then by a SHA-256 of their bytes, so each tensor is read at most once).
@@ -39,12 +39,12 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx.external_data_helper import uses_external_data
 
-from gskit import edit
-from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.ops import is_default_domain, op_counts
-from gskit.tensor_types import infer_tensor_types
-from gskit.transform import GraphPass, PassResult, option, run_pass
+from gskit.io import model as gsmodel
+from gskit.passes import edit
+from gskit.passes.tensor_types import infer_tensor_types
+from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.plugin.ops import is_default_domain, op_counts
 
 log = logging.getLogger(__name__)
 

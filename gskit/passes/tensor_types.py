@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit import model as gsmodel
+from gskit.io import model as gsmodel
 
 log = logging.getLogger(__name__)
 

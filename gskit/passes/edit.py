@@ -26,11 +26,11 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.ops import DEFAULT_DOMAINS, canonical_domain
-from gskit.shape_args import check_shape_options, check_symbolic_dims
-from gskit.transform import Before, GraphPass, PassResult, ensure
+from gskit.io import model as gsmodel
+from gskit.io.shape_args import check_shape_options, check_symbolic_dims
+from gskit.passes.transform import Before, GraphPass, PassResult, ensure
+from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 
 log = logging.getLogger(__name__)
 
@@ -893,7 +893,7 @@ def _nbytes(tensor: gs.Constant) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class EditOptions:
-    """Graph edits: everything ``gskit edit`` does, applied in its order (see ``gskit.edit``).
+    """Graph edits: everything ``gskit edit`` does, applied in its order (see ``gskit.passes.edit``).
 
     ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs: {...}, inputs: [...], domain: D}``
     (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name or a list of numbers (a constant).

@@ -2,7 +2,8 @@
 
 Three kinds, all with the same interface (``anchor``, ``find``, ``rewrite``):
 
-* :class:`GraphPattern` - a multi-node pattern written as a Python function (see ``gskit.patterns.dsl``).
+* :class:`GraphPattern` - a multi-node pattern written as a Python function (see
+  ``gskit.passes.patterns.dsl``).
 * :class:`OpPattern` - one node identified by ``(domain, op_type)``, e.g. ``DeformConv`` or
   ``com.microsoft::GridSample``.
 * :class:`FunctionPattern` - calls of a model-local function (``torch.onnx.export(...,
@@ -23,8 +24,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
-from gskit.patterns.dsl import PatternGraph, trace
-from gskit.patterns.match import (
+from gskit.passes.patterns.dsl import PatternGraph, trace
+from gskit.passes.patterns.match import (
     NULL_TRACER,
     GraphIndex,
     Matcher,
@@ -140,7 +141,7 @@ class GraphPattern(Rule):
     """A multi-node pattern written as a function ``fn(op, *arguments)``.
 
     Args:
-        fn: the pattern function (see ``gskit.patterns.dsl``).
+        fn: the pattern function (see ``gskit.passes.patterns.dsl``).
         inputs: the plugin's inputs as argument names in the spec's order (None for an absent optional
             input); defaults to the function's arguments in order.
         attrs: plugin attribute -> capture name (the captured value, scalars unwrapped), or a function

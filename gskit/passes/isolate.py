@@ -2,7 +2,7 @@
 
 ``isolate(graph, inputs, outputs)`` walks backwards from the output tensors and stops at the input
 tensors, so it touches each node and tensor of the kept part once. Weights come along as they are:
-weights still on disk (``load(..., load_weights=False)``) stay there until ``gskit.model.save`` streams
+weights still on disk (``load(..., load_weights=False)``) stay there until ``gskit.io.model.save`` streams
 them into the new model's data file, which is what lets it work on models past protobuf's 2 GB limit
 (``onnx.utils.extract_model`` loads every weight and cannot).
 
@@ -24,10 +24,10 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
 from gskit.errors import GskitError
-from gskit.model import node_subgraphs, to_model
-from gskit.plugin import PluginRegistry
-from gskit.shapes import infer_shapes, stubbed_constants
-from gskit.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.io.model import node_subgraphs, to_model
+from gskit.passes.shapes import infer_shapes, stubbed_constants
+from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def isolate(
     producers too. A given input that is never reached stays a (dangling) graph input.
 
     Args:
-        graph: the model's graph (from ``gskit.model.to_graph``).
+        graph: the model's graph (from ``gskit.io.model.to_graph``).
         inputs: names of main-graph tensors that become the new graph's inputs.
         outputs: names of main-graph tensors that become the new graph's outputs (at least one).
         registry: plugins whose specs type the outputs of plugin nodes during shape inference;

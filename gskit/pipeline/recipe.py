@@ -9,8 +9,8 @@ A recipe looks like::
       - fold: {max_passes: 5}
       - validate: {atol: 1.0e-5}
 
-Each step name must be one that ``gskit.passes.STEPS`` defines, and each option one of that step's option
-dataclass fields, with a value of the field's type. Errors name the file and line of the culprit.
+Each step name must be one that ``gskit.pipeline.steps.STEPS`` defines, and each option one of that step's
+option dataclass fields, with a value of the field's type. Errors name the file and line of the culprit.
 Options that name a file (``validate.inputs``, ``build.timing_cache``) are relative to the recipe file's
 folder, so a recipe and its inputs can move together; ``parse_recipe`` text keeps them as written.
 """
@@ -79,7 +79,8 @@ def parse_recipe(
     registry: dict[str, type] | None = None,
     base_dir: str | os.PathLike | None = None,
 ) -> Recipe:
-    """Validate recipe text; ``registry`` maps step names to option dataclasses (default: gskit.passes).
+    """Validate recipe text; ``registry`` maps step names to option dataclasses (default:
+    gskit.pipeline.steps).
 
     ``base_dir``: where relative file options (fields with ``file_path`` metadata) resolve; None keeps
     them as written (relative to the working directory).
@@ -89,7 +90,7 @@ def parse_recipe(
             the wrong type (the message names ``source`` and the line).
     """
     if registry is None:
-        from gskit.passes import STEP_OPTIONS
+        from gskit.pipeline.steps import STEP_OPTIONS
 
         registry = STEP_OPTIONS
     try:

@@ -26,14 +26,14 @@ from typing import Any, Protocol
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.html_report import DrawnNode, Region, render_page
-from gskit.ops import op_label
-from gskit.passes import DEFAULT_STEPS, PASSES, PassResult, RunState
-from gskit.plugin import load_plugins
-from gskit.recipe import Recipe, RecipeStep, make_recipe
-from gskit.report import dumps
+from gskit.io import model as gsmodel
+from gskit.io.html_report import DrawnNode, Region, render_page
+from gskit.io.report import dumps
+from gskit.pipeline.recipe import Recipe, RecipeStep, make_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
+from gskit.plugin.ops import op_label
+from gskit.plugin.spec import load_plugins
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gskit import model as gmodel
 from gskit.errors import GskitError
-from gskit.plugin import ROUTING_ATTRIBUTES, AttrType
+from gskit.io import model as gmodel
+from gskit.plugin.spec import ROUTING_ATTRIBUTES, AttrType
 
 log = logging.getLogger(__name__)
 
-TEMPLATE_DIR = Path(__file__).parent / "data" / "scaffold"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "scaffold"
 #: Generated file -> template.
 FILES: Mapping[str, str] = {
     "__init__.py": "",

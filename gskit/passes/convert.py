@@ -29,12 +29,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit import model as gsmodel
-from gskit.edit import unique_name
 from gskit.errors import GskitError
-from gskit.ops import DEFAULT_DOMAINS, is_default_domain, is_plugin_node, node_key, plugin_keys
-from gskit.tensor_types import infer_tensor_types
-from gskit.transform import GraphPass, PassResult, option, run_pass
+from gskit.io import model as gsmodel
+from gskit.passes.edit import unique_name
+from gskit.passes.tensor_types import infer_tensor_types
+from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.plugin.ops import DEFAULT_DOMAINS, is_default_domain, is_plugin_node, node_key, plugin_keys
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,10 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
-from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.plugin import (
+from gskit.io import model as gsmodel
+from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.plugin.spec import (
     REQUIRED,
     ROUTING_ATTRIBUTES,
     AttrType,
@@ -46,7 +47,6 @@ from gskit.plugin import (
     TensorInfo,
     attribute_value,
 )
-from gskit.transform import GraphPass, PassResult, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -547,7 +547,7 @@ def stubbed_constants(
     """Large constants of ``graph`` (and its subgraphs) export as stubs until the block exits.
 
     A stub keeps the constant's name, data type and dims but no data, so exporting the graph
-    (``gskit.model.to_model``) for shape inference neither reads weights from disk nor copies them. The
+    (``gskit.io.model.to_model``) for shape inference neither reads weights from disk nor copies them. The
     constants' own values are swapped back on exit, even on error; sparse constants are left as they are.
 
     Args:

@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
 from gskit.errors import GskitError
-from gskit.feeds import feed_shapes, resolve_feeds
-from gskit.plugin import PluginRegistry
+from gskit.io import model as gsmodel
+from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def compare(
         original: the reference model (a ModelProto or a path).
         prepared: the model under test; it must have every output of ``original`` (by name). May be
             ``None`` when ``engine`` is given.
-        feeds: inputs by name; ``None`` draws random inputs (``gskit.feeds.random_feeds``) from ``seed``.
+        feeds: inputs by name; ``None`` draws random inputs (``gskit.io.feeds.random_feeds``) from ``seed``.
         shapes: input shapes for random inputs, overriding symbolic dims.
         seed: seed of the random inputs.
         atol: absolute tolerance.
@@ -489,7 +489,7 @@ def source_model(model: ModelSource) -> onnx.ModelProto:
     """``model`` itself if it is a ModelProto, else the model at that path with its weights left on disk.
 
     Raises:
-        GskitError: the file cannot be loaded (as ``gskit.model.load``).
+        GskitError: the file cannot be loaded (as ``gskit.io.model.load``).
     """
     return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
 

@@ -3,9 +3,9 @@
 Plugin authors write rules in ``plugins/<name>/patterns.py``; ``replace`` applies them to a graph.
 """
 
-from gskit.patterns.dsl import ATTRIBUTE_INPUTS, COMMUTATIVE, OpBuilder, PatternGraph, trace
-from gskit.patterns.match import GraphIndex, MatchResult, Tracer, constant_value
-from gskit.patterns.replace import (
+from gskit.passes.patterns.dsl import ATTRIBUTE_INPUTS, COMMUTATIVE, OpBuilder, PatternGraph, trace
+from gskit.passes.patterns.match import GraphIndex, MatchResult, Tracer, constant_value
+from gskit.passes.patterns.replace import (
     Explanation,
     PluginReport,
     ReplacedRegion,
@@ -13,7 +13,7 @@ from gskit.patterns.replace import (
     Skip,
     replace,
 )
-from gskit.patterns.rules import FunctionPattern, GraphPattern, Match, OpPattern, Rewrite, Rule
+from gskit.passes.patterns.rules import FunctionPattern, GraphPattern, Match, OpPattern, Rewrite, Rule
 
 __all__ = [
     # rules

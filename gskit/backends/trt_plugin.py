@@ -5,7 +5,7 @@ functions (names, order, type annotations). gskit already knows all of that from
 ``trt_plugin.py`` writes only what is specific to it, and :func:`register_from_spec` builds functions with
 the signatures TensorRT expects::
 
-    from gskit.trt_plugin import load_plugin_folder, register_from_spec
+    from gskit.backends.trt_plugin import load_plugin_folder, register_from_spec
 
     SPEC, kernel = load_plugin_folder(__file__)
     register_from_spec(SPEC, shape=lambda inputs, attrs: [inputs[0].like()], impl=my_impl)
@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gskit.errors import PluginError
-from gskit.plugin import PLUGIN_PACKAGE, AttrType, PluginSpec, load_spec_file
+from gskit.plugin.spec import PLUGIN_PACKAGE, AttrType, PluginSpec, load_spec_file
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def autotune_signature(spec: PluginSpec) -> inspect.Signature:
 def load_plugin_folder(module_file: str | os.PathLike) -> tuple[PluginSpec, ModuleType]:
     """The spec and the kernel module of the plugin folder holding ``module_file`` (its ``trt_plugin.py``).
 
-    ``spec.py`` is imported by :func:`gskit.plugin.load_spec_file` as the package
+    ``spec.py`` is imported by :func:`gskit.plugin.spec.load_spec_file` as the package
     ``gskit_plugins.<folder>``; ``kernel.py`` is imported as a member of that package.
 
     Raises:

@@ -27,7 +27,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
-from gskit.ops import node_key
+from gskit.plugin.ops import node_key
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class PluginSpec:
         attributes: the plugin fields the node carries.
         infer: output dtype/shape rule; must keep symbolic dims.
         reference: numpy implementation used to run plugin nodes on onnxruntime.
-        patterns: what this plugin replaces (objects from ``gskit.patterns``), tried in order.
+        patterns: what this plugin replaces (objects from ``gskit.passes.patterns``), tried in order.
         doc: one paragraph for people.
         source: file the spec was loaded from (set by the loader).
         supports_fp16: the plugin takes float16 inputs; otherwise ``gskit convert --fp16`` keeps its node in
@@ -503,7 +503,7 @@ def _source_specs(source: PluginSource, used_modules: set[str], loaded_files: se
 
 def _installed_sources() -> list[PluginSource]:
     """The shipped plugins and the installed packages' entry points."""
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     # gskit imported from a source checkout (editable install, or PYTHONPATH): its own plugins/ are the
     # shipped ones, even when the gskit distribution whose entry point is installed is another tree.
     from_checkout = (checkout / "pyproject.toml").is_file() and (checkout / LOCAL_PLUGINS).is_dir()
@@ -572,7 +572,9 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     specs = []
     for spec in found:
         if not isinstance(spec, PluginSpec):
-            raise PluginError(f"{path}: SPEC must be a gskit.plugin.PluginSpec, not {type(spec).__name__}")
+            raise PluginError(
+                f"{path}: SPEC must be a gskit.plugin.spec.PluginSpec, not {type(spec).__name__}"
+            )
         specs.append(spec if spec.source is not None else dataclasses.replace(spec, source=path))
     return specs  # validated when added to a registry
 
@@ -590,7 +592,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
     """
     where = str(source or getattr(spec, "source", None) or getattr(spec, "name", "plugin spec"))
     if not isinstance(spec, PluginSpec):
-        raise PluginError(f"{where}: SPEC must be a gskit.plugin.PluginSpec, not {type(spec).__name__}")
+        raise PluginError(f"{where}: SPEC must be a gskit.plugin.spec.PluginSpec, not {type(spec).__name__}")
     if source is not None and spec.source is None:
         spec = dataclasses.replace(spec, source=source)
     where = str(spec.source or spec.qualified_name)
@@ -614,7 +616,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
     for attr in spec.attributes:
         if not isinstance(attr, Attribute) or not isinstance(attr.type, AttrType):
             raise PluginError(
-                f"{where}: attributes must be gskit.plugin.Attribute with an AttrType, got {attr!r}"
+                f"{where}: attributes must be gskit.plugin.spec.Attribute with an AttrType, got {attr!r}"
             )
         if attr.name in seen or attr.name in ROUTING_ATTRIBUTES:
             raise PluginError(f"{where}: attribute name '{attr.name}' is repeated or reserved")
@@ -692,7 +694,7 @@ def _ensure_parent_package() -> None:
     try:  # the shipped package, when installed: plugin folders from elsewhere join it
         importlib.import_module(PLUGIN_PACKAGE)
     except ImportError:
-        package = types.ModuleType(PLUGIN_PACKAGE, "Plugin folders loaded by gskit.plugin.load_plugins.")
+        package = types.ModuleType(PLUGIN_PACKAGE, "Plugin folders loaded by gskit.plugin.spec.load_plugins.")
         package.__path__ = []
         sys.modules[PLUGIN_PACKAGE] = package
 

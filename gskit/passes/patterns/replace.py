@@ -23,12 +23,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.edit import unique_name
 from gskit.errors import GskitError, PluginError
-from gskit.patterns.match import GraphIndex, MatchResult, Tracer, constant_value, label, op_key
-from gskit.patterns.rules import Match, Rewrite, Rule
-from gskit.plugin import PluginSpec
-from gskit.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.edit import unique_name
+from gskit.passes.patterns.match import GraphIndex, MatchResult, Tracer, constant_value, label, op_key
+from gskit.passes.patterns.rules import Match, Rewrite, Rule
+from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.plugin.spec import PluginSpec
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,9 @@ def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
         op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
     )
     if casts or pools:
-        from gskit.tensor_types import infer_tensor_types  # imports onnxruntime's inference: only when needed
+        from gskit.passes.tensor_types import (
+            infer_tensor_types,  # imports onnxruntime's inference: only when needed
+        )
 
         infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
 
@@ -293,7 +295,7 @@ def _find(
     report: ReplaceReport,
 ) -> list[_Candidate]:
     if not isinstance(rule, Rule):
-        raise PluginError(f"{spec.qualified_name}: pattern {rule!r} is not a gskit.patterns rule")
+        raise PluginError(f"{spec.qualified_name}: pattern {rule!r} is not a gskit.passes.patterns rule")
     anchors = index.by_op.get(rule.anchor, [])
     if explain and not anchors and order[2] == 0:
         what = f"{rule.anchor[0]}::{rule.anchor[1]}" if rule.anchor[0] else rule.anchor[1]

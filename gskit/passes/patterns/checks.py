@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gskit.patterns.match import MatchResult, elem_type, elem_type_name
-from gskit.patterns.rules import Match
+from gskit.passes.patterns.match import MatchResult, elem_type, elem_type_name
+from gskit.passes.patterns.rules import Match
 
 
 def one_number(match: Match, capture: str) -> MatchResult:

@@ -23,9 +23,9 @@ import onnx
 from onnx import AttributeProto, TensorProto
 from onnx.external_data_helper import uses_external_data
 
-from gskit.model import load, tensor_nbytes
-from gskit.ops import ONNX_DOMAINS
-from gskit.report import to_jsonable
+from gskit.io.model import load, tensor_nbytes
+from gskit.io.report import to_jsonable
+from gskit.plugin.ops import ONNX_DOMAINS
 
 log = logging.getLogger(__name__)
 

@@ -424,7 +424,7 @@ class DiskValues(gs.ir.tensor.LazyValues):
 
     The file is found from the tensor's external-data record: ``location`` relative to the folder in
     its ``basepath`` entry (which ``load`` records; ``"."`` without one), at ``offset`` for ``length`` bytes.
-    ``to_graph`` gives every on-disk constant such values; ``gskit.fold`` gives them to the large
+    ``to_graph`` gives every on-disk constant such values; ``gskit.passes.fold`` gives them to the large
     constants it spills to disk.
     """
 

@@ -144,7 +144,7 @@ def run_pass(
     """Run one pass on a graph or model: ``requires``, ``call``, then ``ensures``.
 
     Args:
-        graph_pass: the pass (e.g. ``gskit.fold.FOLD``).
+        graph_pass: the pass (e.g. ``gskit.passes.fold.FOLD``).
         model: a gs.Graph (changed in place by an in-place pass) or a ModelProto (never changed).
         options: the pass's options dataclass; None takes every default.
         context: what the pass needs besides its options (``plugins`` ...), see each pass.
