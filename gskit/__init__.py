@@ -5,7 +5,7 @@ Heavy optional dependencies (tensorrt, tensorrt_rtx, torch) are imported only by
 """
 
 from gskit.errors import GskitError, ModelCheckError, PluginError
-from gskit.model import load, save, to_graph, to_model
+from gskit.io.model import load, save, to_graph, to_model
 
 __version__ = "0.1.0"
 

@@ -14,15 +14,15 @@ import pytest
 from conftest import parse_model
 
 import gskit
-from gskit import model as gsmodel
 from gskit.backends.trt import full_tensorrt_available
-from gskit.compare_layers import compare_layerwise, producers
-from gskit.compare_plugins import compare_plugins
+from gskit.compare.layers import compare_layerwise, producers
+from gskit.compare.plugins import compare_plugins
 from gskit.errors import GskitError
-from gskit.fold import fold
-from gskit.patterns import replace
+from gskit.io import model as gsmodel
+from gskit.passes.fold import fold
+from gskit.passes.patterns import replace
+from gskit.passes.shapes import infer_graph_shapes
 from gskit.plugin import load_plugins
-from gskit.shapes import infer_graph_shapes
 
 EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 REPO_PLUGINS = Path(gskit.__file__).parent.parent / "plugins"
@@ -309,8 +309,8 @@ def test_cli_trt_backend_without_tensorrt(tmp_path, prepared_example):
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # Polygraphy's 0/0 relative error printed no warning
 def test_layerwise_on_an_fp16_model_feeds_and_reads_like_plain_compare(registry):
     """gskit convert --fp16 makes the inputs float16: layerwise casts the float32 feeds as compare does."""
-    from gskit.compare import compare
-    from gskit.convert import to_fp16
+    from gskit.compare.outputs import compare
+    from gskit.passes.convert import to_fp16
 
     half, _ = to_fp16(gsmodel.load(EXAMPLE), keep_io_types=False)  # as gskit convert --fp16 writes it
     assert half.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16

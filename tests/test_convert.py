@@ -1,4 +1,4 @@
-"""gskit.convert: fp16 with clamping and fp32 boundaries, opset conversion, int64 -> int32."""
+"""gskit.passes.convert: fp16 with clamping and fp32 boundaries, opset conversion, int64 -> int32."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import onnx
 import pytest
 from conftest import parse_model
 
-from gskit import model as gsmodel
 from gskit.backends import ort as gsort
-from gskit.convert import clamp_to_fp16, convert_opset, int64_to_int32, to_fp16
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.passes.convert import clamp_to_fp16, convert_opset, int64_to_int32, to_fp16
 
 
 def test_clamp_values_as_specified():

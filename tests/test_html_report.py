@@ -15,11 +15,11 @@ import onnx
 import pytest
 
 import gskit
-from gskit.compare_plugins import compare_plugins
-from gskit.html_report import DrawnNode, dot_source, environment_rows
+from gskit.compare.plugins import compare_plugins
+from gskit.io.html_report import DrawnNode, dot_source, environment_rows
+from gskit.pipeline.prepare import prepare
+from gskit.pipeline.recipe import make_recipe
 from gskit.plugin import load_plugins
-from gskit.prepare import prepare
-from gskit.recipe import make_recipe
 
 EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 REPO_PLUGINS = Path(gskit.__file__).parent.parent / "plugins"

@@ -1,4 +1,5 @@
-"""gskit.inspect and ``gskit inspect``: summaries checked against counts made directly from the protobuf."""
+"""gskit.passes.inspect and ``gskit inspect``: summaries checked against counts made directly from the
+protobuf."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from gskit import cli
-from gskit.inspect import (
+from gskit.io.model import load, save
+from gskit.passes.inspect import (
     CustomNode,
     FunctionSummary,
     InitializerSummary,
@@ -20,7 +22,6 @@ from gskit.inspect import (
     summarize,
     summarize_file,
 )
-from gskit.model import load, save
 from tests.conftest import LIGHT_MODELS, parse_model
 
 # Main graph: Add, Relu, If (nested If inside its then-branch), two custom-domain nodes, one call to a

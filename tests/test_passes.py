@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from gskit import passes
 from gskit.cli import build_parser, main
-from gskit.fold import FoldOptions, fold
-from gskit.passes import DEFAULT_STEPS, PASSES, STEP_OPTIONS, PassResult, StepError
-from gskit.recipe import parse_recipe
+from gskit.passes.fold import FoldOptions, fold
+from gskit.pipeline import steps as passes
+from gskit.pipeline.recipe import parse_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, STEP_OPTIONS, PassResult, StepError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
-# the module, not the function gskit.patterns exports under the same name
-replace_module = importlib.import_module("gskit.patterns.replace")
+# the module, not the function gskit.passes.patterns exports under the same name
+replace_module = importlib.import_module("gskit.passes.patterns.replace")
 
 
 def test_one_registry_declares_every_pass() -> None:
@@ -180,13 +180,13 @@ def test_every_option_is_a_recipe_key_and_a_cli_flag_with_the_same_default(name:
 @pytest.mark.parametrize(
     ("function", "options"),
     [
-        ("gskit.fold:fold", "gskit.fold:FoldOptions"),
-        ("gskit.sanitize:sanitize", "gskit.sanitize:SanitizeOptions"),
-        ("gskit.patterns.replace:replace", "gskit.patterns.replace:ReplaceOptions"),
-        ("gskit.shapes:infer_shapes", "gskit.shapes:InferShapesOptions"),
-        ("gskit.shapes:infer_graph_shapes", "gskit.shapes:InferShapesOptions"),
-        ("gskit.convert:to_fp16", "gskit.convert:ConvertOptions"),
-        ("gskit.convert:int64_to_int32", "gskit.convert:ConvertOptions"),
+        ("gskit.passes.fold:fold", "gskit.passes.fold:FoldOptions"),
+        ("gskit.passes.sanitize:sanitize", "gskit.passes.sanitize:SanitizeOptions"),
+        ("gskit.passes.patterns.replace:replace", "gskit.passes.patterns.replace:ReplaceOptions"),
+        ("gskit.passes.shapes:infer_shapes", "gskit.passes.shapes:InferShapesOptions"),
+        ("gskit.passes.shapes:infer_graph_shapes", "gskit.passes.shapes:InferShapesOptions"),
+        ("gskit.passes.convert:to_fp16", "gskit.passes.convert:ConvertOptions"),
+        ("gskit.passes.convert:int64_to_int32", "gskit.passes.convert:ConvertOptions"),
     ],
 )
 def test_library_keyword_defaults_are_read_from_the_options(function: str, options: str) -> None:
@@ -223,9 +223,9 @@ def _foldable_graph():
 
 
 def test_in_place_pass_changes_the_given_graph_and_a_copying_one_does_not() -> None:
-    from gskit.fold import FOLD
-    from gskit.isolate import ISOLATE, IsolateOptions
-    from gskit.transform import run_pass
+    from gskit.passes.fold import FOLD
+    from gskit.passes.isolate import ISOLATE, IsolateOptions
+    from gskit.passes.transform import run_pass
 
     assert (FOLD.effect, ISOLATE.effect) == ("in_place", "copying")
     graph = _foldable_graph()
@@ -241,9 +241,9 @@ def test_in_place_pass_changes_the_given_graph_and_a_copying_one_does_not() -> N
 
 def test_a_pass_that_breaks_its_declared_effect_is_caught() -> None:
     from gskit.errors import GskitError
-    from gskit.fold import FoldOptions
-    from gskit.transform import GraphPass, run_pass
-    from gskit.transform import PassResult as Result
+    from gskit.passes.fold import FoldOptions
+    from gskit.passes.transform import GraphPass, run_pass
+    from gskit.passes.transform import PassResult as Result
 
     class Sneaky(GraphPass[FoldOptions]):
         name, options, effect = "sneaky", FoldOptions, "in_place"
@@ -257,8 +257,8 @@ def test_a_pass_that_breaks_its_declared_effect_is_caught() -> None:
 
 def test_library_function_is_its_pass() -> None:
     """``fold()`` and ``run_pass(FOLD, ...)`` give the same graph and report."""
-    from gskit.fold import FOLD
-    from gskit.transform import run_pass
+    from gskit.passes.fold import FOLD
+    from gskit.passes.transform import run_pass
 
     folded, report = fold(_foldable_graph(), max_passes=3)
     result = run_pass(FOLD, _foldable_graph(), FoldOptions(max_passes=3))

@@ -1,5 +1,6 @@
 """``gskit prepare`` without a recipe file: each flag sets its recipe option
-(``gskit.prepare.recipe_with_overrides``), the report shows it, and ``--print-recipe`` writes the recipe."""
+(``gskit.pipeline.prepare.recipe_with_overrides``), the report shows it, and ``--print-recipe`` writes the
+recipe."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 
 from gskit.cli import main
 from gskit.errors import GskitError
-from gskit.passes import DEFAULT_STEPS
-from gskit.prepare import default_recipe, recipe_with_overrides
-from gskit.recipe import parse_recipe
+from gskit.pipeline.prepare import default_recipe, recipe_with_overrides
+from gskit.pipeline.recipe import parse_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
 #: No TensorRT check or build: the runs stay fast and need no TensorRT.

@@ -1,4 +1,4 @@
-"""Terminal output: progress of long steps (gskit.progress, report.progress_display), NO_COLOR, no log noise.
+"""Terminal output: progress of long steps (gskit.io.progress and its display), NO_COLOR, no log noise.
 
 The display is checked on a real pseudo-terminal (``os.openpty``): bars appear there and nowhere else (a pipe,
 a file, ``--json``), and ``NO_COLOR`` leaves no colour or style escape even with ``FORCE_COLOR``.
@@ -19,11 +19,11 @@ import pytest
 from rich.console import Console
 
 import gskit
-from gskit import fold as gsfold
-from gskit import model as gsmodel
-from gskit import progress
-from gskit.compare_layers import compare_layerwise
-from gskit.report import console, progress_display, table, verdict
+from gskit.compare.layers import compare_layerwise
+from gskit.io import model as gsmodel
+from gskit.io import progress
+from gskit.io.report import console, progress_display, table, verdict
+from gskit.passes import fold as gsfold
 
 EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 REPO = Path(gskit.__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ def test_quick_start_commands_are_what_ci_runs() -> None:
 
 
 def test_recipe_example_is_a_valid_recipe() -> None:
-    from gskit.recipe import parse_recipe
+    from gskit.pipeline.recipe import parse_recipe
 
     blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
     assert blocks, "the README has no recipe example"
@@ -136,7 +136,7 @@ def test_nested_tables_are_described_where_they_are_documented(prepared) -> None
 
 def _model(path: Path, body: str) -> Path:
     """A float[2, 3] -> float[2, 3] model made of ``body``."""
-    from gskit import model as gsmodel
+    from gskit.io import model as gsmodel
 
     text = f'<ir_version: 8, opset_import: ["" : 17]>\ng (float[2, 3] x) => (float[2, 3] y) {{\n {body}\n}}'
     return gsmodel.save(onnx.parser.parse_model(text), path)
@@ -144,7 +144,7 @@ def _model(path: Path, body: str) -> Path:
 
 WRONG_PLUGIN = """
 import numpy as np
-from gskit.patterns import GraphPattern
+from gskit.passes.patterns import GraphPattern
 from gskit.plugin import PluginSpec, same_as_input
 
 

@@ -1,4 +1,5 @@
-"""gskit.recipe: every step's options round-trip through YAML; every bad recipe names its file and line."""
+"""gskit.pipeline.recipe: every step's options round-trip through YAML; every bad recipe names its file and
+line."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 
 from gskit.errors import GskitError
-from gskit.passes import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, FoldOptions, ValidateOptions
-from gskit.recipe import Recipe, RecipeStep, load_recipe, make_recipe, parse_recipe
+from gskit.pipeline.recipe import Recipe, RecipeStep, load_recipe, make_recipe, parse_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, FoldOptions, ValidateOptions
 
 #: A value other than the default for every option of every step (as the dataclass holds it).
 NON_DEFAULT: dict[str, dict[str, Any]] = {

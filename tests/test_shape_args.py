@@ -1,4 +1,4 @@
-"""One shape syntax for every command (gskit.shape_args) and the commands that use it."""
+"""One shape syntax for every command (gskit.io.shape_args) and the commands that use it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from onnx import helper
 
 from gskit.cli import main
 from gskit.errors import GskitError
-from gskit.recipe import parse_recipe
-from gskit.shape_args import parse_fixed_shape, parse_profile, parse_symbolic_shape
+from gskit.io.shape_args import parse_fixed_shape, parse_profile, parse_symbolic_shape
+from gskit.pipeline.recipe import parse_recipe
 
 SPELLINGS = ("x:1x3x224x224", "x:1,3,224,224", "x:[1,3,224,224]", "x:[1, 3, 224, 224]", "x:1X3X224X224")
 

@@ -7,12 +7,15 @@ import difflib
 import importlib
 import logging
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 from gskit.errors import GskitError
-from gskit.report import progress_display
+from gskit.io.report import progress_display
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -152,8 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr())
     _quiet_onnxruntime(level)
+    from gskit.io import model as gsmodel
+
     try:
-        with progress_display(enabled=not getattr(args, "json", False)):
+        # Whatever the command loads is its input: no output of it may replace one of those files.
+        with (
+            gsmodel.guarding_inputs(),
+            _sigterm_unwinds(),
+            progress_display(enabled=not getattr(args, "json", False)),
+        ):
             return int(args.func(args) or 0)
     except GskitError as err:
         if args.debug:
@@ -167,6 +177,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gskit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"gskit {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived; a BaseException so that no ``except Exception`` of a step swallows it."""
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into an exception, so that cleanup (work folders, TensorRT worker) runs as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from gskit.backends.trt_build import EngineInfo, build_engine
-from gskit.report import console, print_json, table
-from gskit.shape_args import parse_profile
+from gskit.io.report import console, print_json, table
+from gskit.io.shape_args import parse_profile
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import report
 from gskit.cli import add_plugins_option
-from gskit.compare import COMPARE_BACKENDS, CompareReport, compare
-from gskit.compare_layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
-from gskit.compare_plugins import PluginCompareReport, compare_plugins
+from gskit.compare.layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
+from gskit.compare.outputs import COMPARE_BACKENDS, CompareReport, compare
+from gskit.compare.plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
-from gskit.feeds import load_feeds
-from gskit.plugin import implementation_paths, load_plugins
-from gskit.shape_args import parse_fixed_shape
+from gskit.io import report
+from gskit.io.feeds import load_feeds
+from gskit.io.shape_args import parse_fixed_shape
+from gskit.plugin.spec import implementation_paths, load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
 from gskit.cli.options import add_options, options_from_args
-from gskit.convert import CONVERT, ConvertOptions
 from gskit.errors import GskitError
-from gskit.report import console, print_json, table
-from gskit.transform import run_pass
+from gskit.io import model as gsmodel
+from gskit.io.report import console, print_json, table
+from gskit.passes.convert import CONVERT, ConvertOptions
+from gskit.passes.transform import run_pass
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -6,10 +6,11 @@ import argparse
 
 import numpy as np
 
-from gskit import edit, report
-from gskit import model as gsmodel
 from gskit.errors import GskitError
-from gskit.shape_args import parse_symbolic_shape
+from gskit.io import model as gsmodel
+from gskit.io import report
+from gskit.io.shape_args import parse_symbolic_shape
+from gskit.passes import edit
 
 _ORDER = (
     "Edits run in this order, whatever the order on the command line: drop initializer inputs, constants to "
@@ -102,12 +103,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.in_place:
         raise GskitError("edit: give -o OUTPUT or --in-place")
-    output = gsmodel.resolve_output(args.model, args.output or args.model, in_place=args.in_place)
+    output = gsmodel.resolve_output(
+        args.model, args.output or args.model, in_place=args.in_place, has_in_place=True
+    )
     plan = _plan(args)
     # In place, weights must be in memory: the data file they would be read from is being replaced.
     model = gsmodel.load(args.model, load_weights=args.in_place)
     graph, changes = edit.apply_edits(model, plan)
-    path = gsmodel.save(graph, output)
+    path = gsmodel.save(graph, output, in_place=args.in_place)
     if args.json:
         report.print_json({"output": path, "changes": changes})
     else:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
 from gskit.cli.options import add_options, options_from_args
-from gskit.fold import FOLD, FoldOptions
-from gskit.report import console, print_json, table
-from gskit.transform import run_pass
+from gskit.io import model as gsmodel
+from gskit.io.report import console, print_json, table
+from gskit.passes.fold import FOLD, FoldOptions
+from gskit.passes.transform import run_pass
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     out_path = gsmodel.resolve_output(args.model, args.output, in_place=False)
     plugins = None
     if args.plugins:
-        from gskit.plugin import load_plugins
+        from gskit.plugin.spec import load_plugins
 
         plugins = load_plugins(args.plugins, entry_points=False)
     # Weights stay on disk: folding reads only what each batch needs, so models over 2 GB fold in bounded

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
-from gskit import report
 from gskit.cli import add_plugins_option
 from gskit.cli.options import add_options, options_from_args
-from gskit.plugin import load_plugins
-from gskit.shapes import INFER_SHAPES, InferShapesOptions, missing_shapes
-from gskit.transform import run_pass
+from gskit.io import model as gsmodel
+from gskit.io import report
+from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, missing_shapes
+from gskit.passes.transform import run_pass
+from gskit.plugin.spec import load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

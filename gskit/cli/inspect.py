@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from gskit.inspect import ModelSummary, NodeEntry, TensorEntry, list_nodes, list_tensors, summarize_file
-from gskit.model import load
-from gskit.report import console, print_json, table
+from gskit.io.model import load
+from gskit.io.report import console, print_json, table
+from gskit.passes.inspect import (
+    ModelSummary,
+    NodeEntry,
+    TensorEntry,
+    list_nodes,
+    list_tensors,
+    summarize_file,
+)
 
 #: Tensors without shapes listed in the table; --json lists them all.
 MAX_MISSING_ROWS = 20

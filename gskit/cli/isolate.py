@@ -9,11 +9,11 @@ import onnx_graphsurgeon as gs
 
 from gskit.cli import add_plugins_option
 from gskit.cli.options import add_options, options_from_args
-from gskit.isolate import ISOLATE, IsolateOptions
-from gskit.model import load, resolve_output, save, to_graph
-from gskit.plugin import load_plugins
-from gskit.report import console, print_json, table
-from gskit.transform import run_pass
+from gskit.io.model import load, resolve_output, save, to_graph
+from gskit.io.report import console, print_json, table
+from gskit.passes.isolate import ISOLATE, IsolateOptions
+from gskit.passes.transform import run_pass
+from gskit.plugin.spec import load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

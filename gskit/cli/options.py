@@ -1,9 +1,9 @@
 """CLI flags derived from a pass's options dataclass, and the dataclass built back from the parsed args.
 
-Each field made with ``gskit.transform.option`` carries its help text and CLI spelling; the flag's default is
-the field's default, so a command, the library call and the recipe step cannot disagree. A boolean whose
-default is False is a plain ``--name`` switch; one whose default is True is ``--name/--no-name``. A sequence
-is a repeatable flag (or ``nargs`` / a ``parse`` function giving the whole tuple, as the field says).
+Each field made with ``gskit.passes.transform.option`` carries its help text and CLI spelling; the flag's
+default is the field's default, so a command, the library call and the recipe step cannot disagree. A boolean
+whose default is False is a plain ``--name`` switch; one whose default is True is ``--name/--no-name``. A
+sequence is a repeatable flag (or ``nargs`` / a ``parse`` function giving the whole tuple, as the field says).
 """
 
 from __future__ import annotations

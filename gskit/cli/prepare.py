@@ -9,13 +9,13 @@ from contextlib import ExitStack
 
 from rich.markup import escape
 
-from gskit import progress
 from gskit.cli import add_plugins_option
 from gskit.errors import GskitError
-from gskit.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
-from gskit.recipe import Recipe, load_recipe
-from gskit.report import console, print_json, table
-from gskit.shape_args import parse_fixed_shape
+from gskit.io import progress
+from gskit.io.report import console, print_json, table
+from gskit.io.shape_args import parse_fixed_shape
+from gskit.pipeline.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
+from gskit.pipeline.recipe import Recipe, load_recipe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -8,12 +8,12 @@ import logging
 
 from gskit.cli import add_plugins_option
 from gskit.cli.options import add_options, options_from_args
-from gskit.model import load, resolve_output, save, to_graph
-from gskit.patterns import ReplaceReport
-from gskit.patterns.replace import REPLACE, ReplaceOptions
-from gskit.plugin import load_plugins
-from gskit.report import console, print_json, table
-from gskit.transform import run_pass
+from gskit.io.model import load, resolve_output, save, to_graph
+from gskit.io.report import console, print_json, table
+from gskit.passes.patterns import ReplaceReport
+from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
+from gskit.passes.transform import run_pass
+from gskit.plugin.spec import load_plugins
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _infer(graph, registry) -> None:
     try:
-        from gskit.shapes import infer_graph_shapes
+        from gskit.passes.shapes import infer_graph_shapes
     except ImportError:  # shape inference is optional for this command
         return
     infer_graph_shapes(graph, registry, strict=False)
 
 
 def _as_dict(report: ReplaceReport) -> dict:
-    from gskit.report import to_jsonable
+    from gskit.io.report import to_jsonable
 
     data = to_jsonable(report)
     data["replaced"] = report.replaced

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
 from gskit.cli.options import add_options, options_from_args
-from gskit.report import console, print_json, table
-from gskit.sanitize import DEFAULT_STEPS, SANITIZE, SanitizeOptions
-from gskit.transform import run_pass
+from gskit.io import model as gsmodel
+from gskit.io.report import console, print_json, table
+from gskit.passes.sanitize import DEFAULT_STEPS, SANITIZE, SanitizeOptions
+from gskit.passes.transform import run_pass
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
