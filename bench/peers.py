@@ -16,10 +16,16 @@ written model's outputs with the original's on onnxruntime (CPU, graph optimizat
 ``|a - b| <= ATOL + RTOL * |b|`` everywhere (NaN equal to NaN). The parent kills the child after
 ``timeout`` s; a child that dies is reported as ``crashed``, ``out of memory`` (killed by SIGKILL) or
 ``timeout``.
+
+The reference outputs of each source model are cached in ``reference_cache`` (default: ``$GSKIT_BENCH_CACHE``
+or ``gskit-bench/references`` in the system's temporary folder), keyed by the model's path, size and
+modification time: never beside the model, which may sit inside an installed package (the onnx wheel's light
+models).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -29,6 +35,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -85,9 +92,12 @@ def measure(
     timeout: float = 120.0,
     compare: bool = True,
     extra: dict[str, Any] | None = None,
+    reference_cache: Path | None = None,
 ) -> Row:
     """Measure ``tool`` on ``source`` in a child process; outputs go to ``out_dir`` (removed afterwards).
 
+    ``reference_cache`` holds the original's outputs between measurements (None:
+    :func:`default_reference_cache`).
     ``extra`` is passed to the worker (``gskit-replace`` takes ``blocks``: the graph is generated in the child
     instead of read from ``source``).
     """
@@ -101,6 +111,7 @@ def measure(
         "runs": runs,
         "compare": compare,
         "extra": extra or {},
+        "reference_cache": str(reference_cache or default_reference_cache()),
     }
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
     start = time.perf_counter()
@@ -262,10 +273,24 @@ def _worker(job: dict[str, Any]) -> None:
         all_seconds=[round(t, 4) for t in times],
     )
     if job["compare"]:
-        _emit(**_compare(source, out))
+        _emit(**_compare(source, out, Path(job["reference_cache"])))
 
 
-def _compare(source: Path, result: Path, plugins: Any = None) -> dict[str, Any]:
+def default_reference_cache() -> Path:
+    """Where reference outputs are cached: ``$GSKIT_BENCH_CACHE`` or a folder in the temporary folder."""
+    root = os.environ.get("GSKIT_BENCH_CACHE") or Path(tempfile.gettempdir()) / "gskit-bench"
+    return Path(root) / "references"
+
+
+def _reference_file(cache: Path, source: Path) -> Path:
+    """The cache file of ``source``'s outputs; a rewritten model (new size or time) gets a new file."""
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache / f"{source.name}.{key}.npz"
+
+
+def _compare(source: Path, result: Path, cache_dir: Path | None, plugins: Any = None) -> dict[str, Any]:
+    """Outputs of ``result`` against ``source``'s (cached in ``cache_dir``; None: not cached)."""
     import numpy as np
 
     from gskit.backends import ort as gort
@@ -273,13 +298,17 @@ def _compare(source: Path, result: Path, plugins: Any = None) -> dict[str, Any]:
     from gskit.io.model import load
 
     feeds = random_feeds(load(source, load_weights=False))
-    cache = source.parent / (source.name + ".reference.npz")
-    if cache.exists():
+    cache = _reference_file(cache_dir, source) if cache_dir is not None else None
+    if cache is not None and cache.exists():
         with np.load(cache) as data:
             expected = dict(data)
     else:
         expected = gort.run(str(source), feeds)
-        np.savez(cache, **expected)
+    if cache is not None and not cache.exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(f".{os.getpid()}.npz")  # another worker may write the same file
+        np.savez(partial, **expected)
+        partial.replace(cache)
     got = gort.run(str(result) if plugins is None else load(result), feeds, plugins=plugins)
     if set(got) != set(expected):  # a tool renamed outputs: pair them by position
         got = dict(zip(expected, got.values(), strict=False))
@@ -325,7 +354,8 @@ def _replace_worker(job: dict[str, Any]) -> None:
         source, result = out_dir / "original.onnx", out_dir / "replaced.onnx"
         gsmodel.save(transformer_like(blocks=blocks), source)
         gsmodel.save(graph, result)
-        _emit(**_compare(source, result, plugins=registry))
+        # generated afresh in out_dir for each measurement: nothing to reuse
+        _emit(**_compare(source, result, None, plugins=registry))
 
 
 def main(argv: list[str] | None = None) -> int:

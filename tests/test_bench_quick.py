@@ -57,9 +57,16 @@ def test_large_model_generator_writes_external_data(tmp_path: Path) -> None:
     assert y.shape[0] == 1
 
 
-def test_measure_gskit_fold_end_to_end(tmp_path: Path) -> None:
+def _fold_squeezenet(tmp_path: Path, runs: int, timeout: float) -> Row:
     light = next(p for p in LIGHT_MODELS if p.stem == "light_squeezenet")
-    row = measure("fold", light.stem, "gskit", light, tmp_path / "out", runs=1, timeout=45)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    return measure("fold", light.stem, "gskit", light, out, runs=runs, timeout=timeout, reference_cache=cache)
+
+
+def test_measure_gskit_fold_end_to_end(tmp_path: Path) -> None:
+    package = next(p for p in LIGHT_MODELS if p.stem == "light_squeezenet").parent  # in the onnx wheel
+    before = {p: p.stat().st_mtime_ns for p in package.iterdir()}
+    row = _fold_squeezenet(tmp_path, runs=1, timeout=45)
     data = row.as_dict()
     for key in (
         "seconds",
@@ -75,9 +82,15 @@ def test_measure_gskit_fold_end_to_end(tmp_path: Path) -> None:
     assert 0 < row.nodes_after < row.nodes_before
     assert row.peak_rss >= row.rss_after_imports > 0
     assert not (tmp_path / "out").exists()
+    # the reference outputs went to the cache, not beside the model inside the installed package (a stale
+    # .reference.npz an older gskit left there is neither read nor rewritten)
+    assert {p: p.stat().st_mtime_ns for p in package.iterdir()} == before
+    cached = list((tmp_path / "cache").iterdir())
+    assert [p.name.split(".")[0] for p in cached] == ["light_squeezenet"]
+    again = _fold_squeezenet(tmp_path, runs=1, timeout=45)
+    assert again.match is True and list((tmp_path / "cache").iterdir()) == cached  # reused
 
 
 def test_measure_reports_timeout(tmp_path: Path) -> None:
-    light = next(p for p in LIGHT_MODELS if p.stem == "light_squeezenet")
-    row: Row = measure("fold", light.stem, "gskit", light, tmp_path / "out", runs=50, timeout=1)
+    row = _fold_squeezenet(tmp_path, runs=50, timeout=1)
     assert row.status == "timeout" and row.seconds is None

@@ -270,6 +270,8 @@ def test_report_html_renders_in_chromium(tmp_path: Path) -> None:
     assert parsed.tags["svg"] == 2 * regions  # before and after per replaced region
     assert parsed.ids["verdict"] == "Validation PASSED"
     assert parsed.tags["section"] == regions
+    # "before"/"after" once per drawing (the figure caption; the drawing itself has no title)
+    assert dom.count(">before<") == dom.count(">after<") == regions
     shot = tmp_path / "shot.png"
     subprocess.run(
         ["chromium", *flags, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri()],

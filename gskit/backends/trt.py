@@ -144,6 +144,7 @@ def run_worker(
     """
     env = _worker_env()
     env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
+    env["GSKIT_WORKER_TRACEBACK"] = "1" if log.isEnabledFor(logging.DEBUG) else "0"  # in the debug log
     with private_temp_folder("gskit-trt-") as tmp:
         request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
         request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))

@@ -217,6 +217,24 @@ def _strongly_typed_available(trt: Any) -> bool:
     return hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED")
 
 
+#: Set by the parent when gskit runs with --debug: the worker prints its traceback on failure.
+TRACEBACK_ENV = "GSKIT_WORKER_TRACEBACK"
+
+
+def _run(argv: list[str]) -> int:
+    """``main``, with a failure said in one last line (the parent quotes the end of stderr in its error)."""
+    try:
+        return main(argv)
+    except Exception as err:  # TensorRT, Polygraphy and a plugin library raise many types
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            import traceback
+
+            traceback.print_exc()
+        text = str(err).strip().splitlines()
+        print(f"{type(err).__name__}: {text[0] if text else ''}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(_run(sys.argv[1:]))

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 from gskit.errors import GskitError
+from gskit.io.report import progress_display
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -123,6 +124,16 @@ def _version() -> str:
         return "unknown"
 
 
+class _CurrentStderr:
+    """Writes to ``sys.stderr`` as it is at each log line: a progress bar swaps it to print above itself."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 #: Options of the ``gskit`` command itself, which people also write after the subcommand.
 GLOBAL_FLAGS = ("--debug", "-v", "--verbose")
 
@@ -142,13 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(hoist_global_flags(list(sys.argv[1:] if argv is None else argv)))
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr())
     _quiet_onnxruntime(level)
     from gskit.io import model as gsmodel
 
     try:
         # Whatever the command loads is its input: no output of it may replace one of those files.
-        with gsmodel.guarding_inputs(), _sigterm_unwinds():
+        with (
+            gsmodel.guarding_inputs(),
+            _sigterm_unwinds(),
+            progress_display(enabled=not getattr(args, "json", False)),
+        ):
             return int(args.func(args) or 0)
     except GskitError as err:
         if args.debug:

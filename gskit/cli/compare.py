@@ -226,7 +226,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
         "max abs err",
         "max rel err",
         "result",
-        "original nodes",
+        "region nodes (no Constant)",
         "note",
     )
     title = _title(

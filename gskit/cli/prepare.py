@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import ExitStack
 
 from rich.markup import escape
 
 from gskit.cli import add_plugins_option
 from gskit.errors import GskitError
+from gskit.io import progress
 from gskit.io.report import console, print_json, table
 from gskit.io.shape_args import parse_fixed_shape
 from gskit.pipeline.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
@@ -77,24 +79,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 class _Progress:
-    """A spinner while a step runs, one line when it ends."""
+    """A spinner while a step runs (a progress task: a step's own bars, fold's batches, show below it), one
+    line when it ends."""
 
     def __init__(self, quiet: bool) -> None:
         self._console = console(stderr=True)
         self._quiet = quiet
-        self._status = None
+        self._step = ExitStack()
         self._start = time.perf_counter()
 
     def started(self, name: str, index: int, total: int) -> None:
-        if self._quiet:
-            return
-        self._status = self._console.status(f"[{index + 1}/{total}] {name} ...")
-        self._status.start()
+        self._step.enter_context(progress.task(f"[{index + 1}/{total}] {name}"))
 
     def finished(self, result: StepResult) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
+        self._step.close()
         if self._quiet:
             return
         mark = {"ok": "[green]ok[/]", "skipped": "[yellow]skip[/]", "failed": "[red]FAIL[/]"}[result.status]

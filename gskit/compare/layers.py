@@ -42,6 +42,7 @@ from gskit.compare.outputs import (
     source_model,
 )
 from gskit.errors import GskitError
+from gskit.io import progress
 from gskit.io.feeds import feed_shapes, resolve_feeds
 from gskit.plugin.spec import PluginRegistry
 
@@ -162,17 +163,19 @@ def compare_layerwise(
         checked: list[TensorCheck] = []
         first: TensorCheck | None = None
         runs = 0
-        for start in range(0, len(candidates), chunk):
-            names = candidates[start : start + chunk]
-            rows = compare_arrays(reference.run(names), test.run(names), names, atol=atol, rtol=rtol)
-            runs += 1
-            for row in rows:
-                checked.append(TensorCheck(row, original_nodes[row.name], prepared_nodes[row.name]))
-                if not row.passed:
-                    first = checked[-1]
+        with progress.task("layerwise: tensors compared", total=len(candidates)) as advance:
+            for start in range(0, len(candidates), chunk):
+                names = candidates[start : start + chunk]
+                rows = compare_arrays(reference.run(names), test.run(names), names, atol=atol, rtol=rtol)
+                runs += 1
+                advance(len(names))
+                for row in rows:
+                    checked.append(TensorCheck(row, original_nodes[row.name], prepared_nodes[row.name]))
+                    if not row.passed:
+                        first = checked[-1]
+                        break
+                if first is not None:
                     break
-            if first is not None:
-                break
         under_test = test.name
     return LayerwiseReport(
         checked=checked,
@@ -213,7 +216,7 @@ class OrtTensors:
         name: str,
     ) -> None:
         self.model = model
-        self.feeds = dict(feeds)
+        self.feeds = _as_input_dtypes(model, feeds)
         self.plugins = plugins
         self.name = name
 
@@ -234,6 +237,20 @@ class OrtTensors:
         values = ort_backend.run(sess, {k: v for k, v in self.feeds.items() if k in known}, outputs=wanted)
         values.update({n: self.feeds[n] for n in names if n in inputs and n in self.feeds})
         return values
+
+
+def _as_input_dtypes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` cast to the dtypes of ``model``'s graph inputs, as Polygraphy's data loader does for plain
+    compare: the same float32 inputs feed an original and its ``convert --fp16`` copy (float16 inputs)."""
+    dtypes = {
+        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        for i in model.graph.input
+        if i.type.tensor_type.elem_type
+    }
+    return {
+        name: value.astype(dtypes[name]) if name in dtypes and value.dtype != dtypes[name] else value
+        for name, value in feeds.items()
+    }
 
 
 @contextmanager

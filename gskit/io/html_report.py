@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, distributions, version
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +33,84 @@ class DrawnNode:
 
 @dataclass(frozen=True)
 class Region:
-    """One replaced region: its nodes before and the plugin node after, with the boundary tensors."""
+    """One replaced region: its nodes before and the plugin node after (with its attributes), with the
+    boundary tensors."""
 
     title: str
     before: tuple[DrawnNode, ...]
     after: tuple[DrawnNode, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    attributes: tuple[tuple[str, str], ...] = ()
 
 
-def dot_source(nodes: Sequence[DrawnNode], inputs: Iterable[str], outputs: Iterable[str], title: str) -> str:
-    """Graphviz DOT text for a small region: ops as boxes, boundary tensors as ellipses."""
+@dataclass(frozen=True)
+class Page:
+    """What ``report.html`` shows, as text cells.
+
+    Attributes:
+        title: the page's heading.
+        passed: the verdict at the top.
+        summary: (label, value) rows: files, sizes, recipe, plugins, TensorRT, engine.
+        steps: one row per step (step, time, nodes before, nodes after, result).
+        comparison: one row per output (output, shape, dtype, max abs err, max rel err, atol, rtol, result).
+        comparison_inputs: how the comparison was fed (inputs with dtypes and shapes, seed or file) and the
+            tolerances given.
+        regions: the replaced regions, drawn before/after.
+        skipped: one row per match that was found and not replaced (plugin, rule, where, reason).
+        environment: (name, value) rows: versions of gskit and the libraries it used, and when the page was
+            written.
+    """
+
+    title: str
+    passed: bool
+    summary: Sequence[tuple[str, str]]
+    steps: Sequence[Sequence[str]]
+    comparison: Sequence[Sequence[str]]
+    comparison_inputs: str
+    regions: Sequence[Region]
+    skipped: Sequence[Sequence[str]] = ()
+    environment: Sequence[tuple[str, str]] = ()
+
+
+#: Distributions whose versions the page lists (those installed): gskit and what it drives. TensorRT's
+#: packages are found by name (``tensorrt``, ``tensorrt_cu12``, ``tensorrt_rtx_cu13``, ...).
+VERSIONED = ("gskit", "onnx", "onnxruntime", "onnx_graphsurgeon", "polygraphy")
+
+
+def environment_rows(now: datetime | None = None) -> list[tuple[str, str]]:
+    """(name, version) of each installed distribution of :data:`VERSIONED` and of TensorRT, then the time
+    (UTC)."""
+    rows = []
+    for name in VERSIONED:
+        try:
+            rows.append((name, version(name)))
+        except PackageNotFoundError:  # gskit run from a source tree that was never installed
+            rows.append((name, "not installed"))
+    trt = {
+        d.metadata["Name"]: d.version
+        for d in distributions()
+        if (d.metadata["Name"] or "").lower().replace("-", "_").startswith("tensorrt")
+        and not (d.metadata["Name"] or "").lower().endswith(("libs", "bindings"))
+    }
+    rows.extend(sorted(trt.items()) or [("tensorrt", "not installed")])
+    when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    rows.append(("written (UTC)", when.strftime("%Y-%m-%d %H:%M:%S")))
+    return rows
+
+
+def dot_source(
+    nodes: Sequence[DrawnNode], inputs: Iterable[str], outputs: Iterable[str], title: str = ""
+) -> str:
+    """Graphviz DOT text for a small region: ops as boxes, boundary tensors as ellipses.
+
+    ``title`` labels the drawing; the page leaves it empty, its figure caption says "before" or "after".
+    """
     shown = list(nodes)[:MAX_DRAWN_NODES]
+    label = f'label="{_dot(title)}"; labelloc=t; ' if title else ""
     lines = [
         "digraph region {",
-        f'  label="{_dot(title)}"; labelloc=t; rankdir=TB; fontname="Helvetica";',
+        f'  {label}rankdir=TB; fontname="Helvetica";',
         '  node [fontname="Helvetica", fontsize=10];',
     ]
     producers: dict[str, str] = {}
@@ -91,52 +156,61 @@ def render_svg(dot: str) -> str | None:
     return svg[start:] if start >= 0 else None
 
 
-def render_page(
-    title: str,
-    summary_rows: Sequence[tuple[str, str]],
-    step_rows: Sequence[Sequence[str]],
-    comparison_rows: Sequence[Sequence[str]],
-    regions: Sequence[Region],
-    passed: bool,
-) -> str:
+def render_page(page: Page) -> str:
     """The whole HTML document as a string."""
-    verdict = "PASSED" if passed else "FAILED"
+    verdict = "PASSED" if page.passed else "FAILED"
+    comparison_columns = ("output", "shape", "dtype", "max abs err", "max rel err", "atol", "rtol", "result")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>",
+        f"<title>{html.escape(page.title)}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
+        f"<h1>{html.escape(page.title)}</h1>",
         f'<p class="verdict {verdict.lower()}" id="verdict">Validation {verdict}</p>',
         "<h2>Summary</h2>",
-        _table(("", ""), summary_rows, table_id="summary", header=False),
+        _table(("", ""), page.summary, table_id="summary", header=False),
         "<h2>Steps</h2>",
-        _table(("step", "time (s)", "nodes before", "nodes after", "result"), step_rows, table_id="steps"),
+        _table(("step", "time (s)", "nodes before", "nodes after", "result"), page.steps, table_id="steps"),
         "<h2>Comparison with the original model</h2>",
-        _table(
-            ("output", "shape", "max abs err", "max rel err", "result"),
-            comparison_rows,
-            table_id="comparison",
-        )
-        if comparison_rows
+        f'<p id="comparison-inputs">{html.escape(page.comparison_inputs)}</p>',
+        _table(comparison_columns, page.comparison, table_id="comparison")
+        if page.comparison
         else "<p>No comparison ran.</p>",
-        f"<h2>Replaced regions ({len(regions)})</h2>",
+        f"<h2>Replaced regions ({len(page.regions)})</h2>",
+        "<p>Node counts are the region's operator nodes; <code>Constant</code> nodes, whose values the "
+        "pattern reads, are not counted (as in <code>gskit compare --per-plugin</code>).</p>"
+        if page.regions
+        else "",
     ]
-    for index, region in enumerate(regions):
-        before = render_svg(dot_source(region.before, region.inputs, region.outputs, "before"))
-        after = render_svg(dot_source(region.after, region.inputs, region.outputs, "after"))
-        parts.append(f'<section class="region" id="region-{index}"><h3>{html.escape(region.title)}</h3>')
-        parts.append('<div class="pair">')
-        for label, svg in (("before", before), ("after", after)):
-            body = (
-                svg
-                if svg is not None
-                else "<p>(install Graphviz, package <code>graphviz</code>, for pictures)</p>"
-            )
-            parts.append(f'<figure class="{label}">{body}<figcaption>{label}</figcaption></figure>')
-        parts.append("</div></section>")
+    parts.extend(_region(index, region) for index, region in enumerate(page.regions))
+    parts.append(f"<h2>Matches not replaced ({len(page.skipped)})</h2>")
+    parts.append(
+        _table(("plugin", "rule", "at node", "reason"), page.skipped, table_id="skipped")
+        if page.skipped
+        else "<p>None: every match found was replaced.</p>"
+    )
+    if page.environment:
+        parts.append("<h2>Environment</h2>")
+        parts.append(_table(("", ""), page.environment, table_id="environment", header=False))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _region(index: int, region: Region) -> str:
+    """One region's section: title, the plugin node's attributes, and the before/after drawings."""
+    parts = [f'<section class="region" id="region-{index}"><h3>{html.escape(region.title)}</h3>']
+    if region.attributes:
+        parts.append(_table(("attribute", "value"), region.attributes, table_id=f"region-{index}-attributes"))
+    parts.append('<div class="pair">')
+    for label, nodes in (("before", region.before), ("after", region.after)):
+        svg = render_svg(dot_source(nodes, region.inputs, region.outputs))
+        body = svg if svg is not None else f"<p>{_NO_GRAPHVIZ}</p>"
+        parts.append(f'<figure class="{label}">{body}<figcaption>{label}</figcaption></figure>')
+    parts.append("</div></section>")
+    return "\n".join(parts)
+
+
+_NO_GRAPHVIZ = "(install Graphviz, package <code>graphviz</code>, for pictures)"
 
 
 def _table(
@@ -163,4 +237,5 @@ th { background: #f0f0f0; }
 .pair { display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }
 figure { margin: 0; border: 1px solid #ddd; padding: 0.5em; }
 figure svg { max-width: 600px; height: auto; }
+figcaption { text-align: center; font-weight: bold; }
 """

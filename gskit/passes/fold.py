@@ -61,6 +61,7 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_impor
 
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+from gskit.io import progress
 from gskit.passes.edit import unique_name
 from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
@@ -394,8 +395,11 @@ def _fold_batched(
     """Evaluate the constant nodes of ``graph`` batch by batch and replace their used results by constants."""
     graph.toposort()
     context = _BatchContext(graph, size_threshold, allow_partial, spill, report, exclude.failed)
-    for batch in _batches(_foldable_nodes(graph, exclude, size_threshold, report)):
-        context.evaluate(batch)
+    nodes = _foldable_nodes(graph, exclude, size_threshold, report)
+    with progress.task("fold: constant nodes evaluated", total=len(nodes)) as advance:
+        for batch in _batches(nodes):
+            context.evaluate(batch)
+            advance(len(batch))
 
 
 def _foldable_nodes(

@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
-from gskit.io.html_report import DrawnNode, Region, render_page
+from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
 from gskit.io.report import dumps
 from gskit.pipeline.recipe import Recipe, RecipeStep, make_recipe
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
@@ -227,13 +227,13 @@ def prepare(
             except GskitError as err:
                 report.error = str(err)
                 _remove_earlier_outputs(out_dir)
-                _write_reports(report, original, state, out_dir)
+                _write_reports(report, original, state, out_dir, recipe)
                 raise
             _move_engine(state, out_dir, report)
             report.passed = all(s.status != "failed" for s in report.steps) and (
                 state.comparison is None or state.comparison.passed
             )
-            _write_reports(report, original, state, out_dir)
+            _write_reports(report, original, state, out_dir, recipe)
     return report
 
 
@@ -389,18 +389,24 @@ def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
     }
 
 
-def _write_reports(report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path) -> None:
+def _write_reports(
+    report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path, recipe: Recipe
+) -> None:
     json_name, html_name = REPORT_NAMES
     gsmodel.write_atomic(out_dir / json_name, dumps(report))
-    gsmodel.write_atomic(out_dir / html_name, _html(report, original, state))
+    gsmodel.write_atomic(out_dir / html_name, _html(report, original, state, recipe))
 
 
-def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> str:
+def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe) -> str:
     comparison = report.comparison
-    verdict = report.passed and report.error is None
     summary = [
-        ("input model", report.model),
-        ("prepared model", report.prepared_model or "(not written)"),
+        ("input model", f"{report.model} ({_size(_model_files(Path(report.model), original))})"),
+        (
+            "prepared model",
+            f"{report.prepared_model} ({_size(_model_files(Path(report.prepared_model)))})"
+            if report.prepared_model
+            else "(not written)",
+        ),
         ("recipe", report.recipe),
         ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
         ("TensorRT check", _trt_line(report.tensorrt)),
@@ -417,15 +423,79 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> 
         rows = [
             (
                 o.name,
-                str(o.shape),
+                "x".join(str(d) for d in o.shape),
+                o.dtype,
                 f"{o.max_abs_err:.3g}",
                 f"{o.max_rel_err:.3g}",
+                f"{o.atol:g}",
+                f"{o.rtol:g}",
                 "pass" if o.passed else "FAIL",
             )
             for o in comparison.outputs
         ]
-    regions = _regions(report.regions, original, state.graph)
-    return render_page(f"gskit prepare: {Path(report.model).name}", summary, steps, rows, regions, verdict)
+    page = Page(
+        title=f"gskit prepare: {Path(report.model).name}",
+        passed=report.passed and report.error is None,
+        summary=summary,
+        steps=steps,
+        comparison=rows,
+        comparison_inputs=_comparison_inputs(comparison, original, recipe),
+        regions=_regions(report.regions, original, state.graph),
+        skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in state.skipped],
+        environment=environment_rows(),
+    )
+    return render_page(page)
+
+
+def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recipe) -> str:
+    """``inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05, rtol 1e-05 ...``."""
+    if comparison is None:
+        return ""
+    options = next((s.options for s in recipe.steps if s.name == "validate"), None)
+    dtypes = {
+        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name
+        for i in original.graph.input
+        if i.type.tensor_type.elem_type
+    }
+    fed = ", ".join(
+        f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
+        for name, shape in comparison.input_shapes.items()
+    )
+    source = getattr(options, "inputs", None)
+    how = f"from {source}" if source else f"random (seed {getattr(options, 'seed', 0)})"
+    return (
+        f"inputs {fed}, {how}; tolerances given: atol {comparison.atol:g}, rtol {comparison.rtol:g} "
+        "(float32 outputs; lower-precision outputs get at least their dtype's floor, see each row)"
+    )
+
+
+def _model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:
+    """The model file and the external data files it reads (those of ``model``, else ``<path>.data``)."""
+    if model is None:
+        data = path.with_name(path.name + ".data")
+        return [path, data] if data.is_file() else [path]
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    locations = {
+        entry.value
+        for tensor in _get_all_tensors(model)
+        if uses_external_data(tensor)
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    return [path, *(path.parent / name for name in sorted(locations))]
+
+
+def _size(files: list[Path]) -> str:
+    """``1.2 MB`` for the files together (``3 files`` named when there are several)."""
+    total = sum(f.stat().st_size for f in files if f.is_file())
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if total >= scale:
+            text = f"{total / scale:.1f} {unit}"
+            break
+    else:
+        text = f"{total} bytes"
+    return text if len(files) == 1 else f"{text} in {len(files)} files"
 
 
 def _trt_line(trt: Any) -> str:
@@ -464,5 +534,19 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
             else ()
         )
         title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
-        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs)))
+        attrs = plugin.attrs if plugin is not None else {}
+        attributes = tuple((k, _attribute_text(v)) for k, v in attrs.items())
+        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes))
     return regions
+
+
+def _attribute_text(value: Any) -> str:
+    """An attribute value as a cell: numbers as written, long lists cut."""
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_attribute_text(v) for v in value[:8])
+        return f"[{shown}{', ...' if len(value) > 8 else ''}]"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -109,6 +109,8 @@ class RunState:
     plugin_dirs: tuple[Path, ...] | None
     work_dir: Path
     replaced: list[Any] = field(default_factory=list)
+    #: (plugin, Skip) for each match replace found and did not replace, with the reason (report.html)
+    skipped: list[tuple[str, Any]] = field(default_factory=list)
     comparison: Any = None
     trt_report: Any = None
     engine: Any = None
@@ -232,6 +234,7 @@ class Replace(_Transform[ReplaceOptions]):
     def call(self, state: RunState, options: ReplaceOptions) -> PassResult:
         result = run_pass(self.core, state.graph, options, plugins=list(state.registry))
         state.replaced.extend(result.report.regions)
+        state.skipped.extend((p.plugin, skip) for p in result.report.plugins for skip in p.skipped)
         return result
 
 

@@ -1,0 +1,151 @@
+"""report.html: what the page says about a prepare run (and that its region counts agree with --per-plugin).
+
+The page is read as HTML text here, so this runs without Graphviz or Chromium; tests/test_prepare.py opens it
+in headless Chromium where that is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import onnx
+import pytest
+
+import gskit
+from gskit.compare.plugins import compare_plugins
+from gskit.io.html_report import DrawnNode, dot_source, environment_rows
+from gskit.pipeline.prepare import prepare
+from gskit.pipeline.recipe import make_recipe
+from gskit.plugin import load_plugins
+
+EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
+REPO_PLUGINS = Path(gskit.__file__).parent.parent / "plugins"
+
+
+class Tables(HTMLParser):
+    """The page's tables by id (rows of cell texts) and its figure captions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.captions: list[str] = []
+        self.paragraphs: dict[str, str] = {}
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+        self._in: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        ident = dict(attrs).get("id")
+        if tag == "table":
+            self._table = ident
+            self.tables[ident] = []
+        elif tag == "tr" and self._table:
+            self.tables[self._table].append([])
+        elif tag in ("td", "th") and self._table:
+            self._cell = []
+        elif tag in ("figcaption", "p"):
+            self._in, self._cell = (ident or tag), []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._table and self._cell is not None:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "figcaption" and self._cell is not None:
+            self.captions.append("".join(self._cell).strip())
+            self._cell = self._in = None
+        elif tag == "p" and self._cell is not None:
+            self.paragraphs[self._in] = "".join(self._cell).strip()
+            self._cell = self._in = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("prepared") / "out"
+    steps = ("sanitize", "replace", "infer_shapes", "fold", "infer_shapes", "validate")  # no TensorRT: faster
+    report = prepare(EXAMPLE, out, plugin_dirs=[REPO_PLUGINS], recipe=make_recipe([(s, {}) for s in steps]))
+    assert report.passed
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(prepared) -> Tables:
+    parsed = Tables()
+    parsed.feed((prepared / "report.html").read_text())
+    return parsed
+
+
+def test_each_region_shows_its_plugin_attributes(page, prepared):
+    model = onnx.load(prepared / "model.onnx")
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNorm")
+    epsilon = next(a.f for a in norm.attribute if a.name == "epsilon")
+    regions = json.loads((prepared / "report.json").read_text())["regions"]
+    index = next(i for i, r in enumerate(regions) if r["node"] == norm.name)
+    rows = dict(page.tables[f"region-{index}-attributes"][1:])
+    assert rows["epsilon"] == f"{epsilon:g}" and rows["plugin_namespace"] == "gskit"
+
+
+def test_skipped_matches_are_listed_with_their_reason(page):
+    rows = page.tables["skipped"][1:]
+    # the example's LayerNorm also matches RMSNorm's rule from its Mul: found, not replaced, and why
+    assert [r[0] for r in rows] == ["gskit::RMSNorm v1"]
+    assert "overlaps the LayerNorm match" in rows[0][3]
+
+
+def test_comparison_says_inputs_seed_dtypes_and_tolerances(page):
+    header, *rows = page.tables["comparison"]
+    assert header == ["output", "shape", "dtype", "max abs err", "max rel err", "atol", "rtol", "result"]
+    assert rows[0][:3] == ["y", "2x10", "float32"] and rows[0][5:] == ["1e-05", "1e-05", "pass"]
+    inputs = page.paragraphs["comparison-inputs"]
+    assert inputs.startswith("inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05")
+
+
+def test_summary_has_file_sizes_and_environment_versions(page, prepared):
+    summary = dict(page.tables["summary"])
+    size = re.search(r"\((\d+\.\d) kB\)$", summary["input model"])
+    assert size and float(size.group(1)) == round(EXAMPLE.stat().st_size / 1e3, 1)
+    assert summary["prepared model"].endswith(f"({(prepared / 'model.onnx').stat().st_size / 1e3:.1f} kB)")
+    environment = dict(page.tables["environment"])
+    assert environment["onnx"] == onnx.__version__
+    assert {"gskit", "onnxruntime", "polygraphy", "written (UTC)"} <= set(environment)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", environment["written (UTC)"])
+
+
+def test_before_and_after_are_said_once_per_drawing(page, prepared):
+    regions = json.loads((prepared / "report.json").read_text())["regions"]
+    assert page.captions == ["before", "after"] * len(regions)
+    # the drawing itself carries no second label
+    source = dot_source([DrawnNode("n", "Relu", ("x",), ("y",))], ["x"], ["y"])
+    assert 'label="before"' not in source and not re.search(r"^\s*label=", source, re.M)
+
+
+def test_region_node_counts_agree_with_compare_per_plugin(prepared):
+    """Both count the region's operator nodes; Constant nodes (values the pattern reads) are not counted."""
+    regions = json.loads((prepared / "report.json").read_text())["regions"]
+    registry = load_plugins([REPO_PLUGINS], entry_points=False)
+    checks = compare_plugins(EXAMPLE, prepared / "model.onnx", plugins=registry, shapes={"x": (2, 4, 8, 8)})
+    per_plugin = {c.node: len(c.original_nodes) for c in checks.plugins}
+    assert (
+        per_plugin
+        == {r["node"]: len(r["original_nodes"]) for r in regions}
+        == {
+            "ClampSwish_0": 5,
+            "LayerNorm_0": 9,
+            "ClampSwish_1": 5,
+        }
+    )
+    html = (prepared / "report.html").read_text()
+    assert all(f"({node}) replaced {count} node(s)" in html for node, count in per_plugin.items())
+
+
+def test_environment_lists_tensorrt_or_says_it_is_missing():
+    names = [name for name, _ in environment_rows()]
+    assert any(name.startswith("tensorrt") for name in names)
