@@ -46,6 +46,35 @@ def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
 
 
 @pytest.mark.real
+@pytest.mark.timeout(1500)
+def test_fold_leaves_no_more_nodes_than_polygraphy_on_third_party_models(tmp_path_factory) -> None:
+    cache = os.environ.get("GSKIT_CORPUS_CACHE") or str(tmp_path_factory.mktemp("corpus-cache"))
+    out = tmp_path_factory.mktemp("corpus-fold") / "fold.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--third-party-only", "--fold-vs-polygraphy", "--json", str(out)]
+        + ["--cache", cache],
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
+    assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["fold_rows"]
+    pinned = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
+    assert [r["model"] for r in rows] == pinned, result["skipped"]
+    levels = ("fail", "basic", "full")
+    for row in rows:
+        nodes, check = row["nodes"], row["check"]
+        assert not row["errors"].get("gskit") and not row["errors"].get("gskit-nolimit"), row
+        if nodes["polygraphy"] is not None:  # no third-party constant exceeds the 16 MiB default either
+            assert nodes["gskit"] <= nodes["polygraphy"], row
+            assert nodes["gskit-nolimit"] <= nodes["polygraphy"], row
+        for tool in ("gskit", "gskit-nolimit"):  # never a checker level the input passed lost
+            assert levels.index(check[tool]) >= levels.index(row["check_in"]), (tool, row)
+    assert result["problems"] == [] and done.returncode == 0, result["problems"]
+
+
+@pytest.mark.real
 @pytest.mark.torch
 @pytest.mark.timeout(900)
 def test_transformers_part_exports_both_ways_with_ground_truth(tmp_path) -> None:
