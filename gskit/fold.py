@@ -327,7 +327,21 @@ class _Exclusion:
             kind = getattr(tensor, "type", "tensor_type")
             if kind not in (None, "tensor_type"):
                 return f"output '{tensor.name}' is a {kind.replace('_type', '')}"
+        if any(_has_unread_inputs(sub) for sub in gsmodel.node_subgraphs(node)):
+            return f"{node.op} has a subgraph input that nothing reads (graphsurgeon would drop it)"
         return None
+
+
+def _has_unread_inputs(subgraph: gs.Graph) -> bool:
+    """A subgraph input no output depends on (a ``Loop`` body's unused iteration number).
+
+    graphsurgeon's fold cleans up its copy of the graph with ``remove_unused_graph_inputs=True``, subgraphs
+    included: such an input is removed and onnxruntime rejects the ``Loop`` (its body inputs are positional).
+    """
+    probe = subgraph.copy()
+    count = len(probe.inputs)
+    probe.cleanup(remove_unused_graph_inputs=True)
+    return len(probe.inputs) != count
 
 
 # --- batched evaluation (models over 2 GB) -----------------------------------------------------------------

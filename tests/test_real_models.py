@@ -18,24 +18,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "real_models.py"
+PINNED = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
 
 
-@pytest.mark.real
-@pytest.mark.timeout(1500)
-def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
+def _third_party_run(tmp_path_factory, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """scripts/real_models.py --third-party-only FLAGS: the finished process and its JSON."""
     cache = os.environ.get("GSKIT_CORPUS_CACHE") or str(tmp_path_factory.mktemp("corpus-cache"))
     out = tmp_path_factory.mktemp("corpus") / "rows.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--third-party-only", "--json", str(out), "--cache", cache],
+        [sys.executable, str(SCRIPT), "--third-party-only", *flags, "--json", str(out), "--cache", cache],
         capture_output=True,
         text=True,
         timeout=1400,
     )
     assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+@pytest.mark.real
+@pytest.mark.timeout(1500)
+def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
+    done, result = _third_party_run(tmp_path_factory)
     rows = result["rows"]
-    pinned = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
-    assert [r["model"] for r in rows] == pinned and len(rows) >= 20
+    assert [r["model"] for r in rows] == PINNED and len(rows) >= 20
     assert not [r["model"] for r in rows if r["traceback"]], done.stdout[-3000:]
     assert all(r["exit_code"] in (0, 1, 2) for r in rows), [(r["model"], r["reason"]) for r in rows]
     silent = [r["model"] for r in rows if r["exit_code"] and (not r["reason"] or "\n" in r["reason"])]
@@ -48,20 +53,9 @@ def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
 @pytest.mark.real
 @pytest.mark.timeout(1500)
 def test_fold_leaves_no_more_nodes_than_polygraphy_on_third_party_models(tmp_path_factory) -> None:
-    cache = os.environ.get("GSKIT_CORPUS_CACHE") or str(tmp_path_factory.mktemp("corpus-cache"))
-    out = tmp_path_factory.mktemp("corpus-fold") / "fold.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--third-party-only", "--fold-vs-polygraphy", "--json", str(out)]
-        + ["--cache", cache],
-        capture_output=True,
-        text=True,
-        timeout=1400,
-    )
-    assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    done, result = _third_party_run(tmp_path_factory, "--fold-vs-polygraphy")
     rows = result["fold_rows"]
-    pinned = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
-    assert [r["model"] for r in rows] == pinned, result["skipped"]
+    assert [r["model"] for r in rows] == PINNED, result["skipped"]
     levels = ("fail", "basic", "full")
     for row in rows:
         nodes, check = row["nodes"], row["check"]
