@@ -60,9 +60,11 @@ def test_fold_leaves_no_more_nodes_than_polygraphy_on_third_party_models(tmp_pat
     for row in rows:
         nodes, check = row["nodes"], row["check"]
         assert not row["errors"].get("gskit") and not row["errors"].get("gskit-nolimit"), row
+        # Casts graphsurgeon's cast elision removes and gskit keeps on purpose (SLANet: int->float->int).
+        casts = row["extra_ops"].get("Cast", 0) if set(row["extra_ops"]) == {"Cast"} else 0
         if nodes["polygraphy"] is not None:  # no third-party constant exceeds the 16 MiB default either
-            assert nodes["gskit"] <= nodes["polygraphy"], row
-            assert nodes["gskit-nolimit"] <= nodes["polygraphy"], row
+            assert nodes["gskit"] - casts <= nodes["polygraphy"], row
+            assert nodes["gskit-nolimit"] - casts <= nodes["polygraphy"], row
         for tool in ("gskit", "gskit-nolimit"):  # never a checker level the input passed lost
             assert levels.index(check[tool]) >= levels.index(row["check_in"]), (tool, row)
     assert result["problems"] == [] and done.returncode == 0, result["problems"]
