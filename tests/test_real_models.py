@@ -18,24 +18,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "real_models.py"
+PINNED = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
 
 
-@pytest.mark.real
-@pytest.mark.timeout(1500)
-def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
+def _third_party_run(tmp_path_factory, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """scripts/real_models.py --third-party-only FLAGS: the finished process and its JSON."""
     cache = os.environ.get("GSKIT_CORPUS_CACHE") or str(tmp_path_factory.mktemp("corpus-cache"))
     out = tmp_path_factory.mktemp("corpus") / "rows.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--third-party-only", "--json", str(out), "--cache", cache],
+        [sys.executable, str(SCRIPT), "--third-party-only", *flags, "--json", str(out), "--cache", cache],
         capture_output=True,
         text=True,
         timeout=1400,
     )
     assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+@pytest.mark.real
+@pytest.mark.timeout(1500)
+def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
+    done, result = _third_party_run(tmp_path_factory)
     rows = result["rows"]
-    pinned = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
-    assert [r["model"] for r in rows] == pinned and len(rows) >= 20
+    assert [r["model"] for r in rows] == PINNED and len(rows) >= 20
     assert not [r["model"] for r in rows if r["traceback"]], done.stdout[-3000:]
     assert all(r["exit_code"] in (0, 1, 2) for r in rows), [(r["model"], r["reason"]) for r in rows]
     silent = [r["model"] for r in rows if r["exit_code"] and (not r["reason"] or "\n" in r["reason"])]
@@ -43,6 +48,26 @@ def test_prepare_on_every_third_party_model(tmp_path_factory) -> None:
     assert result["problems"] == [] and done.returncode == 0, result["problems"]
     # Most of the corpus goes all the way through (not a test that passes by every model exiting 2).
     assert sum(r["exit_code"] == 0 for r in rows) >= len(rows) // 2
+
+
+@pytest.mark.real
+@pytest.mark.timeout(1500)
+def test_fold_leaves_no_more_nodes_than_polygraphy_on_third_party_models(tmp_path_factory) -> None:
+    done, result = _third_party_run(tmp_path_factory, "--fold-vs-polygraphy")
+    rows = result["fold_rows"]
+    assert [r["model"] for r in rows] == PINNED, result["skipped"]
+    levels = ("fail", "basic", "full")
+    for row in rows:
+        nodes, check = row["nodes"], row["check"]
+        assert not row["errors"].get("gskit") and not row["errors"].get("gskit-nolimit"), row
+        # Casts graphsurgeon's cast elision removes and gskit keeps on purpose (SLANet: int->float->int).
+        casts = row["extra_ops"].get("Cast", 0) if set(row["extra_ops"]) == {"Cast"} else 0
+        if nodes["polygraphy"] is not None:  # no third-party constant exceeds the 16 MiB default either
+            assert nodes["gskit"] - casts <= nodes["polygraphy"], row
+            assert nodes["gskit-nolimit"] - casts <= nodes["polygraphy"], row
+        for tool in ("gskit", "gskit-nolimit"):  # never a checker level the input passed lost
+            assert levels.index(check[tool]) >= levels.index(row["check_in"]), (tool, row)
+    assert result["problems"] == [] and done.returncode == 0, result["problems"]
 
 
 @pytest.mark.real

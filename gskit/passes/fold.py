@@ -3,7 +3,8 @@
 ``fold(model)`` repeats, up to ``max_passes`` times or until nothing changes:
 
 1. shape inference (on a weightless view of the graph, so it works past 2 GB); where onnx leaves the input
-   of a ``Shape`` unknown, onnxruntime's symbolic shape inference (Polygraphy's default) is asked too,
+   of a ``Shape`` unknown (main graph or subgraph), onnxruntime's symbolic shape inference (Polygraphy's
+   default) is asked too,
 2. gskit's own shape folding: ``Shape`` (honouring its ``start``/``end`` attributes) and ``Shape -> Gather`` /
    ``Shape -> Slice`` (also through an integer ``Cast``) become constants where the dims they read are static,
 3. graphsurgeon's ``fold_constants`` evaluating every node whose inputs are all constant on onnxruntime, with
@@ -32,7 +33,14 @@ Why not graphsurgeon's defaults (each found with onnx's backend node tests,
 * its ``If`` flattening rebinds the producer of a branch output that is an outer-scope tensor or a constant,
   corrupting the outer graph;
 * its subgraph recursion drops ``should_exclude_node``, so plugin nodes inside subgraphs would be evaluated;
-* it hands sequences and optionals returned by onnxruntime to ``Constant``.
+* it hands sequences and optionals returned by onnxruntime to ``Constant``;
+* it cleans up the copy it evaluates with ``remove_unused_graph_inputs=True``, subgraphs included, so a
+  constant ``Loop`` whose body never reads the iteration number loses that input and onnxruntime rejects it:
+  such nodes are not evaluated.
+
+Kept on purpose where Polygraphy removes nodes: graphsurgeon's cast elision (above; on PaddleOCR's SLANet it
+removes 8 more ``Cast`` nodes than gskit) and constants over ``size_threshold`` (16 MiB by default, none in
+Polygraphy's CLI).
 
 Never evaluated: plugin nodes (``gskit.plugin.ops.is_plugin_node``: a domain onnxruntime does not implement, a
 ``plugin_namespace`` attribute, or the ``(namespace, name, version)`` of a loaded plugin spec), random ops,
@@ -378,7 +386,21 @@ class _Exclusion:
             kind = getattr(tensor, "type", "tensor_type")
             if kind not in (None, "tensor_type"):
                 return f"output '{tensor.name}' is a {kind.replace('_type', '')}"
+        if any(_has_unread_inputs(sub) for sub in gsmodel.node_subgraphs(node)):
+            return f"{node.op} has a subgraph input that nothing reads (graphsurgeon would drop it)"
         return None
+
+
+def _has_unread_inputs(subgraph: gs.Graph) -> bool:
+    """A subgraph input no output depends on (a ``Loop`` body's unused iteration number).
+
+    graphsurgeon's fold cleans up its copy of the graph with ``remove_unused_graph_inputs=True``, subgraphs
+    included: such an input is removed and onnxruntime rejects the ``Loop`` (its body inputs are positional).
+    """
+    probe = subgraph.copy()
+    count = len(probe.inputs)
+    probe.cleanup(remove_unused_graph_inputs=True)
+    return len(probe.inputs) != count
 
 
 # --- batched evaluation (models over 2 GB) -----------------------------------------------------------------

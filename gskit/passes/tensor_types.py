@@ -74,10 +74,12 @@ def infer_tensor_types(
 
 
 def _shape_inputs_unknown(graph: gs.Graph) -> bool:
-    """Some ``Shape`` reads a tensor of unknown rank, or with a dim onnx could not name (``unk__N``)."""
+    """Some ``Shape``, in the graph or a subgraph, reads a tensor of unknown rank or with a dim onnx could not
+    name (``unk__N``)."""
     return any(
         n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
-        for n in graph.nodes
+        for sub in (graph, *graph.subgraphs(recursive=True))
+        for n in sub.nodes
     )
 
 
@@ -86,12 +88,14 @@ def _invented_dims(shape: Any) -> bool:
 
 
 def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
-    """Second opinion for the main graph: onnxruntime's symbolic shape inference, as Polygraphy uses.
+    """Second opinion: onnxruntime's symbolic shape inference, as Polygraphy uses, on the graph and its
+    subgraphs.
 
-    onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``; onnxruntime's inference
-    computes such dims as expressions, so a ``Shape -> Gather`` of a static dim after it folds. Run only when
-    some ``Shape`` still reads a tensor of unknown shape (it is slower); failures are logged, not raised.
-    Only fixed sizes it derives are taken over.
+    onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``, or on every dim of a ``Slice``
+    whose starts are computed (in a ``Loop`` body: the iteration number); onnxruntime's inference computes
+    such dims as expressions and keeps the dims a slice does not touch, so a ``Shape -> Gather`` of a static
+    dim after it folds. Run only when some ``Shape`` still reads a tensor of unknown shape (it is slower);
+    failures are logged, not raised. Only fixed sizes it derives are taken over.
     """
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
@@ -102,9 +106,13 @@ def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
         return
     if inferred is None:
         return
-    infos = {info.name: info for info in inferred.graph.value_info}
-    for name, tensor in graph.tensors().items():
-        info = infos.get(name)
+    infos: dict[str, onnx.ValueInfoProto] = {}
+    for proto_graph in gsmodel.graph_protos(inferred.graph):
+        for info in proto_graph.value_info:
+            infos.setdefault(info.name, info)
+    tensors = (t for sub in (graph, *graph.subgraphs(recursive=True)) for t in sub.tensors().values())
+    for tensor in tensors:
+        info = infos.get(tensor.name)
         if info is None or not isinstance(tensor, gs.Variable):
             continue
         if tensor.shape is None:
