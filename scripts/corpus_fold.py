@@ -166,8 +166,8 @@ def _cell(count: int | None, error: str | None) -> str:
 
 
 def _gskit_worker(tool: str, model_path: str, out_path: str) -> None:
-    from gskit import model as gsmodel
-    from gskit.fold import fold
+    from gskit.io import model as gsmodel
+    from gskit.passes.fold import fold
 
     model = gsmodel.load(model_path)
     folded, _ = fold(model) if tool == "gskit" else fold(model, size_threshold=None)
@@ -177,7 +177,7 @@ def _gskit_worker(tool: str, model_path: str, out_path: str) -> None:
 def _measure_worker(path: str) -> None:
     import onnx
 
-    from gskit import model as gsmodel
+    from gskit.io import model as gsmodel
 
     model = gsmodel.load(path)
     ops = Counter(n.op_type for g in gsmodel.graph_protos(model.graph) for n in g.node)
