@@ -53,6 +53,7 @@ def random_feeds(
         raise GskitError(
             f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}"
         )
+    check_seed(seed)
     rng = np.random.default_rng(seed)
     compared = compared_constants(graph)
     feeds: dict[str, np.ndarray] = {}
@@ -72,6 +73,16 @@ def random_feeds(
         else:
             feeds[tensor.name] = random_array(rng, dtype, shape)
     return feeds
+
+
+def check_seed(seed: int) -> None:
+    """A seed numpy's generator takes: a non-negative integer.
+
+    Raises:
+        GskitError: ``seed`` is negative or not an integer.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise GskitError(f"seed must be an integer >= 0, got {seed!r}")
 
 
 def compared_constants(graph: gs.Graph) -> dict[str, int | float]:

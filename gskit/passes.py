@@ -24,6 +24,7 @@ import onnx_graphsurgeon as gs
 
 from gskit import model as gsmodel
 from gskit.errors import GskitError
+from gskit.feeds import check_seed
 from gskit.fold import FoldOptions
 from gskit.plugin import PluginRegistry, implementation_paths
 
@@ -154,6 +155,12 @@ class ValidateOptions:
     seed: int = 0
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     inputs: str | None = field(default=None, metadata=FILE_PATH)
+
+    def __post_init__(self) -> None:
+        from gskit.compare import check_tolerances
+
+        check_tolerances(self.atol, self.rtol)
+        check_seed(self.seed)
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: P
             values[option] = value
     try:
         options = cls(**values)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, GskitError) as err:
         raise GskitError(f"{_where(source, node)}: step '{name}': {err}") from err
     return RecipeStep(name=name, options=options, line=node.start_mark.line + 1)
 

@@ -7,11 +7,11 @@ import argparse
 
 from gskit import report
 from gskit.cli import add_plugins_option
-from gskit.compare import COMPARE_BACKENDS, CompareReport, compare
+from gskit.compare import COMPARE_BACKENDS, CompareReport, check_tolerances, compare
 from gskit.compare_layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
 from gskit.compare_plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
-from gskit.feeds import load_feeds, parse_shape_arg
+from gskit.feeds import check_seed, load_feeds, parse_shape_arg
 from gskit.plugin import implementation_paths, load_plugins
 
 
@@ -72,6 +72,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_tolerances(args.atol, args.rtol)
+    check_seed(args.seed)
     if args.prepared is None and args.engine is None:
         raise GskitError("give PREPARED (an .onnx) or --engine ENGINE")
     if args.engine and (args.layerwise or args.per_plugin):

@@ -1,0 +1,191 @@
+"""Safe by default (issue 15), the input side: crafted or tiny-but-hostile inputs never run code, never hang
+or exhaust memory, never pass a wrong model, and end in one line naming what is wrong (exit 2), not a
+traceback. Every model is built here; the CLI runs in-process (``gskit.cli.main``) unless a real process is
+the point (exit codes and stderr of the interpreter)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import parse_model
+from onnx import TensorProto, helper
+
+from gskit.cli import main
+from gskit.errors import GskitError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def gskit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """Run ``gskit ARGV`` in-process; the exit code and stderr."""
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def one_line_error(code: int, err: str, *words: str) -> None:
+    """Exit 2 with one ``gskit ...: error:`` line that mentions ``words``; no traceback."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    for word in words:
+        assert word in lines[0], err
+
+
+def gskit_process(*argv: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m gskit.cli ARGV`` as a separate process (real exit code and stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "gskit.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+
+
+TANH = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 4] y) {
+    y = Tanh(x)
+}
+"""
+SIGMOID = TANH.replace("Tanh", "Sigmoid")
+NAN_OUT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 4] y) {
+    zero = Constant<value = float {0.0}>()
+    z = Div(zero, zero)
+    t = Tanh(x)
+    y = Add(t, z)
+}
+"""
+
+
+def save(tmp_path: Path, text_or_model: str | onnx.ModelProto, name: str) -> Path:
+    model = parse_model(text_or_model) if isinstance(text_or_model, str) else text_or_model
+    path = tmp_path / name
+    onnx.save(model, path)
+    return path
+
+
+# ---- 5. plugin new --from-node: values read from a model never become code --------------------------------
+
+
+def _custom_node_model(node: onnx.NodeProto) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(node.domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _plugin_new_then_list(capsys, tmp_path: Path, model: onnx.ModelProto, node: str) -> Path:
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    plugins = tmp_path / "p"
+    code, err = gskit(capsys, "plugin", "new", "crafted", "--dir", plugins, "--from-node", f"{path}:{node}")
+    assert code == 0, err
+    code, err = gskit(capsys, "plugin", "list", "--plugins", plugins, "--json")
+    assert code == 0, err
+    return plugins / "crafted"
+
+
+def test_plugin_new_from_a_crafted_node_name_writes_no_code(tmp_path, capsys) -> None:
+    marker = tmp_path / "MARKER"
+    # Ends the string literal of an attribute's doc on the code as it was: doc="from node 'NAME'".
+    name = f'x\'" + str(open({str(marker)!r}, "w")) + "'
+    node = helper.make_node("Crafted", ["x"], ["y"], name=name, domain="test.dom", alpha=1.0)
+    model = _custom_node_model(node)
+    folder = _plugin_new_then_list(capsys, tmp_path, model, name)
+    assert not marker.exists()
+    from gskit.plugin import load_spec_file
+
+    (spec,) = load_spec_file(folder / "spec.py")
+    assert not marker.exists()
+    assert (spec.name, spec.namespace) == ("Crafted", "test.dom")
+    assert spec.attributes[0].doc == f"from node '{name}'"
+
+
+def test_plugin_new_keeps_crafted_attributes_as_exact_strings(tmp_path, capsys) -> None:
+    marker = tmp_path / "MARKER"
+    attrs = {
+        'a"); open("m", "w")#': "v",
+        "label": f"'''\"\"\"\\\n open({str(marker)!r}, 'w') é",
+        "scale": float("nan"),
+        "limits": [1.0, float("inf")],
+        "names": ['q"', "\\n"],
+    }
+    node = helper.make_node('Op"#', ["x"], ["y"], name='n"', domain='test.dom"ain', **attrs)
+    folder = _plugin_new_then_list(capsys, tmp_path, _custom_node_model(node), 'n"')
+    from gskit.plugin import load_spec_file
+
+    (spec,) = load_spec_file(folder / "spec.py")
+    assert not marker.exists()
+    assert (spec.name, spec.namespace) == ('Op"#', 'test.dom"ain')
+    loaded = {a.name: a.default for a in spec.attributes}
+    assert set(loaded) == set(attrs)
+    assert loaded["label"] == attrs["label"]
+    assert loaded['a"); open("m", "w")#'] == "v"
+    assert np.isnan(loaded["scale"])
+    assert loaded["limits"] == [1.0, float("inf")]
+    assert loaded["names"] == ['q"', "\\n"]
+    assert all(a.doc == "from node 'n\"'" for a in spec.attributes)
+    # The reference (imported by the spec) takes the attribute that is no identifier through **attrs.
+    inputs = [np.zeros((2, 3), np.float32)]
+    with pytest.raises(NotImplementedError, match='Op"#'):
+        spec.run_reference(inputs, {a.name: a.default for a in spec.attributes})
+
+
+# ---- 6. tolerances: NaN, inf and negative are refused; NaN outputs never pass ------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag,value", [("--atol", "nan"), ("--rtol", "nan"), ("--atol", "inf"), ("--rtol", "-1")]
+)
+def test_compare_refuses_a_non_finite_or_negative_tolerance(tmp_path, capsys, flag, value) -> None:
+    original, wrong = save(tmp_path, TANH, "a.onnx"), save(tmp_path, SIGMOID, "b.onnx")
+    code, err = gskit(capsys, "compare", original, wrong, flag, value)
+    one_line_error(code, err, flag.lstrip("-"), value)
+
+
+def test_recipe_refuses_a_nan_tolerance_with_its_line(tmp_path, capsys) -> None:
+    original = save(tmp_path, TANH, "a.onnx")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - sanitize\n  - validate: {atol: .nan}\n")
+    code, err = gskit(capsys, "prepare", original, "-o", tmp_path / "out", "--recipe", recipe)
+    one_line_error(code, err, "r.yaml:3", "atol")
+    assert not (tmp_path / "out").exists()
+
+
+def test_library_refuses_a_nan_tolerance(tmp_path) -> None:
+    from gskit.compare import compare, compare_arrays
+
+    original, wrong = save(tmp_path, TANH, "a.onnx"), save(tmp_path, SIGMOID, "b.onnx")
+    with pytest.raises(GskitError, match="atol"):
+        compare(original, wrong, atol=float("nan"))
+    with pytest.raises(GskitError, match="rtol"):
+        compare_arrays({"y": np.zeros(2)}, {"y": np.ones(2)}, ["y"], rtol=float("nan"))
+
+
+def test_a_nan_output_fails_whatever_the_tolerance(tmp_path, capsys) -> None:
+    from gskit.compare import compare_arrays
+
+    original, nan_model = save(tmp_path, TANH, "a.onnx"), save(tmp_path, NAN_OUT, "b.onnx")
+    code, _ = gskit(capsys, "compare", original, nan_model, "--atol", "1e30", "--rtol", "1e30")
+    assert code == 1
+    (row,) = compare_arrays({"y": np.ones(3)}, {"y": np.array([1.0, np.nan, 1.0])}, ["y"], atol=1e30)
+    assert not row.passed
+    (row,) = compare_arrays({"y": np.array([1.0, np.nan])}, {"y": np.ones(2)}, ["y"], atol=1e30, rtol=1e30)
+    assert not row.passed
