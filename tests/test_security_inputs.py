@@ -5,6 +5,7 @@ the point (exit codes and stderr of the interpreter)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -189,3 +190,44 @@ def test_a_nan_output_fails_whatever_the_tolerance(tmp_path, capsys) -> None:
     assert not row.passed
     (row,) = compare_arrays({"y": np.array([1.0, np.nan])}, {"y": np.ones(2)}, ["y"], atol=1e30, rtol=1e30)
     assert not row.passed
+
+
+# ---- 8. denial of service from tiny inputs --------------------------------------------------------------
+
+# 2**26 floats (256 MiB) computed to be summed into one number: a ~300-byte model.
+HUGE_INTERMEDIATES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2] x) => (float[2] y, float a, float b, float c) {
+    big = Constant<value = int64[1] {67108864}>()
+    half = Constant<value = int64[1] {33554432}>()
+    two = Constant<value = int64[1] {2}>()
+    dims = Mul(half, two)
+    z = ConstantOfShape<value = float[1] {1.0}>(dims)
+    a = ReduceSum<keepdims = 0>(z)
+    one = Constant<value = float[1] {1.0}>()
+    e = Expand(one, big)
+    b = ReduceSum<keepdims = 0>(e)
+    t = Tile(one, big)
+    c = ReduceSum<keepdims = 0>(t)
+    two1 = Constant<value = int64[1] {2}>()
+    s2 = ConstantOfShape<value = float[1] {0.5}>(two1)
+    y = Add(x, s2)
+}
+"""
+
+
+def test_fold_does_not_evaluate_huge_intermediates(tmp_path, capsys) -> None:
+    from gskit.fold import fold
+
+    model = parse_model(HUGE_INTERMEDIATES)
+    folded, report = fold(model, size_threshold=16 * 2**20)
+    ops = [n.op_type for n in folded.graph.node]
+    assert ops.count("ReduceSum") == 3
+    assert {"ConstantOfShape", "Expand", "Tile"} <= set(ops)
+    reasons = " ".join(report.excluded.values())
+    assert "268435456 bytes, over size_threshold" in reasons
+    # the CLI says which nodes it skipped, and exits 0
+    path = save(tmp_path, HUGE_INTERMEDIATES, "tiny.onnx")
+    capsys.readouterr()
+    assert main(["fold", str(path), "-o", str(tmp_path / "out.onnx"), "--json"]) == 0
+    assert "over size_threshold" in " ".join(json.loads(capsys.readouterr().out)["excluded"].values())
