@@ -231,3 +231,101 @@ def test_fold_does_not_evaluate_huge_intermediates(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["fold", str(path), "-o", str(tmp_path / "out.onnx"), "--json"]) == 0
     assert "over size_threshold" in " ".join(json.loads(capsys.readouterr().out)["excluded"].values())
+
+
+BILLION_LAUGHS = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]
+steps:
+  - validate: {shapes: {x: *i}}
+"""
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "case,content,words",
+    [
+        ("aliases", BILLION_LAUGHS, ("more than",)),
+        ("nesting", "steps:\n  - " + "[" * 5000 + "]" * 5000 + "\n", ("nested",)),
+        ("binary", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", ("not a YAML recipe",)),
+        ("oversized", "steps:\n  - sanitize\n" + "#" * (2 << 20) + "\n", ("larger than",)),
+    ],
+)
+def test_hostile_recipes_end_in_one_line(tmp_path, capsys, case, content, words) -> None:
+    model = save(tmp_path, TANH, "m.onnx")
+    recipe = tmp_path / f"{case}.yaml"
+    recipe.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, err = gskit(capsys, "prepare", model, "-o", tmp_path / "out", "--recipe", recipe)
+    one_line_error(code, err, *words)
+
+
+@pytest.mark.timeout(20)
+def test_a_device_or_pipe_as_recipe_is_refused_not_read_forever(tmp_path, capsys) -> None:
+    model = save(tmp_path, TANH, "m.onnx")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for recipe in ("/dev/zero", fifo, tmp_path):
+        code, err = gskit(capsys, "prepare", model, "-o", tmp_path / "out", "--recipe", recipe)
+        one_line_error(code, err, "regular file")
+
+
+def _zip_bomb(path: Path, nbytes: int, written: int | None = None) -> Path:
+    """An .npz whose one float32 array declares ``nbytes``; ``written`` bytes of zeros follow (all: None)."""
+    import zipfile
+
+    header = {"descr": "<f4", "fortran_order": False, "shape": (nbytes // 4,)}
+    left = nbytes if written is None else written
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_1_0(member, header)
+            while left > 0:
+                member.write(bytes(min(left, 2**24)))
+                left -= 2**24
+    return path
+
+
+def test_an_npz_that_unpacks_to_gigabytes_is_refused_from_its_headers(tmp_path, capsys) -> None:
+    from gskit.feeds import load_feeds
+
+    bomb = _zip_bomb(tmp_path / "bomb.npz", 2**27)  # 128 MiB of zeros in ~130 KB
+    assert bomb.stat().st_size < 2**20
+    with pytest.raises(GskitError, match="134217728 bytes once loaded, over the limit of 67108864"):
+        load_feeds(bomb, max_bytes=2**26)
+    # 2 GiB declared: refused from the header, before a byte of data is read
+    lying = _zip_bomb(tmp_path / "lying.npz", 2**31, written=16)
+    original = save(tmp_path, TANH, "a.onnx")
+    code, err = gskit(capsys, "compare", original, original, "--inputs", lying)
+    one_line_error(code, err, "lying.npz", "2147483648 bytes", "over the limit")
+
+
+def test_an_npz_of_objects_is_refused_and_pickles_are_never_suggested(tmp_path, capsys) -> None:
+    original = save(tmp_path, TANH, "a.onnx")
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x=np.array([{"a": 1}, None], dtype=object))
+    code, err = gskit(capsys, "compare", original, original, "--inputs", objects)
+    one_line_error(code, err, "objects.npz", "Python objects")
+    assert "allow_pickle" not in err
+    # 11. a file that is no archive is called that, not "pickled data"
+    text = tmp_path / "inputs.txt"
+    text.write_text("x = 1, 2, 3\n")
+    code, err = gskit(capsys, "compare", original, original, "--inputs", text)
+    one_line_error(code, err, "inputs.txt", "not an .npz archive")
+    assert "pickle" not in err
+
+
+def test_huge_input_dims_are_refused_before_allocating(tmp_path, capsys) -> None:
+    huge = TANH.replace("[2, 4]", "[1000000000, 4]")
+    model = save(tmp_path, huge, "huge.onnx")
+    code, err = gskit(capsys, "compare", model, model)
+    one_line_error(code, err, "'x'", "--shape")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - validate\n")
+    code, err = gskit(capsys, "prepare", model, "-o", tmp_path / "out", "--recipe", recipe)
+    one_line_error(code, err, "'x'", "over the")
