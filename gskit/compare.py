@@ -435,7 +435,7 @@ def model_file(model: ModelSource) -> Iterator[Path]:
     if not isinstance(model, onnx.ModelProto):
         path = Path(model)
         if not path.is_file():
-            raise GskitError(f"{path}: no such model or engine file")
+            raise GskitError(gsmodel.not_a_file(path, "model or engine"))
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:

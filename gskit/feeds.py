@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
+from gskit.model import not_a_file
 
 #: Most bytes of inputs gskit loads from a file or draws at random for one run.
 MAX_FEED_BYTES = 2**30
@@ -210,7 +211,7 @@ def load_feeds(path: str | os.PathLike, max_bytes: int | None = None) -> dict[st
     path = Path(path)
     limit = MAX_FEED_BYTES if max_bytes is None else max_bytes
     if not path.is_file():
-        raise GskitError(f"{path}: no such inputs file (expected an .npz written by numpy.savez)")
+        raise GskitError(not_a_file(path, "inputs (.npz)"))
     try:
         with path.open("rb") as file:
             magic = file.read(6)

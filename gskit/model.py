@@ -62,7 +62,7 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
     """
     path = Path(path)
     if not path.is_file():
-        raise GskitError(f"{path}: no such model file")
+        raise GskitError(not_a_file(path, "model"))
     try:
         model = onnx.load(str(path), load_external_data=False)
     except PermissionError as err:
@@ -81,6 +81,15 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
         else:
             _set_entry(tensor, _BASEPATH, base_dir)
     return model
+
+
+def not_a_file(path: Path, what: str) -> str:
+    """Why ``path`` cannot be read as a ``what`` file: missing, a folder, or not a regular file."""
+    if path.is_dir():
+        return f"{path} is a folder, not a {what} file; give the file itself"
+    if path.exists():
+        return f"{path}: not a regular file (a device or pipe); give a {what} file"
+    return f"{path}: no such {what} file"
 
 
 def save(

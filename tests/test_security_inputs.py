@@ -329,3 +329,27 @@ def test_huge_input_dims_are_refused_before_allocating(tmp_path, capsys) -> None
     recipe.write_text("steps:\n  - validate\n")
     code, err = gskit(capsys, "prepare", model, "-o", tmp_path / "out", "--recipe", recipe)
     one_line_error(code, err, "'x'", "over the")
+
+
+# ---- 11. messages say what is wrong -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["inspect", "fold", "infer-shapes"])
+def test_a_folder_given_as_the_model_is_called_a_folder(tmp_path, capsys, command) -> None:
+    folder = tmp_path / "model.onnx"
+    folder.mkdir()
+    argv = [command, folder] + ([] if command == "inspect" else ["-o", tmp_path / "out.onnx"])
+    code, err = gskit(capsys, *argv)
+    one_line_error(code, err, "is a folder", "give the file itself")
+    assert "no such" not in err
+
+
+def test_an_op_of_an_unknown_domain_is_not_called_a_plugin_node(tmp_path, capsys) -> None:
+    node = helper.make_node("Mystery", ["x"], ["y"], name="m", domain="com.unknown")
+    path = tmp_path / "unknown.onnx"
+    onnx.save(_custom_node_model(node), path)
+    capsys.readouterr()
+    main(["check-trt", str(path), "--json"])
+    (issue,) = json.loads(capsys.readouterr().out)["issues"]
+    assert "unknown domain 'com.unknown'" in issue["reason"]
+    assert "neither an ONNX op nor a loaded plugin" in issue["reason"]
