@@ -353,6 +353,10 @@ class _Exclusion:
             kind = getattr(tensor, "type", "tensor_type")
             if kind not in (None, "tensor_type"):
                 return f"output '{tensor.name}' is a {kind.replace('_type', '')}"
+        strings = [t.name for t in (*node.inputs, *node.outputs) if _is_string(t)]
+        if strings:
+            # graphsurgeon cannot write a folded string tensor back (it stores every constant as raw data)
+            return f"tensor '{strings[0]}' holds strings, which are not folded"
         return None
 
 
@@ -671,6 +675,18 @@ def _still_present(graph: gs.Graph, entries: dict[str, str]) -> dict[str, str]:
             keys.add(_node_key(node))
             pending.extend(gsmodel.node_subgraphs(node))
     return {key: reason for key, reason in entries.items() if key in keys}
+
+
+def _is_string(tensor: gs.Tensor) -> bool:
+    dtype = tensor.dtype
+    if dtype is None:
+        return False
+    if dtype == onnx.TensorProto.STRING:
+        return True
+    try:
+        return np.dtype(dtype).kind in "OSU"
+    except TypeError:
+        return False
 
 
 def _over(nbytes: int | None, size_threshold: int | None) -> bool:

@@ -30,7 +30,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-from gskit.errors import GskitError, ModelCheckError
+from gskit.errors import GskitError, ModelCheckError, write_error
+from gskit.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
             del tensor.external_data[:]
         else:
             _set_entry(tensor, _BASEPATH, base_dir)
+    check_wellformed(model, path)
     return model
 
 
@@ -132,6 +134,23 @@ def save(
         )
     _refuse_overwriting_sources(tensors, path.parent / data_name)
 
+    try:
+        _write_atomically(proto, path, tensors, data_name, external_data, check)
+    except OSError as err:  # a full disk, a file-size limit, a read-only folder: say which file and why
+        raise write_error(path, err) from err
+    log.info("saved %s%s", path, " (+ external data)" if external_data else "")
+    return path
+
+
+def _write_atomically(
+    proto: onnx.ModelProto,
+    path: Path,
+    tensors: list[TensorProto],
+    data_name: str,
+    external_data: bool,
+    check: bool,
+) -> None:
+    """Write into a temporary folder beside ``path``, check, then rename into place."""
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         tmp_model = tmp_dir / path.name
@@ -159,8 +178,6 @@ def save(
             (path.parent / data_name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    log.info("saved %s%s", path, " (+ external data)" if external_data else "")
-    return path
 
 
 def check_file(path: str | os.PathLike) -> None:

@@ -291,12 +291,22 @@ def _node_attribute(model_path: Any, node: onnx.NodeProto, attr: onnx.AttributeP
     if kind is AttrType.TENSOR:
         value = numpy_helper.to_array(value)
     elif kind is AttrType.STRING:
-        value = value.decode("utf-8")
+        value = _text(model_path, node, attr.name, value)
     elif kind is AttrType.STRINGS:
-        value = [v.decode("utf-8") for v in value]
+        value = [_text(model_path, node, attr.name, v) for v in value]
     elif kind in (AttrType.INTS, AttrType.FLOATS):
         value = list(value)
     return NodeAttribute(attr.name, kind, value)
+
+
+def _text(model_path: Any, node: onnx.NodeProto, name: str, value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise GskitError(
+            f"{model_path}: attribute '{name}' of node '{node.name}' is not UTF-8 text ({value[:40]!r}); "
+            "a plugin's string attribute must be"
+        ) from err
 
 
 def _tensor_types(graph: onnx.GraphProto) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import parse_model
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from gskit.cli import main
 from gskit.errors import GskitError
@@ -353,3 +353,214 @@ def test_an_op_of_an_unknown_domain_is_not_called_a_plugin_node(tmp_path, capsys
     (issue,) = json.loads(capsys.readouterr().out)["issues"]
     assert "unknown domain 'com.unknown'" in issue["reason"]
     assert "neither an ONNX op nor a loaded plugin" in issue["reason"]
+
+
+# ---- 9. user errors end in one line (exit 2), never a traceback --------------------------------------------
+
+
+def _graph_model(nodes, initializers=(), outputs=None, functions=(), domains=()) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        initializer=list(initializers),
+    )
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(d, 1) for d in domains)]
+    return helper.make_model(graph, opset_imports=opsets, functions=list(functions))
+
+
+def _bad_utf8_name() -> bytes:
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"], name="relu")])
+    return model.SerializeToString().replace(b"relu", b"r\xffl\xfe")
+
+
+def _bad_utf8_producer() -> bytes:
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])])
+    model.producer_name = "PRODX"
+    return model.SerializeToString().replace(b"PRODX", b"P\xff\xfeDX")
+
+
+def _unknown_dtype() -> bytes:
+    weight = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    weight.data_type = 99
+    return _graph_model([helper.make_node("Add", ["x", "w"], ["y"])], [weight]).SerializeToString()
+
+
+def _self_loop() -> bytes:
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Add", ["x", "z"], ["z"], name="loop")]
+    return _graph_model(nodes).SerializeToString()
+
+
+def _cycle() -> bytes:
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="second"),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
+    return _graph_model(nodes).SerializeToString()
+
+
+def _recursive_function() -> bytes:
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    call = helper.make_node("F", ["a"], ["b"], domain="local")
+    function = helper.make_function("local", "F", ["a"], ["b"], [call], opsets)
+    nodes = [helper.make_node("F", ["x"], ["y"], domain="local")]
+    return _graph_model(nodes, functions=[function], domains=["local"]).SerializeToString()
+
+
+MALFORMED = {
+    "bad_utf8_name": (_bad_utf8_name, "node[0].name is not valid UTF-8"),
+    "bad_utf8_producer": (_bad_utf8_producer, "producer_name is not valid UTF-8"),
+    "unknown_dtype": (_unknown_dtype, "element type 99"),
+    "self_loop": (_self_loop, "cycle through node 'loop'"),
+    "cycle": (_cycle, "has a cycle through node"),
+    "recursive_function": (_recursive_function, "local::F calls itself"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+@pytest.mark.parametrize("command", ["inspect", "fold"])
+def test_malformed_models_end_in_one_line(tmp_path, capsys, case, command) -> None:
+    build, words = MALFORMED[case]
+    path = tmp_path / f"{case}.onnx"
+    path.write_bytes(build())
+    argv = [command, path] + ([] if command == "inspect" else ["-o", tmp_path / "out.onnx"])
+    code, err = gskit(capsys, *argv)
+    one_line_error(code, err, f"{case}.onnx", words)
+
+
+def test_string_initializers_are_kept_by_fold_and_validated(tmp_path, capsys) -> None:
+    strings = helper.make_tensor("s", TensorProto.STRING, [2], [b"a", b"b"])
+    outputs = [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+        helper.make_tensor_value_info("s2", TensorProto.STRING, [2]),
+    ]
+    nodes = [helper.make_node("Identity", ["s"], ["s2"]), helper.make_node("Relu", ["x"], ["y"])]
+    path = tmp_path / "strings.onnx"
+    onnx.save(_graph_model(nodes, [strings], outputs), path)
+    code, err = gskit(capsys, "fold", path, "-o", tmp_path / "folded.onnx")
+    assert code == 0, err
+    code, err = gskit(capsys, "prepare", path, "-o", tmp_path / "out")
+    assert code == 0, err
+
+
+def test_an_onnxruntime_failure_in_compare_is_one_line(tmp_path, capsys) -> None:
+    weight = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+
+    def conv(kernel: int) -> onnx.ModelProto:
+        node = helper.make_node(
+            "Conv", ["x", "w"], ["y"], kernel_shape=[kernel] * 2, pads=[1] * 4, name="conv"
+        )
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+            initializer=[weight],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    good, bad = save(tmp_path, conv(3), "good.onnx"), save(tmp_path, conv(5), "bad.onnx")
+    code, err = gskit(capsys, "compare", good, bad)
+    one_line_error(code, err, "kernel_shape")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - edit: {set_attrs: {conv: {kernel_shape: [5, 5]}}}\n  - validate\n")
+    code, err = gskit(capsys, "prepare", good, "-o", tmp_path / "out", "--recipe", recipe)
+    one_line_error(code, err, "validate", "kernel_shape")
+
+
+def test_a_negative_seed_is_one_line(tmp_path, capsys) -> None:
+    model = save(tmp_path, TANH, "a.onnx")
+    code, err = gskit(capsys, "compare", model, model, "--seed", "-1")
+    one_line_error(code, err, "seed", "-1")
+
+
+def _limited_file_size() -> None:
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+
+def test_a_full_disk_names_the_file_and_why(tmp_path) -> None:
+    model = save(tmp_path, TANH, "a.onnx")
+    out = tmp_path / "out" / "folded.onnx"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "gskit.cli", "fold", str(model), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=_limited_file_size,
+        timeout=60,
+    )
+    one_line_error(done.returncode, done.stderr, f"cannot write {out}", "file-size limit")
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir()]  # the temporary folder is gone too
+
+
+def test_no_space_left_is_said_in_plain_words() -> None:
+    import errno
+
+    from gskit.errors import describe_os_error
+
+    with pytest.raises(OSError) as caught:  # /dev/full: every write fails with ENOSPC, for real
+        with open("/dev/full", "wb", buffering=0) as full:
+            full.write(b"x")
+    assert caught.value.errno == errno.ENOSPC
+    assert describe_os_error(caught.value, "out/model.onnx") == (
+        "out/model.onnx: no space left on the disk; free some space or choose another output folder"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_output_folder_is_one_line(tmp_path, capsys) -> None:
+    model = save(tmp_path, TANH, "a.onnx")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        code, err = gskit(capsys, "fold", model, "-o", folder / "out.onnx")
+    finally:
+        folder.chmod(0o755)
+    one_line_error(code, err, "out.onnx", "permission denied")
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path) -> None:
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; time.sleep(0.3); from gskit.cli import main; sys.exit(main())",
+            "inspect",
+            "x.onnx",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    time.sleep(0.8)  # within the imports of the subcommands (onnx, numpy, graphsurgeon)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == ["gskit: interrupted"]
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch) -> None:
+    import gskit.cli as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    code, err = gskit(capsys, "inspect", "x.onnx")
+    assert code == 130
+    assert err == "gskit: interrupted\n"
