@@ -840,7 +840,10 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
         if cond.size != 1:
             index += 1
             continue
-        branch = node.attrs["then_branch" if bool(cond.reshape(())) else "else_branch"]
+        branch = node.attrs.get("then_branch" if bool(cond.reshape(())) else "else_branch")
+        if not isinstance(branch, gs.Graph) or len(branch.outputs) != len(node.outputs):
+            index += 1  # a malformed If (a branch missing, outputs miscounted): left for the checker
+            continue
         local = branch._local_tensors()
         for tensor in local.values():
             tensor.name = unique_name(f"{tensor.name}__{node.name or 'if'}", used_names)

@@ -56,25 +56,38 @@ def check_wellformed(model: onnx.ModelProto, source: object) -> None:
 
 
 def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
-    """``(where, what is wrong)`` for non-UTF-8 strings and unknown element types, depth first."""
-    pending: list[tuple[Message, str]] = [(model, "model")]
+    """``(where, what is wrong)`` for non-UTF-8 strings and unknown element types, depth first.
+
+    Places are kept as ``(parent, field, index)`` tuples and written out only for a problem: the walk visits
+    every node of a model, so it stays cheap.
+    """
+    string, message_type = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    pending: list[tuple[Message, tuple | None]] = [(model, None)]
     while pending:
         message, where = pending.pop()
         type_name = message.DESCRIPTOR.name
         for field, value in message.ListFields():
-            place = f"{where}.{field.name}"
-            if field.type == FieldDescriptor.TYPE_MESSAGE:
+            kind = field.type
+            if kind == message_type:
                 if field.is_repeated:
-                    pending.extend((item, f"{place}[{i}]") for i, item in enumerate(value))
+                    pending.extend((item, (where, field.name, i)) for i, item in enumerate(value))
                 else:
-                    pending.append((value, place))
-            elif field.type == FieldDescriptor.TYPE_STRING:
-                values = value if field.is_repeated else [value]
-                for item in values:
+                    pending.append((value, (where, field.name, None)))
+            elif kind == string:
+                for item in value if field.is_repeated else (value,):
                     if isinstance(item, bytes):
-                        yield place, f"is not valid UTF-8 ({item[:40]!r})"
+                        yield _place((where, field.name, None)), f"is not valid UTF-8 ({item[:40]!r})"
             elif (type_name, field.name) in _DTYPE_FIELDS and value not in _DATA_TYPES:
-                yield place, f"is element type {value}, which onnx does not define"
+                problem = f"is element type {value}, which onnx does not define"
+                yield _place((where, field.name, None)), problem
+
+
+def _place(where: tuple | None) -> str:
+    parts = []
+    while where is not None:
+        where, name, index = where
+        parts.append(name if index is None else f"{name}[{index}]")
+    return ".".join(["model", *reversed(parts)])
 
 
 def _graphs(graph: onnx.GraphProto, where: str) -> Iterator[tuple[onnx.GraphProto, str]]:

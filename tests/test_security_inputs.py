@@ -564,3 +564,23 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch) -> No
     code, err = gskit(capsys, "inspect", "x.onnx")
     assert code == 130
     assert err == "gskit: interrupted\n"
+
+
+def test_fold_writes_nothing_into_the_working_folder(tmp_path, capsys, monkeypatch) -> None:
+    """onnxruntime's symbolic shape inference saves ``sym_shape_infer_temp.onnx`` in the working folder
+    when it gives up (here on an op it does not know, before a Shape): gskit runs it elsewhere."""
+    nodes = [
+        helper.make_node("elu", ["x"], ["r"], name="unknown"),
+        helper.make_node("Shape", ["r"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["z"]),
+        helper.make_node("Add", ["r", "z"], ["y"]),
+    ]
+    model = tmp_path / "in" / "m.onnx"
+    model.parent.mkdir()
+    onnx.save(_graph_model(nodes), model)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    gskit(capsys, "fold", model, "-o", tmp_path / "out" / "folded.onnx")
+    assert list(cwd.iterdir()) == []
+    assert sorted(p.name for p in model.parent.iterdir()) == ["m.onnx"]
