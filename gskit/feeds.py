@@ -266,9 +266,7 @@ def _npz_member(
         elif version == (2, 0):
             shape, _, dtype = np.lib.format.read_array_header_2_0(member)
         else:
-            raise GskitError(
-                f"{path}: member '{info.filename}' has .npy version {version}, not 1.0 or 2.0"
-            )
+            raise GskitError(f"{path}: member '{info.filename}' has .npy version {version}, not 1.0 or 2.0")
     if dtype.hasobject:
         raise GskitError(
             f"{path}: array '{info.filename[:-4]}' holds Python objects; gskit never loads pickled data, "

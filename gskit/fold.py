@@ -378,9 +378,7 @@ def _fold_batched(
         context.evaluate(batch)
 
 
-def _foldable_nodes(
-    graph: gs.Graph, exclude: _Exclusion, report: FoldReport
-) -> list[gs.Node]:
+def _foldable_nodes(graph: gs.Graph, exclude: _Exclusion, report: FoldReport) -> list[gs.Node]:
     """Nodes (topological order) whose inputs are constants or results of earlier foldable nodes."""
     produced: set[int] = set()
     foldable = []

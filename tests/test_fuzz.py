@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.disable(logging.CRITICAL)
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
-    tried, failures, strays = 0, [], 0
+    tried, failures, strays, crashes = 0, [], 0, 0
     codes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="gskit-fuzz-") as tmp:
         for index, (name, data) in enumerate(cases(args.seed, args.cases)):
@@ -382,15 +382,14 @@ def main(argv: list[str] | None = None) -> int:
                 codes[key] = codes.get(key, 0) + 1
                 if outcome.problems:
                     failures.append(f"{command} {name}: {outcome.problems}")
-                    strays += sum(
-                        "read " in p or "wrote " in p or "files appeared" in p for p in outcome.problems
-                    )
+                    stray = [p for p in outcome.problems if p.startswith(("read ", "wrote ", "files "))]
+                    strays += len(stray) > 0
+                    crashes += len(stray) < len(outcome.problems)
             tried += 1
             if index % 100 == 99:
                 print(f"... {tried} tried, {len(failures)} failing", file=sys.stderr, flush=True)
-    tracebacks = len(failures) - strays
     print(
-        f"{tried} malformed inputs tried, {tracebacks} tracebacks, "
+        f"{tried} malformed inputs tried, {crashes} tracebacks, "
         f"{strays} files read or written outside what the user named"
     )
     print("runs by exit code: " + ", ".join(f"{k}: {v}" for k, v in sorted(codes.items())))
