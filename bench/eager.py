@@ -53,7 +53,8 @@ def deform_conv2d(
         (y0 + 1, x0 + 1, fy * fx),
     ):
         inside = (cy >= 0) & (cy < h) & (cx >= 0) & (cx < w)
-        flat = (cy.clamp(0, h - 1) * w + cx.clamp(0, w - 1)).long().reshape(n, offset_group, 1, -1)
+        # Index arithmetic in int64: float16 rounds integers above 2048 (4095 -> 4096, past the image).
+        flat = (cy.clamp(0, h - 1).long() * w + cx.clamp(0, w - 1).long()).reshape(n, offset_group, 1, -1)
         values = torch.gather(image.squeeze(2), -1, flat.expand(-1, -1, c // offset_group, -1))
         samples += values * torch.where(inside, corner, 0).reshape(n, offset_group, 1, -1)
     samples = samples.reshape(n, offset_group, c // offset_group, k, oh * ow)

@@ -4,8 +4,8 @@ Builds ``y = sum_i MatMul(x, Transpose(W_i))`` with ``--count`` (default 40) flo
 ``--size-gb`` (default 2.7 GB): every Transpose is foldable. Each tool then loads, folds and saves the model
 in a fresh interpreter whose working directory is a temporary folder (tools may write stray files there):
 
-* ``gskit``: ``gskit.model.load(load_weights=False)`` + ``gskit.fold.fold(size_threshold=None)`` +
-  ``gskit.model.save``.
+* ``gskit``: ``gskit.io.model.load(load_weights=False)`` + ``gskit.passes.fold.fold(size_threshold=None)`` +
+  ``gskit.io.model.save``.
 * ``graphsurgeon``: ``onnx.load`` + ``gs.import_onnx`` + ``fold_constants()`` + ``cleanup`` +
   ``export_onnx`` + ``onnx.save_model(save_as_external_data=True)``, the usual recipe.
 * ``graphsurgeon basic``: the same with ``fold_constants(partitioning="basic")``.
@@ -56,11 +56,11 @@ ROWS = 4096
 
 
 def build(path: Path, size_bytes: int, count: int) -> dict:
-    """Write the model with gskit.model.save, streaming each weight through a raw file (small RSS)."""
+    """Write the model with gskit.io.model.save, streaming each weight through a raw file (small RSS)."""
     import numpy as np
     import onnx
 
-    from gskit.model import save
+    from gskit.io.model import save
 
     cols = max(1, size_bytes // (count * ROWS * 4))
     nodes, acc = [], None
@@ -107,7 +107,8 @@ def build(path: Path, size_bytes: int, count: int) -> dict:
 
 
 def run_gskit(source: Path, out: Path) -> dict:
-    from gskit import fold, model
+    from gskit.io import model
+    from gskit.passes import fold
 
     folded, report = fold.fold(model.load(source, load_weights=False), size_threshold=None)
     model.save(folded, out)
@@ -157,7 +158,7 @@ def _tool_main(tool: str, source: Path, out: Path) -> None:
     import onnx  # noqa: F401  # imports outside the timing
     import onnx_graphsurgeon  # noqa: F401
 
-    import gskit.fold  # noqa: F401
+    import gskit.passes.fold  # noqa: F401
 
     if tool == "polygraphy":
         import polygraphy.tools._main  # noqa: F401
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    from gskit.report import console, table
+    from gskit.io.report import console, table
 
     gb = 1e9
     rows = [

@@ -1,4 +1,5 @@
-"""Node counts and times of gskit.fold against Polygraphy's fold (and onnxsim / onnxslim when importable).
+"""Node counts and times of gskit.passes.fold against Polygraphy's fold (and onnxsim / onnxslim when
+importable).
 
 Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--json]`` (default: the nine light_*.onnx models
 shipped in the onnx wheel). Each tool folds a fresh copy of the model; ``peak_rss_mib`` is the process's
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import onnx
 
-from gskit import model as gsmodel
-from gskit.fold import fold
+from gskit.io import model as gsmodel
+from gskit.passes.fold import FoldOptions, fold
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -38,7 +39,7 @@ def _polygraphy(model):
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR
-    return fold_constants(model, size_threshold=16 * 2**20)
+    return fold_constants(model, size_threshold=FoldOptions().size_threshold)  # the same limit as gskit's
 
 
 def _onnxsim(model):

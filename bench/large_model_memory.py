@@ -55,7 +55,7 @@ def build(path: Path, size_bytes: int) -> dict:
     import numpy as np
     from onnx import TensorProto, helper
 
-    from gskit.model import save
+    from gskit.io.model import save
 
     count = max(1, -(-size_bytes // MAX_WEIGHT_BYTES))
     cols = max(1, size_bytes // (count * ROWS * 4))
@@ -89,15 +89,15 @@ def build(path: Path, size_bytes: int) -> dict:
 
 
 def lazy_isolate_save(path: Path, out: Path) -> None:
-    from gskit.isolate import isolate
-    from gskit.model import load, save, to_graph
+    from gskit.io.model import load, save, to_graph
+    from gskit.passes.isolate import isolate
 
     graph = to_graph(load(path, load_weights=False))
     save(isolate(graph, ["t0"], ["y"]), out)
 
 
 def load_save(path: Path, out: Path) -> None:
-    from gskit.model import load, save
+    from gskit.io.model import load, save
 
     save(load(path), out)
 
@@ -114,14 +114,14 @@ def onnx_floor(path: Path, out: Path) -> None:
 def _stage_main(name: str, args: list[str]) -> None:
     started_rss = _rss()
     if name == "build":
-        import gskit.model  # noqa: F401  # imports outside the timing
+        import gskit.io.model  # noqa: F401  # imports outside the timing
 
         t0 = time.perf_counter()
         info = build(Path(args[0]), int(args[1]))
     else:
         import onnx  # noqa: F401
 
-        import gskit.isolate  # noqa: F401
+        import gskit.passes.isolate  # noqa: F401
 
         started_rss = _rss()
         t0 = time.perf_counter()
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    from gskit.report import console, table
+    from gskit.io.report import console, table
 
     gb = 1e9
     rows = [

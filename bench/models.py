@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gskit import model as gsmodel  # noqa: E402
+from gskit.io import model as gsmodel  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def transformer_like(
 
 
 def write_transformer_like(path: Path, num_nodes: int | None = None, *, blocks: int | None = None) -> Path:
-    """Write :func:`transformer_like` to ``path`` (through ``gskit.model.save``) and return it."""
+    """Write :func:`transformer_like` to ``path`` (through ``gskit.io.model.save``) and return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return gsmodel.save(transformer_like(num_nodes, blocks=blocks), path)
 

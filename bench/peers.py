@@ -1,10 +1,10 @@
 """Run one tool on one model in a child process: wall time, peak RSS, nodes, outputs on onnxruntime.
 
-Tools (``TOOLS``): constant folding by ``gskit`` (``gskit.fold.fold``; ``gskit-nolimit`` without its
+Tools (``TOOLS``): constant folding by ``gskit`` (``gskit.passes.fold.fold``; ``gskit-nolimit`` without its
 16 MiB cap on new constants), ``polygraphy`` (``polygraphy surgeon sanitize --fold-constants``, run
 in-process through polygraphy's CLI entry point), ``onnxsim`` (``onnxsim.simplify``) and ``onnxslim``
-(``onnxslim.slim``); ``gskit-replace`` (``gskit.patterns.replace`` with every plugin of ``plugins/``),
-``gskit-prepare`` (``gskit.prepare.prepare`` with the transform steps of the default recipe) and
+(``onnxslim.slim``); ``gskit-replace`` (``gskit.passes.patterns.replace`` with every plugin of ``plugins/``),
+``gskit-prepare`` (``gskit.pipeline.prepare.prepare`` with the transform steps of the default recipe) and
 ``onnx-floor`` (bare ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``).
 
 Each measurement is one child interpreter (``python bench/peers.py --worker ...``): it imports the tool,
@@ -12,7 +12,7 @@ then runs it ``runs`` times (load, transform, save; imports excluded from the ti
 RSS (``VmHWM``, imports included; ``ru_maxrss`` is not used since Linux carries it over fork + exec from
 the parent; ``rss_after_imports`` says how much was there before the first run), then compares the
 written model's outputs with the original's on onnxruntime (CPU, graph optimizations off,
-``gskit.feeds.random_feeds`` with seed 0, symbolic dims = 2). Outputs match when
+``gskit.io.feeds.random_feeds`` with seed 0, symbolic dims = 2). Outputs match when
 ``|a - b| <= ATOL + RTOL * |b|`` everywhere (NaN equal to NaN). The parent kills the child after
 ``timeout`` s; a child that dies is reported as ``crashed``, ``out of memory`` (killed by SIGKILL) or
 ``timeout``.
@@ -158,8 +158,8 @@ def _current_rss() -> int:
 
 def _run_fold_tool(tool: str, source: Path, out: Path) -> None:
     if tool in ("gskit", "gskit-nolimit"):
-        from gskit import model as gsmodel
-        from gskit.fold import fold
+        from gskit.io import model as gsmodel
+        from gskit.passes.fold import fold
 
         limit = {} if tool == "gskit" else {"size_threshold": None}
         folded, _ = fold(gsmodel.load(source, load_weights=False), **limit)
@@ -205,16 +205,16 @@ def _import_tool(tool: str) -> None:
     import onnx  # noqa: F401
     import onnxruntime  # noqa: F401
 
-    import gskit.model  # noqa: F401
+    import gskit.io.model  # noqa: F401
 
     modules = {
-        "gskit": ["gskit.fold"],
-        NOLIMIT: ["gskit.fold"],
+        "gskit": ["gskit.passes.fold"],
+        NOLIMIT: ["gskit.passes.fold"],
         "polygraphy": ["polygraphy.tools._main", "onnx_graphsurgeon"],
         "onnxsim": ["onnxsim"],
         "onnxslim": ["onnxslim"],
-        "gskit-replace": ["gskit.patterns", "bench.models"],
-        "gskit-prepare": ["gskit.prepare"],
+        "gskit-replace": ["gskit.passes.patterns", "bench.models"],
+        "gskit-prepare": ["gskit.pipeline.prepare"],
         "onnx-floor": [],
     }
     for name in modules[tool]:
@@ -242,8 +242,8 @@ def _worker(job: dict[str, Any]) -> None:
         if tool in FOLD_TOOLS or tool == NOLIMIT:
             _run_fold_tool(tool, source, out)
         elif tool == "gskit-prepare":
-            from gskit.prepare import prepare
-            from gskit.recipe import make_recipe
+            from gskit.pipeline.prepare import prepare
+            from gskit.pipeline.recipe import make_recipe
 
             prepare(source, out_dir / "prepared", recipe=make_recipe([(s, {}) for s in PREPARE_STEPS]))
             out = out_dir / "prepared" / "model.onnx"
@@ -269,8 +269,8 @@ def _compare(source: Path, result: Path, plugins: Any = None) -> dict[str, Any]:
     import numpy as np
 
     from gskit.backends import ort as gort
-    from gskit.feeds import random_feeds
-    from gskit.model import load
+    from gskit.io.feeds import random_feeds
+    from gskit.io.model import load
 
     feeds = random_feeds(load(source, load_weights=False))
     cache = source.parent / (source.name + ".reference.npz")
@@ -298,8 +298,8 @@ def _compare(source: Path, result: Path, plugins: Any = None) -> dict[str, Any]:
 
 def _replace_worker(job: dict[str, Any]) -> None:
     from bench.models import transformer_like
-    from gskit import model as gsmodel
-    from gskit.patterns import replace
+    from gskit.io import model as gsmodel
+    from gskit.passes.patterns import replace
     from gskit.plugin import load_plugins
 
     registry = load_plugins()

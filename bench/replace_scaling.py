@@ -1,4 +1,4 @@
-"""How `gskit.patterns.replace` scales: transformer-like graphs of decomposed LayerNorms and MatMuls.
+"""How `gskit.passes.patterns.replace` scales: transformer-like graphs of decomposed LayerNorms and MatMuls.
 
 Each block is a decomposed LayerNorm (9 nodes), MatMul+Add, Relu, MatMul+Add and a residual Add
 (15 nodes). Run: ``python bench/replace_scaling.py [--nodes 10000 50000 100000] [--json]``.
@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gskit.patterns import replace  # noqa: E402
+from gskit.passes.patterns import replace  # noqa: E402
 from plugins.layer_norm.spec import SPEC as LAYER_NORM  # noqa: E402
 from plugins.rms_norm.spec import SPEC as RMS_NORM  # noqa: E402
 

@@ -275,7 +275,7 @@ def _fmt_row(r: Row) -> tuple[Any, ...]:
 
 
 def render(rows: list[Row], goal_rows: list[dict[str, Any]], quick: bool) -> None:
-    from gskit.report import console, table
+    from gskit.io.report import console, table
 
     out = console()
     cols = (
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2))
-    from gskit.report import console
+    from gskit.io.report import console
 
     console().print(f"wrote {json_path} ({result['seconds']:.0f} s)")
     return 0

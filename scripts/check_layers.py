@@ -4,12 +4,13 @@ Reads every ``import`` statement (module level and inside functions) of ``ROOT/g
 library files of ``ROOT/plugins/*/`` with :mod:`ast`, without importing anything, and prints one line per
 violation (exit 1) or nothing (exit 0). The rules and the layers are described in docs/architecture.md:
 
-* Layers, lowest first: **core** (every gskit module not named below: the model and its I/O, op and plugin
-  notions, passes, shape inference, reports), **backends** (``gskit.backends``: everything that runs a
-  model), **front-ends** (``gskit.torch_export``, ``gskit.trt_plugin``) and **compare** (``gskit.compare*``),
-  **pipeline** (``gskit.passes``, ``gskit.prepare``, ``gskit.recipe``), **cli** (``gskit.cli``). A module
-  imports only gskit modules of its own layer or lower ones. Core may import a backend lazily (inside a
-  function) only where :data:`LAZY_CORE_IMPORTS` says so, with the reason.
+* Layers, lowest first, by package (a module's layer is that of its first package under ``gskit/``,
+  :data:`LAYERS`): **core** (``gskit.errors``, ``gskit.io``, ``gskit.plugin``, ``gskit.passes``, and
+  any package not listed), **backends** (``gskit.backends``: everything that runs a model or talks to
+  TensorRT), **front-ends** (``gskit.torch_export``) and **compare** (``gskit.compare``), **pipeline**
+  (``gskit.pipeline``), **cli** (``gskit.cli``). A module imports only gskit modules of its own layer or
+  lower ones. Core may import a backend lazily (inside a function) only where :data:`LAZY_CORE_IMPORTS`
+  says so, with the reason.
 * Heavy optional dependencies (:data:`HEAVY`) only in backends, front-ends and plugin kernels
   (``plugins/*/kernel.py``, ``plugins/*/trt_plugin.py``).
 * Execution libraries (:data:`EXECUTION`: onnxruntime, Polygraphy's runners and CUDA wrapper) only in
@@ -27,25 +28,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Non-core layers by module prefix, with their rank (a module may import ranks <= its own).
-LAYERS: tuple[tuple[str, str, int], ...] = (
-    ("gskit.backends", "backends", 1),
-    ("gskit.torch_export", "front-ends", 2),
-    ("gskit.trt_plugin", "front-ends", 2),
-    ("gskit.compare", "compare", 2),
-    ("gskit.compare_layers", "compare", 2),
-    ("gskit.compare_plugins", "compare", 2),
-    ("gskit.passes", "pipeline", 3),
-    ("gskit.prepare", "pipeline", 3),
-    ("gskit.recipe", "pipeline", 3),
-    ("gskit.cli", "cli", 4),
-)
+#: Layer and rank of each package (or module) directly under gskit/. A module's layer is that of its first
+#: package under gskit/ (``gskit.passes.fold`` -> ``passes`` -> core), and it may import ranks <= its own.
+#: A package or module not listed here is core, the strictest layer, until it is placed.
+LAYERS: dict[str, tuple[str, int]] = {
+    "errors": ("core", 0),  # the one exception type: every layer raises it
+    "io": ("core", 0),
+    "plugin": ("core", 0),
+    "passes": ("core", 0),
+    "backends": ("backends", 1),
+    "torch_export": ("front-ends", 2),
+    "compare": ("compare", 2),
+    "pipeline": ("pipeline", 3),
+    "cli": ("cli", 4),
+}
 CORE = ("core", 0)
 #: (core module, backend module it imports inside a function) -> why that execution belongs there.
 LAZY_CORE_IMPORTS = {
-    ("gskit.fold", "gskit.backends.ort"): "fold evaluates constant nodes on onnxruntime (batched mode)",
     (
-        "gskit.tensor_types",
+        "gskit.passes.fold",
+        "gskit.backends.ort",
+    ): "fold evaluates constant nodes on onnxruntime (batched mode)",
+    (
+        "gskit.passes.tensor_types",
         "gskit.backends.ort",
     ): "onnxruntime ships the symbolic shape inference Polygraphy uses",
 }
@@ -67,16 +72,21 @@ class Violation:
         return f"{self.path}:{self.line}: {self.message}"
 
 
+def _package(module: str) -> str | None:
+    """The first package (or module) under gskit/ of a gskit module: ``gskit.passes.fold`` -> ``passes``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "gskit" else None
+
+
 def layer_of(module: str) -> tuple[str, int]:
-    """The layer name and rank of a gskit module (core unless a prefix in :data:`LAYERS` names it)."""
-    for prefix, name, rank in LAYERS:
-        if module == prefix or module.startswith(prefix + "."):
-            return name, rank
-    return CORE
+    """The layer name and rank of a gskit module: its first package's in :data:`LAYERS`, else core."""
+    return LAYERS.get(_package(module) or "", CORE)
 
 
 def _layer_prefix(module: str) -> str:
-    return next((p for p, _, _ in LAYERS if module == p or module.startswith(p + ".")), module)
+    """``gskit.<first package>``: the imported layer as a violation message names it."""
+    package = _package(module)
+    return f"gskit.{package}" if package else module
 
 
 def _within(name: str, packages: tuple[str, ...]) -> str | None:

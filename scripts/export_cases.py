@@ -24,12 +24,12 @@ from typing import Any
 import onnx
 import torch
 
-from gskit import model as gsmodel
-from gskit.fold import fold
-from gskit.patterns import replace
+from gskit.io import model as gsmodel
+from gskit.io.report import console, table
+from gskit.passes.fold import fold
+from gskit.passes.patterns import replace
+from gskit.passes.shapes import infer_shapes
 from gskit.plugin import PluginRegistry, load_plugins
-from gskit.report import console, table
-from gskit.shapes import infer_shapes
 from gskit.torch_export import (
     Call,
     ModulePlugin,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from gskit import model as gsmodel
+from gskit.io import model as gsmodel
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
 
@@ -71,7 +71,7 @@ class ExampleNet(torch.nn.Module):
 
 
 def make_example(output: Path) -> Path:
-    """Export the example model to ``output`` (through gskit.model.save) and return the path."""
+    """Export the example model to ``output`` (through gskit.io.model.save) and return the path."""
     torch.manual_seed(0)
     model = ExampleNet().eval()
     x = torch.randn(2, 4, 8, 8)

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit import model as gsmodel
+from gskit.io import model as gsmodel
 from gskit.plugin import PluginSpec, load_spec_file
 
 REPO = Path(__file__).resolve().parents[1]

@@ -50,6 +50,21 @@ def test_eager_deform_conv2d_matches_reference(x_shape, c_out, kernel, attrs, wi
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.torch
+def test_eager_deform_conv2d_float16_gathers_inside_images_over_2048_pixels() -> None:
+    """float16 holds integers exactly only up to 2048: a gather index computed in float16 on a 64x64 image
+    rounded 4095 to 4096 and read past the image (a CUDA assertion on the GPU, an error on the CPU).
+    Compared with the float64 reference within float16's error (atol 5e-2 over 9 taps of 4 channels)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 64, 64)).astype(np.float32)
+    weight = (rng.standard_normal((4, 4, 3, 3)) * 0.1).astype(np.float32)
+    offset = (rng.standard_normal((1, 18, 64, 64)) * 2.5).astype(np.float32)
+    full = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1, "offset_group": 1}
+    expected = reference.deform_conv2d(x, weight, offset, None, None, **full)
+    got = deform_conv2d(*(torch.from_numpy(a).half() for a in (x, weight, offset)), **full).float().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=5e-2)
+
+
 def test_kernel_goals_judge_floor_only_for_memory_bound_kernels() -> None:
     from bench.kernels import goal_verdict
 

@@ -9,9 +9,9 @@ import pytest
 
 from bench import models
 from bench.peers import Row, measure
-from gskit import model as gsmodel
 from gskit.backends import ort as gort
-from gskit.feeds import random_feeds
+from gskit.io import model as gsmodel
+from gskit.io.feeds import random_feeds
 from tests.conftest import LIGHT_MODELS
 
 

@@ -137,6 +137,22 @@ def test_bad_compute_capability(dynamic_model, tmp_path, capability, message):
     assert not (tmp_path / "m.engine").exists()
 
 
+@rtx
+def test_rtx_without_gpu_or_compute_capability_says_so_before_building(dynamic_model, tmp_path, capsys):
+    from gskit.backends.trt import gpu_count
+    from gskit.cli import main
+
+    if gpu_count() > 0:
+        pytest.skip("a GPU is present: TensorRT-RTX builds for it without --compute-capability")
+    engine = tmp_path / "m.engine"
+    # Before: Polygraphy's "Invalid Engine" traceback text inside gskit's error, after the build ran.
+    assert main(["build", str(dynamic_model), "-o", str(engine), "--backend", "tensorrt_rtx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--compute-capability" in err and "e.g. 8.9" in err
+    assert "Invalid Engine" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [dynamic_model]
+
+
 def test_derive_profile_fixed_model_needs_none():
     model = parse_model(
         '<ir_version: 10, opset_import: ["" : 17]>\ng (float[2,4] x) => (float[2,4] y) { y = Relu(x) }'
@@ -152,14 +168,6 @@ def test_derive_profile_rejects_bad_shapes():
         derive_profile(model, {"x": ((1,), (2,), (3,))})
     with pytest.raises(GskitError, match="min <= opt <= max"):
         derive_profile(model, {"x": ((4, 4), (2, 4), (8, 4))})
-
-
-def test_parse_shape():
-    assert build_cli.parse_shape("x:1x3,4x3,8x3") == ("x", ((1, 3), (4, 3), (8, 3)))
-    assert build_cli.parse_shape("a:b:2x2") == ("a:b", ((2, 2), (2, 2), (2, 2)))
-    for bad in ("x", "x:1x3,4x3", "x:1xa,2,3", ":1,2,3"):
-        with pytest.raises(GskitError, match="NAME:MIN,OPT,MAX"):
-            build_cli.parse_shape(bad)
 
 
 def test_static_backend_cannot_build(dynamic_model, tmp_path):

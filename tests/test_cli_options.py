@@ -29,7 +29,7 @@ def test_debug_after_the_subcommand_is_accepted(tmp_path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "DEBUG gskit.plugin" in proc.stderr
+    assert "DEBUG gskit.plugin.spec" in proc.stderr
 
 
 def test_hoist_keeps_order_and_stops_at_double_dash() -> None:
@@ -50,3 +50,29 @@ def test_prepare_output_named_like_a_model_file_is_refused(tmp_path, capsys) -> 
     assert main(["prepare", str(model), "-o", str(out)]) == 2
     assert "give an output folder" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["prepar", "m.onnx"], "gskit: error: argument COMMAND: unknown 'prepar'; did you mean prepare?"),
+        (["prepare", "m.onnx", "-o", "out", "--atl", "1e-3"], "unknown option --atl; did you mean --atol?"),
+        (["prepare", "m.onnx", "--atl=1e-3"], "unknown option --atl; did you mean --atol?"),
+        (["--debg", "inspect", "m.onnx"], "gskit: error: unknown option --debg; did you mean --debug?"),
+        (["plugin", "lst"], "gskit plugin: error: argument ACTION: unknown 'lst'; did you mean list?"),
+        (["plugin", "list", "--jsn"], "gskit plugin list: error: unknown option --jsn; did you mean --json?"),
+        (["compare", "a", "b", "--backend", "onxruntime"], "unknown 'onxruntime'; did you mean onnxruntime?"),
+        (["inspect", "m.onnx", "--zzzzzz"], "gskit inspect: error: unknown option --zzzzzz"),
+    ],
+)
+def test_misspelled_options_and_commands_get_a_suggestion(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: gskit") and err[-1].endswith(message)  # usage, then one line
+
+
+def test_negative_numbers_are_values_not_unknown_options(tmp_path, capsys) -> None:
+    assert main(["prepare", "--print-recipe", "--seed", "-1"]) == 0
+    assert "seed: -1" in capsys.readouterr().out

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import parse_model, run_subcommand
 
-from gskit import model as gsmodel
-from gskit.compare import compare
+from gskit.compare.outputs import compare
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
 from gskit.plugin import load_plugins
 
 ORIGINAL = """
@@ -170,7 +170,7 @@ def test_model_without_outputs_is_an_error():
 def test_runner_failure_is_one_line_without_polygraphy_chatter(tmp_path, capsys):
     """Polygraphy's own '[!] ...' lines stay hidden; its failure arrives once, as gskit's error."""
     from gskit.backends.ort import runner
-    from gskit.compare import compare_runners
+    from gskit.compare.outputs import compare_runners
 
     path = tmp_path / "m.onnx"
     gsmodel.save(parse_model(ORIGINAL), path)
@@ -217,7 +217,7 @@ def test_tolerance_follows_the_output_dtype():
 
 def test_original_failing_on_generated_inputs_names_node_and_fix(tmp_path):
     """The ORIGINAL failing is told apart from the prepared one failing, with the node and the fix."""
-    from gskit.compare import ReferenceRunError
+    from gskit.compare.outputs import ReferenceRunError
 
     model = parse_model(
         """
@@ -242,7 +242,7 @@ def test_original_failing_on_generated_inputs_names_node_and_fix(tmp_path):
 
 
 def test_failing_node_follows_producers_and_branch_reads():
-    from gskit.compare import failing_node
+    from gskit.compare.outputs import failing_node
 
     model = parse_model(
         """

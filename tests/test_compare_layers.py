@@ -14,15 +14,15 @@ import pytest
 from conftest import parse_model
 
 import gskit
-from gskit import model as gsmodel
 from gskit.backends.trt import full_tensorrt_available
-from gskit.compare_layers import compare_layerwise, producers
-from gskit.compare_plugins import compare_plugins
+from gskit.compare.layers import compare_layerwise, producers
+from gskit.compare.plugins import compare_plugins
 from gskit.errors import GskitError
-from gskit.fold import fold
-from gskit.patterns import replace
+from gskit.io import model as gsmodel
+from gskit.passes.fold import fold
+from gskit.passes.patterns import replace
+from gskit.passes.shapes import infer_graph_shapes
 from gskit.plugin import load_plugins
-from gskit.shapes import infer_graph_shapes
 
 EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 REPO_PLUGINS = Path(gskit.__file__).parent.parent / "plugins"

@@ -13,15 +13,15 @@ import onnx
 import pytest
 
 import gskit
-from gskit import model as gsmodel
 from gskit.backends.trt_build import build_engine
-from gskit.compare import compare
-from gskit.compare_layers import compare_layerwise
-from gskit.compare_plugins import compare_plugins
-from gskit.fold import fold
-from gskit.patterns import replace
+from gskit.compare.layers import compare_layerwise
+from gskit.compare.outputs import compare
+from gskit.compare.plugins import compare_plugins
+from gskit.io import model as gsmodel
+from gskit.passes.fold import fold
+from gskit.passes.patterns import replace
+from gskit.passes.shapes import infer_graph_shapes
 from gskit.plugin import load_plugins
-from gskit.shapes import infer_graph_shapes
 
 pytestmark = [pytest.mark.trt, pytest.mark.gpu]
 

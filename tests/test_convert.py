@@ -1,4 +1,4 @@
-"""gskit.convert: fp16 with clamping and fp32 boundaries, opset conversion, int64 -> int32."""
+"""gskit.passes.convert: fp16 with clamping and fp32 boundaries, opset conversion, int64 -> int32."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import onnx
 import pytest
 from conftest import parse_model
 
-from gskit import model as gsmodel
 from gskit.backends import ort as gsort
-from gskit.convert import clamp_to_fp16, convert_opset, int64_to_int32, to_fp16
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.passes.convert import clamp_to_fp16, convert_opset, int64_to_int32, to_fp16
 
 
 def test_clamp_values_as_specified():
@@ -151,3 +151,17 @@ def test_fp16_value_float_constant_becomes_fp16_tensor() -> None:
     assert onnx.helper.get_attribute_value(constant.attribute[0]).data_type == onnx.TensorProto.FLOAT16
     x = np.array([1.0, -2.0, 4.0], dtype=np.float32)
     np.testing.assert_array_equal(gsort.run(converted, {"x": x})["y"], x * 2.5)
+
+
+@pytest.mark.parametrize(
+    ("flags", "io_type"), [((), onnx.TensorProto.FLOAT), (("--no-keep-io-fp32",), onnx.TensorProto.FLOAT16)]
+)
+def test_cli_fp16_keeps_io_fp32_like_the_library_and_the_recipe(tmp_path, flags, io_type) -> None:
+    """One default for all three faces (the CLI used to make inputs and outputs float16 unless told)."""
+    from gskit.cli import main
+
+    source, out = tmp_path / "mlp.onnx", tmp_path / "out.onnx"
+    gsmodel.save(parse_model(MLP), source)
+    assert main(["convert", str(source), "-o", str(out), "--fp16", *flags]) == 0
+    graph = onnx.load(out).graph
+    assert {t.type.tensor_type.elem_type for t in (*graph.input, *graph.output)} == {io_type}

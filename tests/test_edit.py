@@ -10,17 +10,17 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import parse_model
 
-from gskit import edit
-from gskit import model as gsmodel
 from gskit.backends import ort
 from gskit.cli import main
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.passes import edit
 
 OPSET = '<ir_version: 8, opset_import: ["" : 17]>'
 
 
 def _save_and_run(graph: gs.Graph, tmp_path: Path, feeds: dict, name: str = "edited.onnx") -> dict:
-    """Save with the checker (gskit.model.save), reload from disk, run on onnxruntime."""
+    """Save with the checker (gskit.io.model.save), reload from disk, run on onnxruntime."""
     path = gsmodel.save(graph, tmp_path / name)
     return ort.run(path, feeds)
 

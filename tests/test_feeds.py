@@ -7,7 +7,7 @@ import pytest
 from conftest import parse_model
 
 from gskit.errors import GskitError
-from gskit.feeds import random_feeds
+from gskit.io.feeds import random_feeds
 
 MODEL = parse_model(
     """

@@ -1,4 +1,5 @@
-"""gskit.fold: outputs kept, at least as many nodes removed as Polygraphy, plugins never evaluated, strict."""
+"""gskit.passes.fold: outputs kept, at least as many nodes removed as Polygraphy, plugins never evaluated,
+strict."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import LIGHT_MODELS, parse_model
 
-from gskit import model as gsmodel
 from gskit.backends import ort as gsort
 from gskit.cli import main
 from gskit.errors import GskitError
-from gskit.fold import fold
+from gskit.io import model as gsmodel
+from gskit.passes.fold import fold
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """gskit's folding adds no failures to onnx's backend node tests on onnxruntime.
 
 Each case of ``onnx.backend.test.loader.load_model_tests(kind="node")`` runs on onnxruntime as given and after
-``gskit.fold``; a case that onnxruntime passes alone must pass after folding. The cases onnxruntime fails
-alone are data (``tests/data/ort_node_failures.txt``), regenerated with::
+``gskit.passes.fold``; a case that onnxruntime passes alone must pass after folding. The cases onnxruntime
+fails alone are data (``tests/data/ort_node_failures.txt``), regenerated with::
 
     python tests/test_fold_conformance.py --write-ort-failures
 
@@ -28,8 +28,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from gskit.fold import fold
-from gskit.model import MAX_ORT_IR_VERSION
+from gskit.io.model import MAX_ORT_IR_VERSION
+from gskit.passes.fold import fold
 
 FAILURES_FILE = Path(__file__).parent / "data" / "ort_node_failures.txt"
 #: Families where folding has gone wrong before (in graphsurgeon or gskit): always in the sample.
@@ -82,7 +82,7 @@ def run_case(case, transform: Transform | None = None) -> str | None:
     """Run one node test on onnxruntime (after ``transform``); None when it passes, else why it failed."""
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
-    # What gskit.model.save writes: the IR version onnxruntime loads.
+    # What gskit.io.model.save writes: the IR version onnxruntime loads.
     model.ir_version = min(model.ir_version, MAX_ORT_IR_VERSION)
     if transform is not None:
         try:
@@ -188,7 +188,9 @@ def new_failures(names: list[str], transform: Transform) -> dict[str, str]:
 
 def _assert_none(failures: dict[str, str]) -> None:
     listing = "\n".join(f"{name}: {why}" for name, why in sorted(failures.items()))
-    assert not failures, f"gskit.fold broke {len(failures)} node tests that onnxruntime passes:\n{listing}"
+    assert not failures, (
+        f"gskit.passes.fold broke {len(failures)} node tests that onnxruntime passes:\n{listing}"
+    )
 
 
 def test_sample_adds_no_failures():

@@ -1,4 +1,5 @@
-"""gskit.fold on models over 2 GB: batched evaluation, weights read per batch, large results kept on disk.
+"""gskit.passes.fold on models over 2 GB: batched evaluation, weights read per batch, large results kept on
+disk.
 
 The fast tests force the batched mode on small models (``_PARTITION_BYTES = -1``) and check it against the
 original model on onnxruntime; the slow test folds a 2.2 GB model in a child process and measures its peak
@@ -20,10 +21,10 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import LIGHT_MODELS, parse_model
 
-from gskit import fold as gsfold
-from gskit import model as gsmodel
 from gskit.backends import ort as gsort
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.passes import fold as gsfold
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -150,7 +151,7 @@ def _save_transpose_model(path: Path, weights) -> Path:
     """``y = sum_i MatMul(x, Transpose(W_i))`` with ``W_i`` of shape ``[cols, rows]``, ``x`` of ``[1, rows]``.
 
     The weights (arrays, or callables with a ``shape`` making them) go through a raw file into
-    gskit.model.save, so the test process never holds them all.
+    gskit.io.model.save, so the test process never holds them all.
     """
     nodes, acc = [], None
     for i in range(len(weights)):
@@ -212,7 +213,8 @@ def _external(path: Path, tensor: onnx.TensorProto) -> np.ndarray:
 
 FOLD_CHILD = textwrap.dedent("""
     import json, sys, time
-    from gskit import fold, model
+    from gskit.io import model
+    from gskit.passes import fold
     t0 = time.perf_counter()
     folded, report = fold.fold(model.load(sys.argv[1], load_weights=False), size_threshold=None)
     model.save(folded, sys.argv[2])

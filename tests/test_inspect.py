@@ -1,4 +1,5 @@
-"""gskit.inspect and ``gskit inspect``: summaries checked against counts made directly from the protobuf."""
+"""gskit.passes.inspect and ``gskit inspect``: summaries checked against counts made directly from the
+protobuf."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from gskit import cli
-from gskit.inspect import (
+from gskit.io.model import load, save
+from gskit.passes.inspect import (
     CustomNode,
     FunctionSummary,
     InitializerSummary,
@@ -20,7 +22,6 @@ from gskit.inspect import (
     summarize,
     summarize_file,
 )
-from gskit.model import load, save
 from tests.conftest import LIGHT_MODELS, parse_model
 
 # Main graph: Add, Relu, If (nested If inside its then-branch), two custom-domain nodes, one call to a
@@ -307,3 +308,75 @@ def test_cli_table_shows_lowercase_symbolic_dims(
     assert cli.main(["inspect", str(example)]) == 0
     out = capsys.readouterr().out
     assert "[batch, 4, 8, 8]" in out and "[batch, 10]" in out
+
+
+def _small_model(tmp_path: Path) -> Path:
+    """x -> Add(b) -> a -> Relu -> y, and a custom node reading a; every node named."""
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+        helper.make_node("Swish", ["a"], ["s"], name="swish", domain="my.ns"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+        ],
+        [numpy_helper.from_array(np.ones(4, np.float32), "b")],
+    )
+    path = tmp_path / "small.onnx"
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.ns", 1)]
+    )
+    onnx.save(model, path)
+    return path
+
+
+def test_cli_tensors_and_nodes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _small_model(tmp_path)
+    assert cli.main(["inspect", str(path), "--tensors", "--nodes", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    tensors = {t["name"]: t for t in data["tensors"]}
+    assert list(tensors) == ["x", "b", "a", "y", "s"]
+    assert tensors["x"] == {
+        "name": "x",
+        "dtype": "float",
+        "shape": ["N", 4],
+        "kind": "input",
+        "producer": None,
+        "consumers": 1,
+        "is_output": False,
+    }
+    assert (tensors["b"]["kind"], tensors["b"]["shape"]) == ("initializer", [4])
+    # an intermediate tensor, with its shape from inference, its producer and both readers
+    assert (tensors["a"]["shape"], tensors["a"]["producer"], tensors["a"]["consumers"]) == (
+        ["N", 4],
+        "add",
+        2,
+    )
+    assert (tensors["y"]["is_output"], tensors["y"]["consumers"]) == (True, 0)
+    assert data["nodes"][2] == {"name": "swish", "op": "my.ns::Swish", "inputs": ["a"], "outputs": ["s"]}
+    assert [n["op"] for n in data["nodes"]] == ["ai.onnx::Add", "ai.onnx::Relu", "my.ns::Swish"]
+
+
+def test_cli_tensors_table_and_the_hints_that_point_to_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    path = _small_model(tmp_path)
+    assert cli.main(["inspect", str(path), "--tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "Tensors (5)" in out and "activation" in out and "[N, 4]" in out and "add" in out
+    assert "Model" not in out  # the listing replaces the summary
+    # isolate's and edit's hints name the listing that shows what they could not find
+    assert (
+        cli.main(["isolate", str(path), "-o", str(tmp_path / "i.onnx"), "--inputs", "aa", "--outputs", "y"])
+        == 2
+    )
+    assert "`gskit inspect --tensors` lists the model's tensors" in capsys.readouterr().err
+    edited = str(tmp_path / "e.onnx")
+    assert cli.main(["edit", str(path), "-o", edited, "--remove-node", "nope"]) == 2
+    assert "gskit inspect --nodes lists them" in capsys.readouterr().err

@@ -12,10 +12,10 @@ import pytest
 from gskit.backends import ort
 from gskit.cli import isolate as isolate_cli
 from gskit.errors import GskitError
-from gskit.isolate import isolate
-from gskit.model import load, save, to_graph, to_model
+from gskit.io.model import load, save, to_graph, to_model
+from gskit.passes.isolate import isolate
+from gskit.passes.shapes import deregister_schemas
 from gskit.plugin import PluginRegistry, PluginSpec
-from gskit.shapes import deregister_schemas
 from tests.conftest import parse_model
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}

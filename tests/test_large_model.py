@@ -21,7 +21,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from gskit.model import load, save
+from gskit.io.model import load, save
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +128,7 @@ def test_lazy_load_reads_shapes_without_weights(big_model):
     result = _run_measured(
         """
         import onnx_graphsurgeon as gs
-        from gskit.model import load, to_graph
+        from gskit.io.model import load, to_graph
         before = vm("VmRSS")
         graph = to_graph(load(sys.argv[1], load_weights=False))
         shapes = {t.name: list(t.shape) for t in graph.tensors().values() if isinstance(t, gs.Constant)}
@@ -145,9 +145,9 @@ def test_edit_isolate_save_keeps_weights_bit_identical(big_model):
     out = path.parent / "sub" / "sub.onnx"
     result = _run_measured(
         """
-        from gskit.edit import rename_tensors
-        from gskit.isolate import isolate
-        from gskit.model import load, save, to_graph
+        from gskit.passes.edit import rename_tensors
+        from gskit.passes.isolate import isolate
+        from gskit.io.model import load, save, to_graph
         before = vm("VmRSS")
         graph = to_graph(load(sys.argv[1], load_weights=False))
         rename_tensors(graph, {"W2": "W2_renamed", "b": "b_renamed"})

@@ -47,33 +47,45 @@ def test_the_tree_follows_the_layering() -> None:
 #: file -> (source, the violation it must produce, or None when the rules allow it)
 CASES = {
     "gskit/__init__.py": ("", None),
-    "gskit/edit.py": (
+    "gskit/passes/edit.py": (
         "from gskit.backends import ort\n",
-        "gskit.edit (core) imports backends (gskit.backends)",
+        "gskit.passes.edit (core) imports backends (gskit.backends)",
     ),
-    "gskit/inspect.py": (
+    "gskit/passes/inspect.py": (
         "def f():\n    import tensorrt\n",
-        "gskit.inspect (core) imports tensorrt: only backends",
+        "gskit.passes.inspect (core) imports tensorrt: only backends",
     ),
-    "gskit/shapes.py": (
-        "def f():\n    from gskit.compare import compare\n",
-        "gskit.shapes (core) imports compare (gskit.compare) inside a function",
+    "gskit/passes/shapes.py": (
+        "def f():\n    from gskit.compare.outputs import compare\n",
+        "gskit.passes.shapes (core) imports compare (gskit.compare) inside a function",
     ),
-    "gskit/fold.py": (
+    "gskit/passes/fold.py": (
         "from gskit import model\n\ndef run():\n    from gskit.backends import ort\n",
         None,  # the one lazy core-to-backend import the rules allow
     ),
-    "gskit/convert.py": ("from gskit.backends.ort import run\n", "gskit.convert (core) imports backends"),
+    "gskit/passes/convert.py": (
+        "from gskit.backends.ort import run\n",
+        "gskit.passes.convert (core) imports backends",
+    ),
     "gskit/backends/__init__.py": ("", None),
+    "gskit/pipeline/__init__.py": ("", None),
+    "gskit/pipeline/steps.py": (
+        "from gskit.cli import main\n",
+        "gskit.pipeline.steps (pipeline) imports cli",
+    ),
     "gskit/backends/ort.py": (
         "import onnxruntime\nfrom gskit.cli import main\n",
         "gskit.backends.ort (backends) imports cli",
     ),
-    "gskit/compare.py": (
+    "gskit/compare/outputs.py": (
         "from polygraphy.backend.trt import TrtRunner\n",
-        "gskit.compare (compare) imports polygraphy.backend: running models belongs in gskit.backends",
+        "gskit.compare.outputs (compare) imports polygraphy.backend: "
+        "running models belongs in gskit.backends",
     ),
-    "gskit/cli/__init__.py": ("from gskit.prepare import prepare\nfrom gskit.backends import trt\n", None),
+    "gskit/cli/__init__.py": (
+        "from gskit.pipeline.prepare import prepare\nfrom gskit.backends import trt\n",
+        None,
+    ),
     "gskit/sub/__init__.py": ("", None),
     "gskit/sub/thing.py": ("from ..cli import main\n", "gskit.sub.thing (core) imports cli (gskit.cli)"),
     "plugins/demo/kernel.py": ("import triton\n", None),
@@ -98,16 +110,19 @@ def test_the_checker_fails_on_deliberate_violations(tmp_path: Path) -> None:
 
 def test_a_module_level_backend_import_in_fold_is_still_refused(tmp_path: Path) -> None:
     """fold may import the onnxruntime backend only inside the function that evaluates nodes."""
-    _write(tmp_path, {"gskit/fold.py": "from gskit.backends import ort\n"})
+    _write(tmp_path, {"gskit/passes/fold.py": "from gskit.backends import ort\n"})
     done = _run(tmp_path)
-    assert done.returncode == 1 and "gskit.fold (core) imports backends" in done.stdout
+    assert done.returncode == 1 and "gskit.passes.fold (core) imports backends" in done.stdout
 
 
 def test_a_new_module_is_core_by_default() -> None:
     checker = _checker()
     assert checker.layer_of("gskit.brand_new") == checker.CORE
+    assert checker.layer_of("gskit.brand_new.module") == checker.CORE
+    assert checker.layer_of("gskit.pipeline.brand_new") == ("pipeline", 3)
+    assert checker.layer_of("gskit.passes.brand_new") == checker.CORE
     assert checker.layer_of("gskit.backends.onnx_tensorrt") == ("backends", 1)
-    assert checker.layer_of("gskit.compare_layers") == ("compare", 2)
+    assert checker.layer_of("gskit.compare.layers") == ("compare", 2)
     assert checker.layer_of("gskit.cli.fold") == ("cli", 4)
 
 
@@ -116,7 +131,9 @@ def test_a_root_without_gskit_is_an_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no gskit/ folder" in done.stderr
 
 
-@pytest.mark.parametrize("module", ["gskit.fold", "gskit.convert", "gskit.sanitize", "gskit.compare"])
+@pytest.mark.parametrize(
+    "module", ["gskit.passes.fold", "gskit.passes.convert", "gskit.passes.sanitize", "gskit.compare.outputs"]
+)
 def test_core_and_compare_modules_import_without_loading_a_runtime(module: str) -> None:
     """Importing a core pass does not load onnxruntime or TensorRT: they come with a backend call."""
     code = (
@@ -129,7 +146,7 @@ def test_core_and_compare_modules_import_without_loading_a_runtime(module: str) 
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    expected = "onnxruntime" if module == "gskit.compare" else ""
+    expected = "onnxruntime" if module == "gskit.compare.outputs" else ""
     assert done.stdout.strip() == expected
 
 

@@ -1,4 +1,4 @@
-"""gskit.model: round trips, IR version for onnxruntime, atomic saves, lazy weights, and bad files."""
+"""gskit.io.model: round trips, IR version for onnxruntime, atomic saves, lazy weights, and bad files."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from onnx.external_data_helper import uses_external_data
 
 from gskit import cli
 from gskit.errors import GskitError, ModelCheckError
-from gskit.model import (
+from gskit.io.model import (
     EXTERNAL_TENSOR_MIN_BYTES,
     MAX_ORT_IR_VERSION,
     load,

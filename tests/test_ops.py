@@ -1,4 +1,5 @@
-"""gskit.ops: standard domains, op labels and what a plugin node is, keyed with its version everywhere."""
+"""gskit.plugin.ops: standard domains, op labels and what a plugin node is, keyed with its version
+everywhere."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import parse_model
 
-from gskit import model as gsmodel
-from gskit import ops
 from gskit.backends.trt_check import parser_plugin_node
-from gskit.convert import to_fp16
-from gskit.fold import fold
-from gskit.plugin import PluginRegistry, PluginSpec
+from gskit.io import model as gsmodel
+from gskit.passes.convert import to_fp16
+from gskit.passes.fold import fold
+from gskit.plugin import PluginRegistry, PluginSpec, ops
 
 
 def _node(op: str, domain: str = "", **attrs) -> gs.Node:

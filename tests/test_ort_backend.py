@@ -11,9 +11,9 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import parse_model
 
-from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
 from gskit.plugin import load_plugins
 
 SPEC_PY = """

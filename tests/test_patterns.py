@@ -9,8 +9,8 @@ import pytest
 
 from gskit.backends import ort as gort
 from gskit.errors import GskitError
-from gskit.model import to_graph, to_model
-from gskit.patterns import GraphPattern, OpPattern, replace
+from gskit.io.model import to_graph, to_model
+from gskit.passes.patterns import GraphPattern, OpPattern, replace
 from gskit.plugin import Attribute, AttrType, PluginRegistry, PluginSpec
 from plugins.clamp_swish.spec import SPEC as CLAMP_SWISH
 from plugins.deform_conv2d.spec import SPEC as DEFORM
@@ -234,7 +234,7 @@ Norm <eps> (a, s, t) => (o)
 
 
 def test_local_function_calls_replaced_and_function_removed(rng: np.random.Generator) -> None:
-    from gskit.patterns import FunctionPattern
+    from gskit.passes.patterns import FunctionPattern
 
     spec = PluginSpec(
         name="LayerNorm",
@@ -366,7 +366,8 @@ def test_custom_pattern_dsl_capture_and_check() -> None:
                 scaled_relu,
                 attrs={"k": "k"},
                 check=lambda m: (
-                    m.scalar("k") > 0 or __import__("gskit.patterns").patterns.MatchResult.fail("k <= 0")
+                    m.scalar("k") > 0
+                    or __import__("gskit.passes.patterns").passes.patterns.MatchResult.fail("k <= 0")
                 ),
             ),
         ),
@@ -446,7 +447,7 @@ def _exported_cases() -> list:
 def test_torch_exported_models(name: str, dynamo: bool, tmp_path) -> None:
     """Every torch-exported case: the planted plugin count, the gone ops, and (where onnxruntime runs
     the original) numeric equality of the keep_function model."""
-    from gskit.model import load
+    from gskit.io.model import load
     from tests.exported_models import CASES, ExportUnsupported, example_input
 
     case = CASES[name]
@@ -507,7 +508,7 @@ def _export_plain(net, x, path, dynamo: bool) -> onnx.ModelProto:
     """Export and load the file as written: no shape inference, no sanitize (what `gskit replace` reads)."""
     import torch
 
-    from gskit.model import load
+    from gskit.io.model import load
 
     torch.onnx.export(net, (x,), str(path), dynamo=dynamo, opset_version=18 if dynamo else 17)
     return load(path)
@@ -645,9 +646,9 @@ def test_norms_left_unreplaced_are_counted_and_prepare_says_so(tmp_path) -> None
     replaced = to_graph(parse_model(LN_OPSET17))
     assert replace(replaced, ALL).norm_like_left == []
 
-    from gskit.model import save
-    from gskit.prepare import prepare
-    from gskit.recipe import load_recipe
+    from gskit.io.model import save
+    from gskit.pipeline.prepare import prepare
+    from gskit.pipeline.recipe import load_recipe
 
     save(parse_model(text), tmp_path / "m.onnx")
     (tmp_path / "r.yaml").write_text("steps:\n  - replace\n")
@@ -700,7 +701,7 @@ def test_float16_layer_norm_validates_with_the_dtype_tolerance(dynamo, tmp_path)
     tolerance gskit's comparison uses, which the float32 default would not be."""
     import torch
 
-    from gskit.compare import compare
+    from gskit.compare.outputs import compare
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)).half().eval()

@@ -15,10 +15,10 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import run_subcommand
 
-from gskit import model as gsmodel
 from gskit.cli import plugin as plugin_cli
 from gskit.errors import PluginError
-from gskit.plugin import (
+from gskit.io import model as gsmodel
+from gskit.plugin.spec import (
     Attribute,
     AttrType,
     PluginRegistry,
@@ -81,7 +81,7 @@ def test_loads_spec_with_relative_imports(tmp_path):
         ("SPEC = PluginSpec(\n", "SyntaxError"),
         ("import does_not_exist_anywhere\n", "ModuleNotFoundError"),
         ("X = 1\n", "defines neither SPEC"),
-        ("SPEC = 42\n", "must be a gskit.plugin.PluginSpec"),
+        ("SPEC = 42\n", "must be a gskit.plugin.spec.PluginSpec"),
         (
             "from gskit.plugin import PluginSpec\nSPEC = PluginSpec(name='A', namespace='')\n",
             "namespace must be a non-empty string",
@@ -96,7 +96,7 @@ def test_loads_spec_with_relative_imports(tmp_path):
             "does not fit in int32",
         ),
         (
-            "import numpy as np\nfrom gskit.plugin import Attribute, AttrType, PluginSpec\n"
+            "import numpy as np\nfrom gskit.plugin.spec import Attribute, AttrType, PluginSpec\n"
             "SPEC = PluginSpec(name='A', namespace='n',\n"
             "                  attributes=(Attribute('t', AttrType.TENSOR, np.zeros(2, np.int64)),))\n",
             "cannot reach a TensorRT plugin",
@@ -248,7 +248,7 @@ def test_onnx_op_name_collision_warns(tmp_path, caplog):
         "relu",
         spec="from gskit.plugin import PluginSpec\nSPEC = PluginSpec(name='Relu', namespace='n')\n",
     )
-    with caplog.at_level(logging.WARNING, logger="gskit.plugin"):
+    with caplog.at_level(logging.WARNING, logger="gskit.plugin.spec"):
         load_plugins([tmp_path], entry_points=False)
     assert "ignores domains" in caplog.text and "10.15" in caplog.text
 

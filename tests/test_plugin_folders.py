@@ -36,10 +36,10 @@ from plugin_folders import (
 )
 
 from gskit.backends import ort
-from gskit.patterns import Rule
+from gskit.passes.patterns import Rule
+from gskit.passes.shapes import infer_shapes
 from gskit.plugin import PluginRegistry
-from gskit.scaffold import new_plugin
-from gskit.shapes import infer_shapes
+from gskit.plugin.scaffold import new_plugin
 
 #: Files every plugin folder has (plugins/README.md, "Layout of a plugin folder").
 LAYOUT = ("__init__.py", "spec.py", "reference.py", "patterns.py", "README.md", "test_reference.py")

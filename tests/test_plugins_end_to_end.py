@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 import pytest
 
-from gskit import model as gsmodel
 from gskit.cli import main
+from gskit.io import model as gsmodel
+from gskit.passes.shapes import infer_shapes, missing_shapes
 from gskit.plugin import load_plugins
-from gskit.shapes import infer_shapes, missing_shapes
 
 PLUGINS_DIR = Path(__file__).resolve().parents[1] / "plugins"
 EXAMPLE = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"

@@ -18,12 +18,12 @@ import numpy as np
 import onnx
 import pytest
 
-from gskit import model as gsmodel
 from gskit.backends import ort as ortb
 from gskit.cli import main
-from gskit.passes import DEFAULT_STEPS
+from gskit.io import model as gsmodel
+from gskit.pipeline.recipe import parse_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS
 from gskit.plugin import load_plugins
-from gskit.recipe import parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
@@ -540,7 +540,7 @@ def test_validation_failure_from_an_unsteady_original_says_so(tmp_path: Path) ->
 
 def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
     """A library failing deep inside a step (a gskit bug) still ends in one line naming the step, exit 2."""
-    from gskit import passes
+    from gskit.pipeline import steps as passes
 
     def broken(self, state, options):
         raise ValueError("graphsurgeon could not do it\nsecond line")

@@ -32,7 +32,7 @@ def test_quick_start_commands_are_what_ci_runs() -> None:
 
 
 def test_recipe_example_is_a_valid_recipe() -> None:
-    from gskit.recipe import parse_recipe
+    from gskit.pipeline.recipe import parse_recipe
 
     blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
     assert blocks, "the README has no recipe example"

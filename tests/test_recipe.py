@@ -1,4 +1,5 @@
-"""gskit.recipe: every step's options round-trip through YAML; every bad recipe names its file and line."""
+"""gskit.pipeline.recipe: every step's options round-trip through YAML; every bad recipe names its file and
+line."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 
 from gskit.errors import GskitError
-from gskit.passes import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, FoldOptions, ValidateOptions
-from gskit.recipe import Recipe, RecipeStep, load_recipe, make_recipe, parse_recipe
+from gskit.pipeline.recipe import Recipe, RecipeStep, load_recipe, make_recipe, parse_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, FoldOptions, ValidateOptions
 
 #: A value other than the default for every option of every step (as the dataclass holds it).
 NON_DEFAULT: dict[str, dict[str, Any]] = {
@@ -29,7 +30,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "drop_initializer_inputs": True,
     },
     "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
-    "replace": {"only": ("LayerNorm",), "keep_function": True},
+    "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True},
     "infer_shapes": {"strict": False},
     "fold": {"max_passes": 3, "fold_shapes": False, "size_threshold": 1024, "allow_partial": True},
     "convert": {
@@ -39,7 +40,11 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "block_ops": ("Softmax",),
         "clamp_min": 1e-3,
         "clamp_max": 6.5e4,
+        "keep_inputs": ("x",),
+        "keep_outputs": ("y",),
         "int32": True,
+        "int32_inputs": False,
+        "int32_constants": False,
     },
     "check_trt": {"fail_on_unsupported": True, "backend": "static"},
     "validate": {

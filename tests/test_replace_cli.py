@@ -12,7 +12,7 @@ import pytest
 
 from gskit.backends import ort as gort
 from gskit.cli import replace as replace_cli
-from gskit.model import load, save
+from gskit.io.model import load, save
 from tests.conftest import parse_model
 from tests.test_patterns import LN_OPSET17
 

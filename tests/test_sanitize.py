@@ -1,4 +1,4 @@
-"""gskit.sanitize: tidies without changing outputs; graph output names survive no-op removal."""
+"""gskit.passes.sanitize: tidies without changing outputs; graph output names survive no-op removal."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from conftest import parse_model
 
 from gskit.backends import ort as gsort
 from gskit.errors import GskitError
-from gskit.sanitize import sanitize
+from gskit.passes.sanitize import sanitize
 
 MESSY = """
 <ir_version: 8, opset_import: ["" : 17, "unused.dom" : 1]>

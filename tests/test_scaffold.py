@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from conftest import parse_model
 
-from gskit import model as gmodel
 from gskit.cli import main
 from gskit.errors import GskitError
+from gskit.io import model as gmodel
 from gskit.plugin import AttrType, load_spec_file
-from gskit.scaffold import new_plugin, read_node
+from gskit.plugin.scaffold import new_plugin, read_node
 
 CUSTOM_NODE_MODEL = """
 <ir_version: 10, opset_import: ["" : 17, "custom" : 1]>

@@ -171,7 +171,7 @@ def test_recipe_refuses_a_nan_tolerance_with_its_line(tmp_path, capsys) -> None:
 
 
 def test_library_refuses_a_nan_tolerance(tmp_path) -> None:
-    from gskit.compare import compare, compare_arrays
+    from gskit.compare.outputs import compare, compare_arrays
 
     original, wrong = save(tmp_path, TANH, "a.onnx"), save(tmp_path, SIGMOID, "b.onnx")
     with pytest.raises(GskitError, match="atol"):
@@ -181,7 +181,7 @@ def test_library_refuses_a_nan_tolerance(tmp_path) -> None:
 
 
 def test_a_nan_output_fails_whatever_the_tolerance(tmp_path, capsys) -> None:
-    from gskit.compare import compare_arrays
+    from gskit.compare.outputs import compare_arrays
 
     original, nan_model = save(tmp_path, TANH, "a.onnx"), save(tmp_path, NAN_OUT, "b.onnx")
     code, _ = gskit(capsys, "compare", original, nan_model, "--atol", "1e30", "--rtol", "1e30")
@@ -217,7 +217,7 @@ g (float[2] x) => (float[2] y, float a, float b, float c) {
 
 
 def test_fold_does_not_evaluate_huge_intermediates(tmp_path, capsys) -> None:
-    from gskit.fold import fold
+    from gskit.passes.fold import fold
 
     model = parse_model(HUGE_INTERMEDIATES)
     folded, report = fold(model, size_threshold=16 * 2**20)
@@ -292,7 +292,7 @@ def _zip_bomb(path: Path, nbytes: int, written: int | None = None) -> Path:
 
 
 def test_an_npz_that_unpacks_to_gigabytes_is_refused_from_its_headers(tmp_path, capsys) -> None:
-    from gskit.feeds import load_feeds
+    from gskit.io.feeds import load_feeds
 
     bomb = _zip_bomb(tmp_path / "bomb.npz", 2**27)  # 128 MiB of zeros in ~130 KB
     assert bomb.stat().st_size < 2**20

@@ -11,13 +11,19 @@ import onnx_graphsurgeon as gs
 import pytest
 from conftest import parse_model, run_subcommand
 
-from gskit import model as gsmodel
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.passes.shapes import (
+    infer_graph_shapes,
+    infer_shapes,
+    infer_shapes_path,
+    missing_shapes,
+    register_schemas,
+)
 from gskit.plugin import load_plugins
-from gskit.shapes import infer_graph_shapes, infer_shapes, infer_shapes_path, missing_shapes, register_schemas
 
 SPEC_PY = """
-from gskit.plugin import Attribute, AttrType, PluginSpec, PluginError, TensorInfo, same_as_input
+from gskit.plugin.spec import Attribute, AttrType, PluginSpec, PluginError, TensorInfo, same_as_input
 from .reference import duplicate, scaled_tanh
 
 
@@ -271,7 +277,7 @@ def test_plugin_named_like_an_onnx_op_does_not_break_onnx_reference() -> None:
 
     code = (
         "from gskit.plugin import PluginRegistry, PluginSpec\n"
-        "from gskit.shapes import register_schemas\n"
+        "from gskit.passes.shapes import register_schemas\n"
         "register_schemas(PluginRegistry([PluginSpec(name='Swish', namespace='acme')]))\n"
         "import onnx.reference\n"
     )
@@ -304,8 +310,8 @@ g (float[N, 6, 8] x, int64[{k}] s) => (float[N, 48] y)
 def test_plugin_after_op_of_unknown_dims_keeps_what_is_known(k, tmp_path, rng):
     """A LayerNorm after a Reshape whose target shape is data: onnx knows the rank only when the shape
     input has a fixed length. Either way prepare runs through; an unknown rank is named where it was lost."""
-    from gskit.prepare import prepare
-    from gskit.recipe import load_recipe
+    from gskit.pipeline.prepare import prepare
+    from gskit.pipeline.recipe import load_recipe
 
     src = tmp_path / "m.onnx"
     gsmodel.save(parse_model(LN_AFTER_RESHAPE.format(k=k)), src)
@@ -333,8 +339,8 @@ def test_plugin_after_op_of_unknown_dims_keeps_what_is_known(k, tmp_path, rng):
 
 def test_plugin_rule_that_loses_the_rank_stops_infer_shapes(tmp_path):
     """Inputs with a rank and a plugin rule giving none: the run stops and names the plugin node."""
+    from gskit.passes.shapes import unshaped_plugin_outputs
     from gskit.plugin import PluginRegistry, PluginSpec, TensorInfo
-    from gskit.shapes import unshaped_plugin_outputs
 
     spec = PluginSpec(name="Blind", namespace="test.gskit", infer=lambda i, a: [TensorInfo(i[0].dtype, None)])
     graph = gsmodel.to_graph(

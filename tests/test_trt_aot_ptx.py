@@ -6,7 +6,7 @@ dim, a weight shape) come from the kernel module's ``AOT_EXAMPLE`` dict. Nothing
 
 TensorRT launches an ``aot_impl`` kernel with (input pointers, the int32 scalars the ``aot_impl`` hands
 to ``launch()``, output pointers) and nothing else. Triton >= 3.3 appends hidden scratch pointers to every
-kernel; ``gskit.trt_plugin.triton_ptx`` drops them or refuses the kernel. Here each plugin's
+kernel; ``gskit.backends.trt_plugin.triton_ptx`` drops them or refuses the kernel. Here each plugin's
 ``kernel.aot_kernel`` (the TensorRT-free half of its ``aot_impl``) compiles for a named GPU without one,
 and the tests check the PTX ``.entry`` against the plugin spec and the ``aot_impl`` source, assemble it
 with the ptxas Triton bundles, and check the refusals (scratch memory, argument order, scalar count).
@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 from plugin_folders import REPO, plugin_folders
 
-from gskit import trt_plugin
+from gskit.backends import trt_plugin
+from gskit.backends.trt_plugin import KernelParam, PtxParam, TritonPtx
 from gskit.errors import PluginError
 from gskit.plugin import PluginSpec, load_spec_file
-from gskit.trt_plugin import KernelParam, PtxParam, TritonPtx
 
 
 @dataclass(frozen=True)

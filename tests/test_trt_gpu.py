@@ -74,7 +74,7 @@ def test_run_engine_builds_an_onnx_model_on_the_fly(tmp_path, rng):
     ids=[p.name for p in TRT_PLUGIN_FOLDERS] or ["none"],
 )
 def test_plugin_engine_matches_its_reference(tmp_path, rng, folder):
-    from gskit import model as gsmodel
+    from gskit.io import model as gsmodel
 
     (spec, *_) = load_spec_file(folder / "spec.py")
     arrays = example_inputs(folder, rng)

@@ -1,4 +1,5 @@
-"""gskit.trt_plugin: the tensorrt.plugin signatures derived from a PluginSpec, and plugin folder loading.
+"""gskit.backends.trt_plugin: the tensorrt.plugin signatures derived from a PluginSpec, and plugin folder
+loading.
 
 The signatures are checked against the schemas TensorRT's ``tensorrt.plugin`` validates (inputs, then
 attributes in registration order, then ``outputs`` and ``stream``/``tactic``). Registration itself needs
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from plugin_folders import plugin_folders
 
-from gskit import trt_plugin
+from gskit.backends import trt_plugin
 from gskit.errors import PluginError
 from gskit.plugin import Attribute, AttrType, PluginSpec, load_spec_file
 

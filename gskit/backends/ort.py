@@ -36,10 +36,10 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from gskit import model as gsmodel
 from gskit.errors import GskitError, PluginError
-from gskit.ops import ORT_DOMAINS, is_default_domain
-from gskit.plugin import PluginRegistry, PluginSpec, attribute_value
+from gskit.io import model as gsmodel
+from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
+from gskit.plugin.spec import PluginRegistry, PluginSpec, attribute_value
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def _pyop_model(
     plugins: PluginRegistry | None,
 ) -> Iterator[onnx.ModelProto]:
     """The model with its plugin nodes turned into PyOps; every change is undone on exit."""
-    from gskit.shapes import infer_shapes
+    from gskit.passes.shapes import infer_shapes
 
     typed = infer_shapes(model, plugins or PluginRegistry(), strict=False)
     dtypes = _elem_types(typed)

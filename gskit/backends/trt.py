@@ -16,10 +16,14 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,8 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "tensorrt", "tensorrt_rtx", "static")
 #: Seconds a worker may run before it is stopped.
 WORKER_TIMEOUT_S = 600
+#: A temporary folder of a dead gskit process is removed once it is this old (more than any call lasts).
+ABANDONED_AFTER_S = 2 * WORKER_TIMEOUT_S
 #: Lines of the worker's stderr quoted in the error when it fails.
 STDERR_TAIL_LINES = 6
 #: Name of a plugin folder's TensorRT Python plugin module (``plugins/<name>/trt_plugin.py``).
@@ -136,14 +142,19 @@ def run_worker(
     Raises:
         GskitError: the child crashed, failed or timed out (the message quotes the end of its log).
     """
-    env = dict(os.environ)
+    env = _worker_env()
     env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
-    with tempfile.TemporaryDirectory(prefix="gskit-trt-") as tmp:
+    with private_temp_folder("gskit-trt-") as tmp:
         request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
         request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))
-        command = [sys.executable, "-m", "gskit.backends.trt_worker", str(request_path), str(response_path)]
+        command = [sys.executable, *_SAFE_PATH_FLAG, "-m", "gskit.backends.trt_worker"]
+        command += [str(request_path), str(response_path), str(os.getpid())]
         try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+            # cwd is the private request folder: the caller's folder may hold modules named like the ones
+            # the worker imports (json.py), which Python would otherwise run first.
+            done = subprocess.run(
+                command, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired as err:
             raise GskitError(
                 f"{flavour} {task} did not finish in {timeout_s} s; check the model size"
@@ -157,6 +168,71 @@ def run_worker(
             )
             raise GskitError(f"{flavour} {task} {how}: {_tail(done.stderr)}")
         return json.loads(response_path.read_text())
+
+
+@contextmanager
+def private_temp_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder ``<prefix><pid>-XXXX``, removed on the way out.
+
+    A process killed by SIGKILL cannot remove its folders: they are removed here later, by the next call
+    with the same prefix, once their process is gone and they are older than any call can last.
+    """
+    _remove_abandoned(prefix)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-") as tmp:
+        yield Path(tmp)
+
+
+def _remove_abandoned(prefix: str) -> None:
+    too_old = time.time() - ABANDONED_AFTER_S
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        try:
+            info = folder.lstat()
+        except FileNotFoundError:
+            continue
+        mine = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)
+        if pid.isdigit() and mine and info.st_mtime < too_old and not _alive(int(pid)):
+            log.info("removing %s, left by a killed gskit process", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+#: Keep the working folder off the child's import path (Python >= 3.11); the private cwd covers 3.10.
+_SAFE_PATH_FLAG = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
+def _worker_env() -> dict[str, str]:
+    """The caller's environment, with a PYTHONPATH that finds this gskit and no folder relative to cwd.
+
+    gskit may be importable only from the caller's working folder (a source checkout); its root is named
+    explicitly. Relative and empty PYTHONPATH entries would name the worker's folder, so they are dropped.
+    """
+    import gskit
+
+    env = dict(os.environ)
+    root = str(Path(gskit.__file__).resolve().parents[1])
+    entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(e)]
+    if root not in _site_folders():
+        entries.insert(0, root)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(entries))
+    return env
+
+
+def _site_folders() -> set[str]:
+    import site
+
+    folders = set(site.getsitepackages()) if hasattr(site, "getsitepackages") else set()
+    folders.add(site.getusersitepackages())
+    return {str(Path(f).resolve()) for f in folders}
 
 
 def _tail(text: str) -> str:

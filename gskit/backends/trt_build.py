@@ -18,19 +18,28 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from gskit import model as gsmodel
-from gskit.backends.trt import TRT_PLUGIN_MODULE, find_plugin_files, resolve_backend, run_worker
+from gskit.backends.trt import (
+    TRT_PLUGIN_MODULE,
+    find_plugin_files,
+    gpu_count,
+    private_temp_folder,
+    resolve_backend,
+    run_worker,
+)
 from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
 from gskit.errors import GskitError
-from gskit.plugin import PluginSpec, load_spec_file
+from gskit.io import model as gsmodel
+from gskit.plugin.spec import PluginSpec, load_spec_file
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +47,8 @@ log = logging.getLogger(__name__)
 DYNAMIC_DIM_DEFAULT = (1, 4, 16)
 #: Version of the sidecar layout.
 SIDECAR_FORMAT = 1
+#: First bytes of a serialized timing cache, as TensorRT-RTX 1.7 writes it (``ITimingCache.serialize``).
+TIMING_CACHE_MAGIC = b"ptrt"
 
 Shape = tuple[int, ...]
 #: Input name -> (min, opt, max) shapes of one optimization profile.
@@ -95,7 +106,8 @@ def build_engine(
         plugins: plugin libraries (``.so``), Python plugin modules or plugin folders (full TensorRT).
         shapes: (min, opt, max) per input; inputs not named get their fixed dims, and
             ``DYNAMIC_DIM_DEFAULT`` for each dynamic dim.
-        timing_cache: a timing cache file read if it exists and written after the build.
+        timing_cache: a timing cache file read if it exists and written after the build; an existing file
+            must be a timing cache (or empty): anything else is refused, never read or replaced.
         compute_capability: ``"8.9"``-style target for an ahead-of-time TensorRT-RTX build.
         backend: ``auto``, ``tensorrt`` or ``tensorrt_rtx``.
 
@@ -119,16 +131,32 @@ def build_engine(
             f"build with full TensorRT (docker/run-gpu-tests.sh) or check the rest with gskit check-trt"
         )
     capability = _parse_capability(compute_capability, flavour)
+    if flavour == "tensorrt_rtx" and capability is None and gpu_count() < 1:
+        # Without a target TensorRT-RTX builds for the GPU it runs on; with none it fails deep inside
+        # Polygraphy ("Invalid Engine"), after the work. Say what to give instead, before trying.
+        raise GskitError(
+            "TensorRT-RTX on a machine without a GPU builds ahead of time only: give --compute-capability "
+            "of the target GPU, e.g. 8.9 (recipe: build: {compute_capability: '8.9'})"
+        )
     profile = derive_profile(model, shapes)
     files = find_plugin_files(plugins)
     if files and flavour == "tensorrt_rtx":
         raise GskitError("TensorRT-RTX cannot load custom plugins; drop --plugins or use full TensorRT")
     check_python_plugin_inputs(model, files.modules)
+    for output in (engine_path, sidecar_path(engine_path)):
+        gsmodel.check_output(output)
+    cache = _timing_cache(timing_cache)
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_fd, tmp_name = tempfile.mkstemp(prefix=f".{engine_path.name}.", suffix=".tmp", dir=engine_path.parent)
     os.close(tmp_fd)
     tmp_engine = Path(tmp_name)
+    # TensorRT reads and writes the cache in a private folder (Polygraphy leaves a .lock file beside it);
+    # the result replaces the user's file only if it is a timing cache.
+    cache_dir = ExitStack()
+    work_cache = cache_dir.enter_context(private_temp_folder("gskit-timing-")) / "timing.cache"
     try:
+        if cache is not None and cache.is_file() and cache.stat().st_size > 0:
+            shutil.copyfile(cache, work_cache)
         answer = run_worker(
             "build",
             flavour,
@@ -136,7 +164,7 @@ def build_engine(
                 "model": str(model_path.resolve()),
                 "engine": str(tmp_engine),
                 "profiles": [{k: [list(s) for s in v] for k, v in profile.items()}] if profile else [],
-                "timing_cache": str(Path(timing_cache).resolve()) if timing_cache else None,
+                "timing_cache": str(work_cache) if cache is not None else None,
                 "compute_capability": list(capability) if capability else None,
                 "plugin_libraries": [str(p) for p in files.libraries],
                 "plugin_modules": [str(p) for p in files.modules],
@@ -162,10 +190,13 @@ def build_engine(
             model=model_path,
             model_sha256=_sha256(model_path),
         )
-        _write_atomic(info.sidecar, json.dumps(_sidecar(info), indent=2).encode())
-        os.replace(tmp_engine, engine_path)
+        gsmodel.write_atomic(info.sidecar, json.dumps(_sidecar(info), indent=2))
+        gsmodel.place_file(tmp_engine, engine_path)
+        if cache is not None:
+            _save_timing_cache(work_cache, cache)
     finally:
         tmp_engine.unlink(missing_ok=True)
+        cache_dir.close()
     log.info("built %s (%s %s)", engine_path, info.tensorrt["flavour"], info.tensorrt["version"])
     return info
 
@@ -289,19 +320,43 @@ def _sidecar(info: EngineInfo) -> dict[str, Any]:
     }
 
 
+def _timing_cache(path: str | os.PathLike | None) -> Path | None:
+    """The timing cache to use: a new path, an empty file, or a file that is a TensorRT timing cache.
+
+    Raises:
+        GskitError: the path is a folder, or a file that is not a timing cache (the model, a text file):
+            it would be fed to TensorRT and then replaced.
+    """
+    if not path:
+        return None
+    cache = gsmodel.output_entry(path)
+    gsmodel.check_output(cache)
+    if cache.is_dir():
+        raise GskitError(f"{path}: --timing-cache is a folder; give a file path (new or an existing cache)")
+    if cache.is_file() and cache.stat().st_size > 0 and not _is_timing_cache(cache):
+        raise GskitError(
+            f"{path}: not a TensorRT timing cache (no {TIMING_CACHE_MAGIC!r} header); give a new path or a "
+            f"cache that gskit build wrote"
+        )
+    return cache
+
+
+def _is_timing_cache(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(TIMING_CACHE_MAGIC)) == TIMING_CACHE_MAGIC
+
+
+def _save_timing_cache(written: Path, cache: Path) -> None:
+    if not written.is_file() or not _is_timing_cache(written):
+        log.warning("TensorRT wrote no timing cache; %s is left as it was", cache)
+        return
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    gsmodel.write_atomic(cache, written.read_bytes())
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)

@@ -10,7 +10,7 @@ Three sources can answer, in this order of preference (``backend="auto"``):
   model is then parsed exactly as TensorRT would see it around the plugin (same shapes and dtypes flowing
   in), which is what a plugin build will need. A plugin node whose output types are unknown stays in place;
   the parser then reports "Plugin not found" for it, which is expected and not counted as unsupported.
-* **static table** (:mod:`gskit.trt_support`) when neither is installed.
+* **static table** (:mod:`gskit.backends.trt_support`) when neither is installed.
 
 Both parsers run in a child process (:func:`gskit.backends.trt.run_worker`). The parser reports every node
 its static checkers reject but stops importing at the first node that fails during import; nodes after
@@ -37,11 +37,12 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import AttributeProto
 
-from gskit import model as gsmodel
 from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, source_label
+from gskit.backends.trt_support import RESTRICTED, UNSUPPORTED, UNSUPPORTED_OPS, check_node
 from gskit.errors import GskitError, PluginError
-from gskit.ops import ONNX_DOMAINS, ONNX_OP_TYPES, has_namespace_attr, is_default_domain
-from gskit.plugin import (
+from gskit.io import model as gsmodel
+from gskit.plugin.ops import ONNX_DOMAINS, ONNX_OP_TYPES, has_namespace_attr, is_default_domain
+from gskit.plugin.spec import (
     INT32_MAX,
     INT32_MIN,
     ROUTING_ATTRIBUTES,
@@ -52,7 +53,6 @@ from gskit.plugin import (
     implementation_paths,
     load_plugins,
 )
-from gskit.trt_support import RESTRICTED, UNSUPPORTED, UNSUPPORTED_OPS, check_node
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def check_trt(
     Args:
         model_path: the ``.onnx`` file.
         plugins: plugin folders (gskit specs, ``trt_plugin.py``, ``.so`` libraries) and library files, added
-            to the default plugin sources (``gskit.plugin.plugin_sources``).
+            to the default plugin sources (``gskit.plugin.spec.plugin_sources``).
         backend: ``auto`` (full TensorRT, else TensorRT-RTX, else the static table), or one of them by name
             (``tensorrt``, ``tensorrt_rtx``, ``static``).
 
@@ -174,8 +174,9 @@ def check_trt(
 def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
     """True when TensorRT's parser hands this node to its plugin importer (``functions``: local functions).
 
-    Not :func:`gskit.ops.is_plugin_node` (what onnxruntime cannot run): the parser picks importers by op type
-    alone, so a custom-domain ``Relu`` is no plugin for it, and it inlines a local function of the same name.
+    Not :func:`gskit.plugin.ops.is_plugin_node` (what onnxruntime cannot run): the parser picks importers by
+    op type alone, so a custom-domain ``Relu`` is no plugin for it, and it inlines a local function of the
+    same name.
     """
     if has_namespace_attr(node):
         return True

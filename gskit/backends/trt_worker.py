@@ -1,4 +1,4 @@
-"""The child side of gskit's TensorRT calls: ``python -m gskit.backends.trt_worker REQUEST RESPONSE``.
+"""The child side of gskit's TensorRT calls: ``python -P -m gskit.backends.trt_worker REQUEST RESPONSE PID``.
 
 TensorRT-RTX aborts the process on some plugin nodes, Polygraphy picks TensorRT or TensorRT-RTX once at
 import time (``POLYGRAPHY_USE_TENSORRT_RTX``), and a builder can crash on a bad plugin: so every parse
@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -29,7 +30,8 @@ FLAVOURS = ("tensorrt", "tensorrt_rtx")
 
 
 def main(argv: list[str]) -> int:
-    request_path, response_path = argv
+    request_path, response_path, parent = argv
+    _die_with_parent(int(parent))
     request = json.loads(Path(request_path).read_text())
     flavour = request["flavour"]
     if flavour not in FLAVOURS:
@@ -48,6 +50,26 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown task {task!r}")
     Path(response_path).write_text(json.dumps(result))
     return 0
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to kill this worker when the process that started it dies (even by SIGKILL).
+
+    An orphaned worker would go on building (GPU memory, CPU) for nobody. If the parent is already gone
+    by now, stop at once.
+    """
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl in this C library: the check below still runs
+            pass
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        raise SystemExit("gskit's TensorRT worker: the process that started it is gone") from None
+    except PermissionError:  # alive, under another user (a launcher that changed user)
+        pass
 
 
 #: C++ plugin libraries loaded into this process (TensorRT refuses a second registration of a creator).

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
+import re
+import signal
 import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NoReturn
 
 from gskit.errors import GskitError, describe_os_error
 
@@ -41,8 +48,54 @@ def add_plugins_option(parser: argparse.ArgumentParser, purpose: str = "") -> No
     )
 
 
+#: argparse's message for a value outside ``choices`` (a subcommand or an option such as --backend).
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str:
+    """``"; did you mean X?"`` for the candidate closest to a misspelled word; ``""`` when none is close."""
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser that answers a misspelled option or subcommand with the closest real one.
+
+    Python 3.11's argparse has no ``suggest_on_error``; subparsers inherit this class (argparse makes them
+    with the parent's class), so every command and nested action gets the same help.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        unknown = [a for a in extras if a.startswith("-") and not _is_number(a)]
+        if unknown:
+            name = unknown[0].split("=", 1)[0]
+            options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+            self.error(f"unknown option {name}{did_you_mean(name, options)}")
+        return namespace, extras
+
+    def error(self, message: str) -> NoReturn:
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = [c.strip().strip("'") for c in match["choices"].split(",")]  # quoted before 3.12.8
+            hint = did_you_mean(match["value"], choices)
+            if hint:
+                message = f"{message[: match.start()]}unknown {match['value']!r}{hint}"
+        super().error(message)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="gskit", description="Prepare ONNX models for TensorRT (plugins, folding, checks, comparison)."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -100,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
         _quiet_onnxruntime(level)
-        return int(args.func(args) or 0)
+        from gskit.io import model as gsmodel
+
+        # Whatever the command loads is its input: no output of it may replace one of those files.
+        with gsmodel.guarding_inputs(), _sigterm_unwinds():
+            return int(args.func(args) or 0)
     except GskitError as err:
         if debug:
             raise
@@ -112,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"{name}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except OSError as err:
         if debug:
             raise
@@ -138,6 +198,27 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(name: str, message: str) -> int:
     print(f"{name}: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived; a BaseException so that no ``except Exception`` of a step swallows it."""
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into an exception, so that cleanup (work folders, TensorRT worker) runs as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

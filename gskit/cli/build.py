@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from gskit.backends.trt_build import EngineInfo, Shape, build_engine
-from gskit.errors import GskitError
-from gskit.report import console, print_json, table
+from gskit.backends.trt_build import EngineInfo, build_engine
+from gskit.io.report import console, print_json, table
+from gskit.io.shape_args import parse_profile
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME:MIN,OPT,MAX",
-        help="profile shapes of one input, e.g. x:1x3x224x224,4x3x224x224,8x3x224x224 (repeatable)",
+        help="profile shapes of one input, e.g. x:1x3x224x224,4x3x224x224,8x3x224x224 or "
+        "x:[1,3,224,224],[4,3,224,224],[8,3,224,224]; one shape (x:1x3x224x224) fixes it (repeatable)",
     )
     parser.add_argument("--timing-cache", metavar="FILE", help="timing cache, read if present and updated")
     parser.add_argument(
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         args.model,
         args.output,
         plugins=args.plugins,
-        shapes=dict(parse_shape(text) for text in args.shape),
+        shapes=dict(parse_profile(text) for text in args.shape),
         timing_cache=args.timing_cache,
         compute_capability=args.compute_capability,
         backend=args.backend,
@@ -56,25 +57,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(info)
     return 0
-
-
-def parse_shape(text: str) -> tuple[str, tuple[Shape, Shape, Shape]]:
-    """``x:1x4,4x4,16x4`` -> ``("x", ((1, 4), (4, 4), (16, 4)))``; one shape means min = opt = max."""
-    name, sep, rest = text.rpartition(":")
-    shapes = rest.split(",")
-    try:
-        parsed = tuple(tuple(int(d) for d in s.lower().split("x")) if s else () for s in shapes)
-    except ValueError as err:
-        raise GskitError(
-            f"--shape {text!r}: write NAME:MIN,OPT,MAX with dims joined by x, e.g. x:1x4,4x4,8x4"
-        ) from err
-    if not sep or not name or len(parsed) not in (1, 3) or any(not s for s in parsed):
-        raise GskitError(
-            f"--shape {text!r}: write NAME:MIN,OPT,MAX with dims joined by x, e.g. x:1x4,4x4,8x4"
-        )
-    if len(parsed) == 1:
-        parsed = parsed * 3
-    return name, parsed  # type: ignore[return-value]
 
 
 def print_table(info: EngineInfo) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from gskit.backends.trt import BACKENDS
 from gskit.backends.trt_check import TrtSupportReport, check_trt
-from gskit.report import console, print_json, table
+from gskit.io.report import console, print_json, table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

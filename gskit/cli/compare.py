@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import report
 from gskit.cli import add_plugins_option
-from gskit.compare import COMPARE_BACKENDS, CompareReport, check_tolerances, compare
-from gskit.compare_layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
-from gskit.compare_plugins import PluginCompareReport, compare_plugins
+from gskit.compare.layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
+from gskit.compare.outputs import COMPARE_BACKENDS, CompareReport, check_tolerances, compare
+from gskit.compare.plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
-from gskit.feeds import check_seed, load_feeds, parse_shape_arg
-from gskit.plugin import implementation_paths, load_plugins
+from gskit.io import report
+from gskit.io.feeds import check_seed, load_feeds
+from gskit.io.shape_args import parse_fixed_shape
+from gskit.plugin.spec import implementation_paths, load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME:DIMS",
-        help="input shape for random inputs, e.g. x:1x3x224x224",
+        help="input shape for random inputs: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable)",
     )
     add_plugins_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         )
     common = dict(
         feeds=load_feeds(args.inputs) if args.inputs else None,
-        shapes=dict(parse_shape_arg(text) for text in args.shape),
+        shapes=dict(parse_fixed_shape(text) for text in args.shape),
         seed=args.seed,
         atol=args.atol,
         rtol=args.rtol,

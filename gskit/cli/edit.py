@@ -6,9 +6,11 @@ import argparse
 
 import numpy as np
 
-from gskit import edit, report
-from gskit import model as gsmodel
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.io import report
+from gskit.io.shape_args import parse_symbolic_shape
+from gskit.passes import edit
 
 _ORDER = (
     "Edits run in this order, whatever the order on the command line: drop initializer inputs, constants to "
@@ -35,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=[],
         metavar="NAME:DIMS",
-        help="set an input's shape; DIMS like 1,3,-1,batch (-1 or ? dynamic, a word symbolic, empty scalar)",
+        help="set an input's shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224]; with commas a dim may "
+        "be -1 or ? (dynamic) or a word (symbolic), e.g. x:batch,3,-1,-1; x: is a scalar",
     )
     p.add_argument(
         "--input-dtype",
@@ -100,12 +103,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.in_place:
         raise GskitError("edit: give -o OUTPUT or --in-place")
-    output = gsmodel.resolve_output(args.model, args.output or args.model, in_place=args.in_place)
+    output = gsmodel.resolve_output(
+        args.model, args.output or args.model, in_place=args.in_place, has_in_place=True
+    )
     plan = _plan(args)
     # In place, weights must be in memory: the data file they would be read from is being replaced.
     model = gsmodel.load(args.model, load_weights=args.in_place)
     graph, changes = edit.apply_edits(model, plan)
-    path = gsmodel.save(graph, output)
+    path = gsmodel.save(graph, output, in_place=args.in_place)
     if args.json:
         report.print_json({"output": path, "changes": changes})
     else:
@@ -136,10 +141,8 @@ def _plan(args: argparse.Namespace) -> edit.EditPlan:
             raise GskitError(f"--rename {item!r}: expected OLD=NEW")
         plan.renames[old] = new
     for item in args.input_shape:
-        name, sep, dims = item.rpartition(":")
-        if not sep or not name:
-            raise GskitError(f"--input-shape {item!r}: expected NAME:DIMS such as x:1,3,-1,batch")
-        plan.input_shapes[name] = [_dim(d, item) for d in dims.split(",")] if dims.strip() else []
+        name, dims = parse_symbolic_shape(item)
+        plan.input_shapes[name] = dims
     for item in args.input_dtype:
         name, sep, dtype = item.rpartition(":")
         if not sep or not name or not dtype:
@@ -159,20 +162,6 @@ def _plan(args: argparse.Namespace) -> edit.EditPlan:
             raise GskitError(f"--remove-attr {item!r}: expected NODE:KEY")
         plan.remove_attrs.setdefault(node, []).append(key)
     return plan
-
-
-def _dim(text: str, item: str) -> int | str | None:
-    text = text.strip()
-    if text in ("?", "-1", ""):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        if not text.isidentifier():
-            raise GskitError(
-                f"--input-shape {item!r}: dim {text!r} is not an int, -1, ? or a symbol name"
-            ) from None
-        return text
 
 
 def _insertion(item: str) -> edit.Insertion:

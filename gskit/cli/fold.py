@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
-from gskit.fold import FoldOptions, fold
-from gskit.report import console, print_json, table
+from gskit.cli.options import add_options, options_from_args
+from gskit.io import model as gsmodel
+from gskit.io.report import console, print_json, table
+from gskit.passes.fold import FOLD, FoldOptions
+from gskit.passes.transform import run_pass
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,20 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the folded model")
-    defaults = FoldOptions()
-    parser.add_argument("--allow-partial", action="store_true", help="skip folds onnxruntime cannot evaluate")
-    parser.add_argument(
-        "--max-passes",
-        type=int,
-        default=defaults.max_passes,
-        help=f"most folding passes (default {defaults.max_passes})",
-    )
-    parser.add_argument(
-        "--size-threshold",
-        type=int,
-        default=defaults.size_threshold,
-        help=f"largest constant fold may create, in bytes (default {defaults.size_threshold}; 0: no limit)",
-    )
+    add_options(parser, FoldOptions)
     parser.add_argument(
         "--plugins", action="append", metavar="DIR", help="plugin folder whose nodes stay unevaluated"
     )
@@ -42,20 +31,15 @@ def run(args: argparse.Namespace) -> int:
     out_path = gsmodel.resolve_output(args.model, args.output, in_place=False)
     plugins = None
     if args.plugins:
-        from gskit.plugin import load_plugins
+        from gskit.plugin.spec import load_plugins
 
         plugins = load_plugins(args.plugins, entry_points=False)
     # Weights stay on disk: folding reads only what each batch needs, so models over 2 GB fold in bounded
     # memory.
     model = gsmodel.load(args.model, load_weights=False)
-    folded, report = fold(
-        model,
-        max_passes=args.max_passes,
-        size_threshold=args.size_threshold or None,
-        allow_partial=args.allow_partial,
-        plugins=plugins,
-    )
-    gsmodel.save(folded, out_path)
+    result = run_pass(FOLD, model, options_from_args(args, FoldOptions), plugins=plugins)
+    report = result.report
+    gsmodel.save(result.model, out_path)
     if args.json:
         print_json(report)
         return 0

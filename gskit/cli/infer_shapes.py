@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
-from gskit import report
 from gskit.cli import add_plugins_option
-from gskit.plugin import load_plugins
-from gskit.shapes import infer_shapes, missing_shapes
+from gskit.cli.options import add_options, options_from_args
+from gskit.io import model as gsmodel
+from gskit.io import report
+from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, missing_shapes
+from gskit.passes.transform import run_pass
+from gskit.plugin.spec import load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,9 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="input .onnx")
     parser.add_argument("-o", "--output", required=True, help="output .onnx (must differ from the input)")
     add_plugins_option(parser)
-    parser.add_argument(
-        "--no-strict", dest="strict", action="store_false", help="skip nodes whose inference fails"
-    )
+    add_options(parser, InferShapesOptions)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 
@@ -31,7 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     output = gsmodel.resolve_output(args.model, args.output, in_place=False)
     registry = load_plugins(args.plugins)
-    model = infer_shapes(gsmodel.load(args.model, load_weights=False), registry, strict=args.strict)
+    options = options_from_args(args, InferShapesOptions)
+    model = gsmodel.load(args.model, load_weights=False)
+    model = run_pass(INFER_SHAPES, model, options, plugins=registry).model
     path = gsmodel.save(model, output)
     missing = missing_shapes(model)
     if args.json:

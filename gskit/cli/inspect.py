@@ -1,11 +1,20 @@
-"""``gskit inspect MODEL [--json]``: summarize a model without reading its weights."""
+"""``gskit inspect MODEL [--tensors] [--nodes] [--json]``: summarize a model without reading its weights, or
+list every tensor / node of its main graph."""
 
 from __future__ import annotations
 
 import argparse
 
-from gskit.inspect import ModelSummary, summarize_file
-from gskit.report import console, print_json, table
+from gskit.io.model import load
+from gskit.io.report import console, print_json, table
+from gskit.passes.inspect import (
+    ModelSummary,
+    NodeEntry,
+    TensorEntry,
+    list_nodes,
+    list_tensors,
+    summarize_file,
+)
 
 #: Tensors without shapes listed in the table; --json lists them all.
 MAX_MISSING_ROWS = 20
@@ -25,10 +34,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="skip shape inference (use value_info only)",
     )
+    parser.add_argument(
+        "--tensors",
+        action="store_true",
+        help="list every tensor of the main graph instead: name, dtype, shape, producer, consumers",
+    )
+    parser.add_argument(
+        "--nodes",
+        action="store_true",
+        help="list every node of the main graph instead: name, domain::op, inputs, outputs",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tensors or args.nodes:
+        return _run_listing(args)
     summary = summarize_file(args.model, infer_shapes=args.infer_shapes)
     if args.json:
         print_json(summary.to_json())
@@ -94,6 +115,38 @@ def print_tables(summary: ModelSummary) -> None:
         if len(missing) > MAX_MISSING_ROWS:
             rows.append((f"... and {len(missing) - MAX_MISSING_ROWS} more (see --json)",))
         out.print(table("Tensors without shape information", (f"tensor ({len(missing)})",), rows))
+
+
+def _run_listing(args: argparse.Namespace) -> int:
+    model = load(args.model, load_weights=False)
+    tensors = list_tensors(model, infer_shapes=args.infer_shapes) if args.tensors else None
+    nodes = list_nodes(model) if args.nodes else None
+    if args.json:
+        print_json({k: v for k, v in (("tensors", tensors), ("nodes", nodes)) if v is not None})
+        return 0
+    out = console()
+    if tensors is not None:
+        out.print(table(f"Tensors ({len(tensors)})", _TENSOR_COLUMNS, [_tensor_row(t) for t in tensors]))
+    if nodes is not None:
+        out.print(table(f"Nodes ({len(nodes)})", ("node", "op", "inputs", "outputs"), map(_node_row, nodes)))
+    return 0
+
+
+_TENSOR_COLUMNS = ("tensor", "dtype", "shape", "kind", "producer", "consumers")
+
+
+def _tensor_row(tensor: TensorEntry) -> tuple[str, ...]:
+    shape = (
+        "?"
+        if tensor.shape is None
+        else "[" + ", ".join("?" if d is None else str(d) for d in tensor.shape) + "]"
+    )
+    kind = f"{tensor.kind}, output" if tensor.is_output else tensor.kind
+    return tensor.name, tensor.dtype, shape, kind, tensor.producer or "-", str(tensor.consumers)
+
+
+def _node_row(node: NodeEntry) -> tuple[str, ...]:
+    return node.name or "-", node.op, ", ".join(node.inputs), ", ".join(node.outputs)
 
 
 def _names(names: tuple[str, ...], limit: int = 5) -> str:

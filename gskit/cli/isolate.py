@@ -8,10 +8,12 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from gskit.cli import add_plugins_option
-from gskit.isolate import isolate
-from gskit.model import load, resolve_output, save, to_graph
-from gskit.plugin import load_plugins
-from gskit.report import console, print_json, table
+from gskit.cli.options import add_options, options_from_args
+from gskit.io.model import load, resolve_output, save, to_graph
+from gskit.io.report import console, print_json, table
+from gskit.passes.isolate import ISOLATE, IsolateOptions
+from gskit.passes.transform import run_pass
+from gskit.plugin.spec import load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,12 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("model", help="the .onnx file")
-    parser.add_argument(
-        "--inputs", type=_names, default=[], help="comma-separated tensor names that become the inputs"
-    )
-    parser.add_argument(
-        "--outputs", type=_names, required=True, help="comma-separated tensor names that become the outputs"
-    )
+    add_options(parser, IsolateOptions)
     parser.add_argument("-o", "--output", required=True, help="the subgraph's .onnx file")
     add_plugins_option(parser, ", for plugin output types")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -40,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     out = resolve_output(args.model, args.output, in_place=False)
     graph = to_graph(load(args.model, load_weights=False))
-    sub = isolate(graph, args.inputs, args.outputs, registry=load_plugins(args.plugins))
+    options = options_from_args(args, IsolateOptions)
+    sub = run_pass(ISOLATE, graph, options, plugins=load_plugins(args.plugins)).model
     written = save(sub, out)
     result = {
         "model": args.model,
@@ -59,10 +57,6 @@ def run(args: argparse.Namespace) -> int:
     out_console.print(table(f"Subgraph written to {written}", ("", "name", "dtype", "shape"), rows))
     out_console.print(f"nodes (main graph): {result['nodes_before']} -> {result['nodes_after']}")
     return 0
-
-
-def _names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def _tensor(tensor: gs.Tensor) -> dict[str, Any]:

@@ -10,9 +10,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from gskit import report
 from gskit.cli import add_plugins_option
-from gskit.plugin import LOCAL_PLUGINS, REQUIRED, load_plugins, plugin_files
+from gskit.io import report
+from gskit.plugin.spec import LOCAL_PLUGINS, REQUIRED, load_plugins, plugin_files
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-# ---- `gskit plugin new` (gskit/scaffold.py) ------------------------------------------------------------
+# ---- `gskit plugin new` (gskit/plugin/scaffold.py) ---------------------------------------------------------
 
 
 def _add_new_parser(actions: argparse._SubParsersAction) -> None:
@@ -107,7 +107,7 @@ def _add_new_parser(actions: argparse._SubParsersAction) -> None:
 
 
 def run_new(args: argparse.Namespace) -> int:
-    from gskit.scaffold import new_plugin
+    from gskit.plugin.scaffold import new_plugin
 
     files = new_plugin(args.name, args.dir, from_node=args.from_node, namespace=args.namespace)
     if args.json:

@@ -10,9 +10,10 @@ from rich.markup import escape
 
 from gskit.cli import add_plugins_option
 from gskit.errors import GskitError
-from gskit.prepare import PrepareReport, StepResult, default_recipe, prepare
-from gskit.recipe import load_recipe
-from gskit.report import console, print_json, table
+from gskit.io.report import console, print_json, table
+from gskit.io.shape_args import parse_fixed_shape
+from gskit.pipeline.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
+from gskit.pipeline.recipe import Recipe, load_recipe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_plugins_option(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--print-default-recipe", action="store_true", help="print the default recipe and exit")
+    p.add_argument(
+        "--print-recipe",
+        action="store_true",
+        help="print the recipe that --recipe and the flags below make (YAML for --recipe) and exit",
+    )
+    flags = p.add_argument_group(
+        "recipe options",
+        "each sets the option of the same meaning in the recipe (default or --recipe), overriding its value; "
+        "--verbose/--debug work here too",
+    )
+    flags.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME:DIMS",
+        help="validation input shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable; "
+        "validate.shapes)",
+    )
+    flags.add_argument(
+        "--inputs", metavar="F.npz", help="validation inputs saved with numpy.savez (validate.inputs)"
+    )
+    flags.add_argument("--atol", type=float, help="validation absolute tolerance (validate.atol)")
+    flags.add_argument("--rtol", type=float, help="validation relative tolerance (validate.rtol)")
+    flags.add_argument("--seed", type=int, help="seed of the random validation inputs (validate.seed)")
+    flags.add_argument(
+        "--fp16",
+        action="store_true",
+        help="convert to fp16 (convert.fp16; adds a convert step before check_trt when the recipe has none); "
+        "validation then needs looser tolerances, e.g. --atol 1e-2 --rtol 1e-2",
+    )
+    flags.add_argument(
+        "--only",
+        action="append",
+        metavar="PLUGIN",
+        help="replace only these plugins' patterns (repeatable; replace.only)",
+    )
+    flags.add_argument(
+        "--skip", action="append", metavar="STEP", help="drop every step of this name (repeatable)"
+    )
+    flags.add_argument(
+        "--compute-capability",
+        metavar="X.Y",
+        help="build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
+    )
     p.set_defaults(func=run)
 
 
@@ -65,15 +109,18 @@ def run(args: argparse.Namespace) -> int:
     if args.print_default_recipe:
         sys.stdout.write(default_recipe().to_yaml())
         return 0
+    recipe = _recipe(args)
+    if args.print_recipe:
+        sys.stdout.write(recipe.to_yaml())
+        return 0
     if not args.model or not args.output:
-        raise SystemExit("gskit prepare: error: MODEL and -o OUTDIR are required")
+        raise GskitError("give MODEL and -o OUTDIR, e.g. gskit prepare model.onnx -o out/")
     if args.output.lower().endswith(".onnx"):
         # -o is a folder; "out/model.onnx" used to become a folder of that name without a word.
         raise GskitError(
             f"-o {args.output}: give an output folder, not a model file name "
             "(prepare writes OUTDIR/model.onnx, report.json and report.html)"
         )
-    recipe = load_recipe(args.recipe) if args.recipe else None
     report = prepare(
         args.model, args.output, recipe=recipe, plugin_dirs=args.plugins, listener=_Progress(args.json)
     )
@@ -82,6 +129,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(report)
     return 0 if report.passed else 1
+
+
+def _recipe(args: argparse.Namespace) -> Recipe:
+    """The default recipe or --recipe, with the recipe-option flags applied."""
+    return recipe_with_overrides(
+        load_recipe(args.recipe) if args.recipe else default_recipe(),
+        shapes=dict(parse_fixed_shape(text) for text in args.shape or ()),
+        inputs=args.inputs,
+        atol=args.atol,
+        rtol=args.rtol,
+        seed=args.seed,
+        fp16=args.fp16,
+        only=args.only,
+        skip=args.skip or (),
+        compute_capability=args.compute_capability,
+    )
 
 
 def _print_summary(report: PrepareReport) -> None:

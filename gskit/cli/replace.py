@@ -7,10 +7,13 @@ import argparse
 import logging
 
 from gskit.cli import add_plugins_option
-from gskit.model import load, resolve_output, save, to_graph
-from gskit.patterns import ReplaceReport, replace
-from gskit.plugin import load_plugins
-from gskit.report import console, print_json, table
+from gskit.cli.options import add_options, options_from_args
+from gskit.io.model import load, resolve_output, save, to_graph
+from gskit.io.report import console, print_json, table
+from gskit.passes.patterns import ReplaceReport
+from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
+from gskit.passes.transform import run_pass
+from gskit.plugin.spec import load_plugins
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the model")
     add_plugins_option(parser)
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="use only these plugins (spec names)")
-    parser.add_argument(
-        "--keep-function",
-        action="store_true",
-        help=(
-            "also keep each replaced subgraph as a local function named like the plugin "
-            "(plain onnxruntime runs it)"
-        ),
-    )
-    parser.add_argument(
-        "--explain", action="store_true", help="say which node or constant failed which check"
-    )
+    add_options(parser, ReplaceOptions)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -51,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     registry = load_plugins(args.plugins)
     graph = to_graph(load(args.model))
     _infer(graph, registry)  # ranks let the matcher compare axes like [2] with [-1]
-    report = replace(graph, registry, only=args.only, keep_function=args.keep_function, explain=args.explain)
+    report = run_pass(REPLACE, graph, options_from_args(args, ReplaceOptions), plugins=registry).report
     _infer(graph, registry)
     written = save(graph, out)
     if args.json:
@@ -63,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _infer(graph, registry) -> None:
     try:
-        from gskit.shapes import infer_graph_shapes
+        from gskit.passes.shapes import infer_graph_shapes
     except ImportError:  # shape inference is optional for this command
         return
     infer_graph_shapes(graph, registry, strict=False)
 
 
 def _as_dict(report: ReplaceReport) -> dict:
-    from gskit.report import to_jsonable
+    from gskit.io.report import to_jsonable
 
     data = to_jsonable(report)
     data["replaced"] = report.replaced

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from gskit import model as gsmodel
-from gskit.report import console, print_json, table
-from gskit.sanitize import DEFAULT_STEPS, sanitize
+from gskit.cli.options import add_options, options_from_args
+from gskit.io import model as gsmodel
+from gskit.io.report import console, print_json, table
+from gskit.passes.sanitize import DEFAULT_STEPS, SANITIZE, SanitizeOptions
+from gskit.passes.transform import run_pass
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,30 +19,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="where to write the sanitized model")
-    parser.add_argument(
-        "--skip",
-        action="append",
-        default=[],
-        choices=DEFAULT_STEPS,
-        metavar="STEP",
-        help=f"skip a step (repeatable): {', '.join(DEFAULT_STEPS)}",
-    )
-    parser.add_argument(
-        "--with",
-        dest="extra",
-        action="append",
-        default=[],
-        metavar="TOOL[:PASS]",
-        help="also run onnxoptimizer:PASS, onnxslim or onnxsim[:skip=PASS,...] (repeatable)",
-    )
+    add_options(parser, SanitizeOptions)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     out_path = gsmodel.resolve_output(args.model, args.output, in_place=False)
-    result, report = sanitize(gsmodel.load(args.model), skip=args.skip, extra=args.extra)
-    gsmodel.save(result, out_path)
+    result = run_pass(SANITIZE, gsmodel.load(args.model), options_from_args(args, SanitizeOptions))
+    report = result.report
+    gsmodel.save(result.model, out_path)
     if args.json:
         print_json(report)
         return 0

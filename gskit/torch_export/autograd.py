@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gskit.errors import GskitError
-from gskit.plugin import PluginSpec
+from gskit.plugin.spec import PluginSpec
 from gskit.torch_export._torch import require
 from gskit.torch_export.torchscript import BindFn, Call, emit_plugin
 

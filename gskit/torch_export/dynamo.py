@@ -15,7 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
-from gskit.plugin import PluginSpec
+from gskit.plugin.spec import PluginSpec
 from gskit.torch_export._torch import require
 from gskit.torch_export.torchscript import BindFn, Call
 
@@ -55,7 +55,7 @@ def plugin_op(spec: PluginSpec) -> Any:
     require("onnxscript")
     from onnxscript.values import Op, Opset
 
-    from gskit.shapes import plugin_schema  # the same schema gskit registers for shape inference
+    from gskit.passes.shapes import plugin_schema  # the same schema gskit registers for shape inference
 
     return Op(Opset(spec.domain, 1), spec.name, plugin_schema(spec.domain, spec.name, [spec]))
 

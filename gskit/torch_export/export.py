@@ -2,8 +2,8 @@
 
 :func:`export` wraps ``torch.onnx.export`` for both exporters; :func:`export_as_plugins` exports chosen
 module classes as model-local functions (TorchScript exporter, opset >= 15) and replaces their calls by
-plugin nodes with :func:`gskit.patterns.replace`. Both save with :func:`gskit.model.save` and then run
-the written file on onnxruntime, plugin nodes through their numpy references, on the same inputs as
+plugin nodes with :func:`gskit.passes.patterns.replace`. Both save with :func:`gskit.io.model.save` and then
+run the written file on onnxruntime, plugin nodes through their numpy references, on the same inputs as
 PyTorch: a mismatch beyond tolerance raises.
 """
 
@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from gskit import model as gsmodel
 from gskit.backends import ort as ort_backend
 from gskit.errors import GskitError
-from gskit.patterns import FunctionPattern, Match, ReplaceReport, replace
-from gskit.plugin import PluginRegistry, PluginSpec
+from gskit.io import model as gsmodel
+from gskit.passes.patterns import FunctionPattern, Match, ReplaceReport, replace
+from gskit.passes.patterns.replace import ReplaceOptions
+from gskit.plugin.spec import PluginRegistry, PluginSpec
 from gskit.torch_export._torch import require
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def export_as_plugins(
     opset: int = 17,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    keep_function: bool = False,
+    keep_function: bool = ReplaceOptions().keep_function,
     check: bool = True,
     atol: float = 1e-5,
     rtol: float = 1e-5,
@@ -160,7 +161,7 @@ def export_as_plugins(
 
     The TorchScript exporter writes each listed module class as a local function named like the class
     (domain: the class's Python module) called once per instance; each call becomes a plugin node and
-    the function is removed (kept with ``keep_function``: see :func:`gskit.patterns.replace`).
+    the function is removed (kept with ``keep_function``: see :func:`gskit.passes.patterns.replace`).
 
     Args:
         model: the module (eval mode).

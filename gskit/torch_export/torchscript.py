@@ -3,7 +3,7 @@
 A symbolic turns one TorchScript op (``aten::asinh``, ``torchvision::deform_conv2d``, a
 ``torch.library`` op) into ONNX nodes through ``g.op``. :func:`register_symbolic` writes it for the two
 cases gskit cares about: a standard ONNX op the exporter does not map, and a plugin node built from a
-:class:`~gskit.plugin.PluginSpec` (domain = namespace, op = name, ``plugin_namespace`` and
+:class:`~gskit.plugin.spec.PluginSpec` (domain = namespace, op = name, ``plugin_namespace`` and
 ``plugin_version`` attributes, attributes typed as the spec says), so the exported node is what the
 TensorRT parser needs without editing the file afterwards.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError, PluginError
-from gskit.plugin import ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo
+from gskit.plugin.spec import ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo
 from gskit.torch_export._torch import require
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gskit.trt_plugin import TritonPtx, triton_ptx
+from gskit.backends.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -50,7 +50,7 @@ def aot_kernel(dtype: str, target: Any | None = None) -> TritonPtx:
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
     """
     return triton_ptx(clamp_swish_kernel, {"x_ptr": dtype, "y_ptr": dtype}, {"BLOCK": BLOCK}, target=target)
 
@@ -58,7 +58,8 @@ def aot_kernel(dtype: str, target: Any | None = None) -> TritonPtx:
 def clamp_swish(x: Any, out: Any | None = None) -> Any:
     """ClampSwish of a contiguous float32/float16 torch tensor into ``out`` (allocated when None).
 
-    Launches on the current stream (wrap in ``gskit.trt_plugin.cuda_stream(handle)`` for another one).
+    Launches on the current stream (wrap in ``gskit.backends.trt_plugin.cuda_stream(handle)`` for another
+    one).
 
     Raises:
         ValueError: non-contiguous tensors, mismatched shapes or dtypes, or more than 2**31 - 1 elements.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gskit.patterns import GraphPattern
+from gskit.passes.patterns import GraphPattern
 
 Clamp = Callable[[Any, Any], Any]
 

@@ -6,7 +6,7 @@ Name, namespace and attributes come from ``spec.py``; the output is the input's 
 
 from typing import Any
 
-from gskit.trt_plugin import (
+from gskit.backends.trt_plugin import (
     as_torch,
     cuda_stream,
     launch,

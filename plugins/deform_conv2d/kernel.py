@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gskit.trt_plugin import TritonPtx, triton_ptx
+from gskit.backends.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -167,7 +167,7 @@ def aot_kernel(
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
     """
     c_out, _, kh, kw = (int(d) for d in weight_shape)
     block_co = Geometry(1, 1, 1, 1, c_out, kh, kw, 1, 1).block_co(group)
@@ -192,7 +192,8 @@ def deform_conv2d(
 ) -> Any:
     """Deformable 2-D convolution of contiguous float32/float16 torch tensors (layouts as the spec's).
 
-    Launches on the current stream (wrap in ``gskit.trt_plugin.cuda_stream(handle)`` for another one).
+    Launches on the current stream (wrap in ``gskit.backends.trt_plugin.cuda_stream(handle)`` for another
+    one).
 
     Raises:
         ValueError: shapes that do not fit together, non-contiguous tensors, or a mismatched ``out``.

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.patterns import Match, MatchResult, OpPattern
-from gskit.patterns.match import present
+from gskit.passes.patterns import Match, MatchResult, OpPattern
+from gskit.passes.patterns.match import present
 
 
 def _two_d(match: Match) -> MatchResult:

@@ -11,8 +11,7 @@ from typing import Any
 
 import tensorrt.plugin as trtp
 
-from gskit.errors import PluginError
-from gskit.trt_plugin import (
+from gskit.backends.trt_plugin import (
     as_torch,
     cuda_stream,
     launch,
@@ -20,6 +19,7 @@ from gskit.trt_plugin import (
     register_from_spec,
     triton_type,
 )
+from gskit.errors import PluginError
 
 SPEC, kernel = load_plugin_folder(__file__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gskit.trt_plugin import TritonPtx, triton_ptx
+from gskit.backends.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -78,7 +78,7 @@ def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None)
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
     """
     pointers = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "y_ptr"), dtype)
     constexprs = {"EPS": epsilon_constant(epsilon), "BLOCK": block_size(cols)}
@@ -88,7 +88,8 @@ def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None)
 def layer_norm(x: Any, weight: Any, bias: Any, out: Any | None = None, *, epsilon: float = 1e-5) -> Any:
     """LayerNorm over the last axis of a contiguous float32/float16 torch tensor; weight, bias ``(C,)``.
 
-    Launches on the current stream (wrap in ``gskit.trt_plugin.cuda_stream(handle)`` for another one).
+    Launches on the current stream (wrap in ``gskit.backends.trt_plugin.cuda_stream(handle)`` for another
+    one).
 
     Raises:
         ValueError: non-contiguous tensors, weight or bias not ``(C,)``, or a mismatched ``out``.

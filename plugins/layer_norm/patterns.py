@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from gskit.patterns import (
+from gskit.passes.patterns import (
     FunctionPattern,
     GraphPattern,
     Match,
@@ -35,7 +35,7 @@ from gskit.patterns import (
     Rewrite,
     constant_value,
 )
-from gskit.patterns.checks import all_of, one_number, per_last_axis
+from gskit.passes.patterns.checks import all_of, one_number, per_last_axis
 
 
 def _square(op: Any, d: Any, form: str) -> Any:

@@ -7,8 +7,7 @@ needs x's last dim fixed at build time (it sets the kernel's chunk length).
 
 from typing import Any
 
-from gskit.errors import PluginError
-from gskit.trt_plugin import (
+from gskit.backends.trt_plugin import (
     as_torch,
     cuda_stream,
     launch,
@@ -16,6 +15,7 @@ from gskit.trt_plugin import (
     register_from_spec,
     triton_type,
 )
+from gskit.errors import PluginError
 
 SPEC, kernel = load_plugin_folder(__file__)
 

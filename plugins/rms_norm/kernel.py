@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gskit.trt_plugin import TritonPtx, triton_ptx
+from gskit.backends.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -69,7 +69,7 @@ def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None)
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
     """
     pointers = dict.fromkeys(("x_ptr", "w_ptr", "y_ptr"), dtype)
     constexprs = {"EPS": epsilon_constant(epsilon), "BLOCK": block_size(cols)}
@@ -79,7 +79,8 @@ def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None)
 def rms_norm(x: Any, weight: Any, out: Any | None = None, *, epsilon: float = 1e-5) -> Any:
     """RMSNorm over the last axis of a contiguous float32/float16 torch tensor; ``weight`` is ``(C,)``.
 
-    Launches on the current stream (wrap in ``gskit.trt_plugin.cuda_stream(handle)`` for another one).
+    Launches on the current stream (wrap in ``gskit.backends.trt_plugin.cuda_stream(handle)`` for another
+    one).
 
     Raises:
         ValueError: non-contiguous tensors, a weight that is not ``(C,)``, or a mismatched ``out``.

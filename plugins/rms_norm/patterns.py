@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gskit.patterns import GraphPattern
-from gskit.patterns.checks import all_of, casts_back_to, one_number, per_last_axis
+from gskit.passes.patterns import GraphPattern
+from gskit.passes.patterns.checks import all_of, casts_back_to, one_number, per_last_axis
 
 
 def _normalize(op: Any, x: Any, std: Any, form: str) -> Any:

@@ -1,0 +1,569 @@
+"""Compare two models (or two runs) output by output on the same inputs.
+
+Built on Polygraphy's ``Comparator``: each side is a Polygraphy runner, so any backend Polygraphy can
+run plugs in (``gskit.backends.ort.runner`` gives an ``OnnxrtRunner`` whose session runs plugin nodes
+through their numpy references; ``gskit.backends.trt.trt_runner`` a TensorRT runner). Runners come from
+``gskit.backends``; this module only compares. Polygraphy's ``SimpleCompareFunc``
+decides pass/fail per output: an element matches when its absolute error is at most ``atol`` **or** its
+relative error (to the reference side) is at most ``rtol``; shapes must be equal.
+
+Tolerances follow each output's dtype: the given ``atol``/``rtol`` (1e-5 by default) are what float32 outputs
+get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 4e-3, about four
+units in the last place; bfloat16: 3e-2, likewise). The original rounds to float16 after each op (a float16
+LayerNormalization differs from an exact one by up to three units on BERT), a plugin rounds once: that is then
+not reported as a failure, while a real error (a wrong epsilon, a lost bias) still is.
+
+gskit adds what Polygraphy leaves to the caller: inputs from gskit's feeds, outputs matched by name with
+an error when the prepared model lacks one, and a typed report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from gskit.backends import ort as ort_backend
+from gskit.backends import trt as trt_backend
+from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.plugin.spec import PluginRegistry
+
+log = logging.getLogger(__name__)
+
+ModelSource = onnx.ModelProto | str | os.PathLike
+
+#: Lowest (atol, rtol) an output of this dtype is compared with: about four units in the last place.
+DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+
+
+def check_tolerances(atol: float, rtol: float) -> None:
+    """The one check of tolerances the CLI, the recipe and the library share.
+
+    A NaN tolerance makes every comparison pass (``err <= nan`` is never false in Polygraphy's rule),
+    an infinite one accepts anything and a negative one rejects everything: all are mistakes.
+
+    Raises:
+        GskitError: ``atol`` or ``rtol`` is NaN, infinite or negative.
+    """
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GskitError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise GskitError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:
+    """``(atol, rtol)`` for an output of ``dtype``: the given ones, raised to the dtype's floor."""
+    floor_atol, floor_rtol = DTYPE_TOLERANCE.get(
+        str(np.dtype(dtype)) if dtype is not None else "", (0.0, 0.0)
+    )
+    return max(atol, floor_atol), max(rtol, floor_rtol)
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """One output compared between the reference run and the run under test.
+
+    Attributes:
+        name: output name (the same in both models).
+        shape: shape in the reference run.
+        dtype: numpy dtype name in the reference run.
+        max_abs_err: largest absolute difference (``inf`` when the shapes differ).
+        max_rel_err: largest difference relative to the reference value (``inf`` when the shapes differ).
+        passed: every element within ``atol`` or ``rtol``, and the shapes are equal.
+        shape_under_test: shape in the run under test.
+        atol: absolute tolerance this output was compared with (follows its dtype, see
+            :func:`tolerance_for`).
+        rtol: relative tolerance this output was compared with.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs_err: float
+    max_rel_err: float
+    passed: bool
+    shape_under_test: tuple[int, ...] = ()
+    atol: float = 1e-5
+    rtol: float = 1e-5
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    """Result of :func:`compare`.
+
+    Attributes:
+        outputs: one entry per output of the reference model, in its order.
+        passed: all outputs passed.
+        input_shapes: the shape of each input fed to both runs.
+        atol: absolute tolerance given (float32 outputs; lower-precision outputs get at least their dtype's
+            floor, see each output's ``atol``).
+        rtol: relative tolerance given (likewise).
+        reference: name of the reference runner.
+        under_test: name of the runner under test.
+    """
+
+    outputs: list[OutputComparison]
+    passed: bool
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    reference: str = "original"
+    under_test: str = "prepared"
+
+    @property
+    def failed(self) -> list[OutputComparison]:
+        return [o for o in self.outputs if not o.passed]
+
+
+def compare(
+    original: ModelSource,
+    prepared: ModelSource | None,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    seed: int = 0,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    plugins: PluginRegistry | None = None,
+    backend: str = "onnxruntime",
+    engine: str | os.PathLike | None = None,
+    trt_plugins: Sequence[str | os.PathLike] = (),
+) -> CompareReport:
+    """Run the original on onnxruntime and the prepared model on ``backend``; compare outputs by name.
+
+    Args:
+        original: the reference model (a ModelProto or a path).
+        prepared: the model under test; it must have every output of ``original`` (by name). May be
+            ``None`` when ``engine`` is given.
+        feeds: inputs by name; ``None`` draws random inputs (``gskit.io.feeds.random_feeds``) from ``seed``.
+        shapes: input shapes for random inputs, overriding symbolic dims.
+        seed: seed of the random inputs.
+        atol: absolute tolerance.
+        rtol: relative tolerance.
+        plugins: specs of plugin nodes in either model; on onnxruntime they run through their numpy
+            references.
+        backend: what runs ``prepared``: ``"onnxruntime"`` (CPU) or ``"trt"`` (full TensorRT on a GPU,
+            through Polygraphy's ``TrtRunner``; the original still runs on onnxruntime).
+        engine: a serialized TensorRT engine to run instead of building ``prepared`` (implies ``"trt"``).
+        trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
+
+    Raises:
+        GskitError: a model cannot be loaded or run, ``prepared`` lacks an output of ``original``, or
+            ``"trt"`` is asked for without full TensorRT and a GPU.
+    """
+    check_tolerances(atol, rtol)
+    backend = check_backend(backend, engine)
+    if prepared is None and engine is None:
+        raise GskitError("compare needs a prepared model or an engine")
+    original_proto = source_model(original)
+    prepared_proto = source_model(prepared) if prepared is not None else None
+    expected = [o.name for o in original_proto.graph.output]
+    if not expected:
+        raise GskitError(f"{source_label(original)} has no graph outputs: nothing to compare")
+    have = {o.name for o in prepared_proto.graph.output} if prepared_proto is not None else set(expected)
+    missing = [name for name in expected if name not in have]
+    if missing and engine is None:
+        raise GskitError(
+            f"{source_label(prepared)} lacks output(s) {missing} of {source_label(original)}; "
+            "outputs are matched by name"
+        )
+    generated = feeds is None
+    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
+    reference = ort_backend.runner(
+        original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
+    )
+    if backend == "onnxruntime":
+        under_test = ort_backend.runner(
+            prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
+        )
+        try:
+            return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+        except ReferenceRunError as err:
+            if not generated:
+                raise
+            raise ReferenceRunError(
+                f"{err}; give shapes that fit with --shape NAME:DIMS or real inputs with --inputs F.npz",
+                err.failure,
+                err.input_shapes,
+            ) from err
+    with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
+        under_test = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
+        return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+
+
+def compare_runners(
+    reference: Any,
+    under_test: Any,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    outputs: Sequence[str] | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+) -> CompareReport:
+    """Run two Polygraphy runners on ``feeds`` and compare the named outputs (all of the reference's if None).
+
+    Raises:
+        GskitError: a runner fails, or the runner under test lacks one of the outputs.
+    """
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator.struct import RunResults
+    from polygraphy.exception import PolygraphyException
+
+    check_tolerances(atol, rtol)
+
+    feeds = {name: np.asarray(value) for name, value in feeds.items()}
+    # One runner at a time, so a failure names the side that failed: the reference failing means the inputs
+    # do not fit the model, which is a different finding (and fix) from the model under test failing.
+    results = RunResults()
+    results.extend(_run_side(reference, feeds, ReferenceRunError))
+    results.extend(_run_side(under_test, feeds, GskitError))
+    try:
+        with quiet_polygraphy():
+            atols, rtols = _per_output(results[0][1][0], atol, rtol)
+            compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
+            accuracy = Comparator.compare_accuracy(_numeric_only(results), compare_func=compare_func)
+    except PolygraphyException as err:
+        raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
+    ref_out = results[0][1][0]
+    test_out = results[1][1][0]
+    names = list(outputs) if outputs is not None else list(ref_out.keys())
+    missing = [n for n in names if n not in test_out]
+    if missing:
+        raise GskitError(
+            f"{under_test.name} did not produce output(s) {missing}; outputs are matched by name"
+        )
+    verdicts = _verdicts(accuracy)
+    rows = [_row(name, ref_out[name], test_out[name], verdicts.get(name), atols, rtols) for name in names]
+    return CompareReport(
+        outputs=rows,
+        passed=all(r.passed for r in rows),
+        input_shapes=feed_shapes(feeds),
+        atol=atol,
+        rtol=rtol,
+        reference=reference.name,
+        under_test=under_test.name,
+    )
+
+
+class ReferenceRunError(GskitError):
+    """The reference (original) model cannot run on the inputs: the inputs are wrong, not the preparation.
+
+    Attributes:
+        failure: onnxruntime's one-line reason (it names the failing node).
+        input_shapes: the shape of each input that was fed.
+    """
+
+    def __init__(
+        self, message: str, failure: str = "", input_shapes: Mapping[str, tuple] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.input_shapes = dict(input_shapes or {})
+
+
+def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitError]) -> Any:
+    """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        with quiet_polygraphy():
+            return Comparator.run([runner], data_loader=[feeds])
+    except GskitError as err:
+        if error is GskitError or isinstance(err, error):
+            raise
+        failure = str(err)
+    except PolygraphyException as err:
+        failure = _first_line(err)
+    except Exception as err:  # onnxruntime's pybind errors (and a plugin reference's) arrive unwrapped
+        failure = ort_backend.short_error(err)
+    shapes = feed_shapes(feeds)
+    if error is ReferenceRunError:
+        raise ReferenceRunError(
+            f"the {runner.name} model cannot run on the inputs {describe_feeds(feeds)}: {failure}",
+            failure,
+            shapes,
+        )
+    raise error(f"the {runner.name} model failed to run on {describe_feeds(feeds)}: {failure}")
+
+
+def unsteady_outputs(
+    model: ModelSource, feeds: Mapping[str, np.ndarray], plugins: PluginRegistry | None = None
+) -> list[str]:
+    """Outputs of ``model`` that differ between two onnxruntime runs on the same ``feeds``.
+
+    A model exported in training mode (Dropout with ``training_mode`` on) or with random ops gives new outputs
+    on every run: no prepared model can match it, and saying so is the useful answer to a failed validation.
+    """
+    session = ort_backend.session(model, plugins=plugins)
+    first = ort_backend.run(session, feeds)
+    second = ort_backend.run(session, feeds)
+    differ = []
+    for name, value in first.items():
+        a, b = np.asarray(value), np.asarray(second[name])
+        same = a.shape == b.shape and (
+            np.array_equal(a, b, equal_nan=True)
+            if np.issubdtype(a.dtype, np.inexact)
+            else np.array_equal(a, b)
+        )
+        if not same:
+            differ.append(name)
+    return differ
+
+
+def failing_node(model: onnx.ModelProto, failure: str) -> tuple[str, list[str]] | None:
+    """The main-graph node onnxruntime's message names (``Name:'...'``) and the graph inputs it depends on.
+
+    Follows producers back from the node's inputs, and from the outer-scope names its subgraphs read (an
+    ``If`` branch reading ``input``). None when the message names no node of the main graph.
+    """
+    import re
+
+    names = re.findall(r"Name:'([^']*)'", failure)
+    nodes = {node.name: node for node in model.graph.node if node.name}
+    node = next((nodes[n] for n in names if n in nodes), None)
+    if node is None:
+        return None
+    producers = {out: n for n in model.graph.node for out in n.output}
+    graph_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = list(_read_names(node))
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in graph_inputs:
+            found.append(name)
+        elif name in producers:
+            stack.extend(_read_names(producers[name]))
+    order = [i.name for i in model.graph.input]
+    return f"{node.name} ({node.op_type})", sorted(found, key=order.index)
+
+
+def _read_names(node: onnx.NodeProto) -> list[str]:
+    """What a node reads: its inputs and every name used in its subgraphs (outer-scope ones among them)."""
+    names = list(node.input)
+    for graph in (a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH):
+        for inner in graph.node:
+            names.extend(_read_names(inner))
+    return names
+
+
+def describe_feeds(feeds: Mapping[str, np.ndarray]) -> str:
+    """``x float32[1x3x64x64], sr int64[] = 3``: names, dtypes and shapes (and the value of a scalar)."""
+    parts = []
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        text = f"{name} {value.dtype}[{'x'.join(str(d) for d in value.shape)}]"
+        if value.size == 1:
+            text += f" = {value.reshape(-1)[0].item()!r}"
+        parts.append(text)
+    return "{" + ", ".join(parts) + "}"
+
+
+def compare_arrays(
+    reference: Mapping[str, np.ndarray],
+    under_test: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+) -> list[OutputComparison]:
+    """Compare arrays already computed, with the same rule as :func:`compare_runners` (Polygraphy's).
+
+    Raises:
+        GskitError: a name is missing from one side.
+    """
+    from polygraphy.comparator import SimpleCompareFunc
+    from polygraphy.comparator.struct import IterationResult
+
+    check_tolerances(atol, rtol)
+
+    for side, values in (("reference", reference), ("run under test", under_test)):
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise GskitError(f"the {side} lacks tensor(s) {missing}; tensors are matched by name")
+    ref = {n: np.asarray(reference[n]) for n in names}
+    test = {n: np.asarray(under_test[n]) for n in names}
+    atols, rtols = _per_output(ref, atol, rtol)
+    with quiet_polygraphy():
+        verdicts = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)(
+            IterationResult(ref, runner_name="reference"), IterationResult(test, runner_name="under test")
+        )
+    return [_row(n, ref[n], test[n], verdicts.get(n), atols, rtols) for n in names]
+
+
+# -- TensorRT (full TensorRT and a GPU) ------------------------------------------------------------------
+
+#: Backends of the run under test.
+COMPARE_BACKENDS = ("onnxruntime", "trt")
+
+
+def check_backend(backend: str, engine: str | os.PathLike | None = None) -> str:
+    """The backend of the run under test (``engine`` implies ``"trt"``); checks TensorRT and a GPU for it.
+
+    Raises:
+        GskitError: an unknown backend, or ``"trt"`` without full TensorRT or without a GPU.
+    """
+    if backend not in COMPARE_BACKENDS:
+        raise GskitError(f"unknown compare backend {backend!r}; choose one of {', '.join(COMPARE_BACKENDS)}")
+    if engine is not None:
+        backend = "trt"
+    if backend == "trt":
+        trt_backend.require_gpu_tensorrt("--backend trt")
+    return backend
+
+
+@contextmanager
+def model_file(model: ModelSource) -> Iterator[Path]:
+    """A path for ``model``: the file itself, or an in-memory model saved to a temporary folder."""
+    if not isinstance(model, onnx.ModelProto):
+        path = Path(model)
+        if not path.is_file():
+            raise GskitError(gsmodel.not_a_file(path, "model or engine"))
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:
+        yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
+
+
+def _numeric_only(results: Any) -> Any:
+    """The run results without non-numeric outputs (strings), which Polygraphy cannot subtract; ``_row``
+    compares those for equality."""
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    numeric = RunResults()
+    for runner_name, iterations in results:
+        numeric.append(
+            (
+                runner_name,
+                [
+                    IterationResult(
+                        {k: v for k, v in it.items() if np.asarray(v).dtype.kind in "biufc"},
+                        runner_name=it.runner_name,
+                    )
+                    for it in iterations
+                ],
+            )
+        )
+    return numeric
+
+
+def _verdicts(accuracy: Any) -> dict[str, Any]:
+    """Per-output results of the one comparison and iteration (Polygraphy wraps them in a list of dicts)."""
+    for result in getattr(accuracy, "lst", [accuracy]):
+        for iterations in result.values():
+            return dict(iterations[0]) if iterations else {}
+    return {}
+
+
+def _per_output(reference: Mapping[str, Any], atol: float, rtol: float) -> tuple[dict, dict]:
+    """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes."""
+    atols: dict[str, float] = {"": atol}
+    rtols: dict[str, float] = {"": rtol}
+    for name, value in reference.items():
+        atols[name], rtols[name] = tolerance_for(getattr(value, "dtype", None), atol, rtol)
+    return atols, rtols
+
+
+def _row(
+    name: str,
+    expected: Any,
+    actual: Any,
+    verdict: Any,
+    atols: Mapping[str, float],
+    rtols: Mapping[str, float],
+) -> OutputComparison:
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    if expected.shape != actual.shape:
+        abs_err = rel_err = math.inf
+        passed = False
+    else:
+        abs_err, rel_err = _errors(expected, actual)
+        if expected.dtype.kind not in "biufc":  # strings: equal or not
+            passed = bool(np.array_equal(expected, actual))
+        else:
+            passed = bool(verdict) and _same_nans(expected, actual) if verdict is not None else False
+    return OutputComparison(
+        name=name,
+        shape=tuple(int(d) for d in expected.shape),
+        dtype=str(expected.dtype),
+        max_abs_err=abs_err,
+        max_rel_err=rel_err,
+        passed=passed,
+        shape_under_test=tuple(int(d) for d in actual.shape),
+        atol=atols.get(name, atols[""]),
+        rtol=rtols.get(name, rtols[""]),
+    )
+
+
+def _same_nans(expected: np.ndarray, actual: np.ndarray) -> bool:
+    """NaN exactly where the reference has NaN: a NaN output never passes as close, whatever the tolerance."""
+    if not (np.issubdtype(expected.dtype, np.inexact) or np.issubdtype(actual.dtype, np.inexact)):
+        return True
+    return bool(np.array_equal(np.isnan(expected), np.isnan(actual)))
+
+
+def _errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
+    if expected.size == 0:
+        return 0.0, 0.0
+    if expected.dtype == np.bool_ or not np.issubdtype(expected.dtype, np.number):
+        diff = (expected != actual).astype(np.float64)
+        return float(diff.max()), float(diff.max())
+    a = expected.astype(np.float64)
+    b = actual.astype(np.float64)
+    absdiff = np.abs(a - b)
+    both_nan = np.isnan(a) & np.isnan(b)
+    same_inf = np.isinf(a) & (a == b)
+    absdiff = np.where(both_nan | same_inf, 0.0, absdiff)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reldiff = np.where(absdiff == 0, 0.0, absdiff / np.abs(a))
+    return float(np.nan_to_num(absdiff, nan=math.inf).max()), float(
+        np.nan_to_num(reldiff, nan=math.inf).max()
+    )
+
+
+def source_model(model: ModelSource) -> onnx.ModelProto:
+    """``model`` itself if it is a ModelProto, else the model at that path with its weights left on disk.
+
+    Raises:
+        GskitError: the file cannot be loaded (as ``gskit.io.model.load``).
+    """
+    return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
+
+
+def source_label(model: ModelSource) -> str:
+    """How messages name a compared model: its path, or "prepared model" for an in-memory ModelProto."""
+    return "prepared model" if isinstance(model, onnx.ModelProto) else str(model)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else repr(err)
+
+
+@contextmanager
+def quiet_polygraphy() -> Iterator[None]:
+    """Polygraphy logs to stdout; silence it (gskit's debug level: verbose) while comparing.
+
+    Its critical messages still arrive, as the ``PolygraphyException`` that gskit turns into one line.
+    """
+    from polygraphy.logger import G_LOGGER
+
+    severity = G_LOGGER.VERBOSE if log.isEnabledFor(logging.DEBUG) else G_LOGGER.CRITICAL + 1
+    with G_LOGGER.verbosity(severity):
+        yield

@@ -1,0 +1,274 @@
+"""Plugin-by-plugin comparison: each plugin node against the original region it replaced.
+
+A replacement keeps the names of its boundary tensors, so the region a plugin node replaced is the part
+of the ORIGINAL model between the node's input and output tensors (``gskit.passes.isolate``). The original
+runs once with every boundary tensor exposed; each region then runs alone on onnxruntime on the captured
+inputs, and so does the plugin node (its numpy reference on onnxruntime, or TensorRT with
+``backend="trt"``). A failing plugin is named with its node, its input shapes and its error, even when a
+later part of the model hides the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from gskit.backends import ort as ort_backend
+from gskit.backends import trt as trt_backend
+from gskit.compare.layers import OrtTensors
+from gskit.compare.outputs import (
+    ModelSource,
+    OutputComparison,
+    check_backend,
+    check_tolerances,
+    compare_arrays,
+    source_label,
+    source_model,
+)
+from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.passes.isolate import isolate
+from gskit.plugin.ops import is_plugin_node
+from gskit.plugin.spec import PluginRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PluginCheck:
+    """One plugin node compared with the original region it replaced.
+
+    Attributes:
+        node: the plugin node's name in the prepared model.
+        op: ``domain::op_type`` of the node.
+        inputs: shape of each (non-constant) input fed to both sides.
+        outputs: one comparison per output of the node.
+        original_nodes: names of the original region's nodes (empty when it could not be cut out).
+        passed: every output within tolerance.
+        max_abs_err: largest absolute error over the outputs.
+        max_rel_err: largest relative error over the outputs.
+        note: why the check is incomplete or failed to run (empty when it ran).
+    """
+
+    node: str
+    op: str
+    inputs: dict[str, tuple[int, ...]]
+    outputs: list[OutputComparison]
+    original_nodes: tuple[str, ...]
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PluginCompareReport:
+    """Result of :func:`compare_plugins`.
+
+    Attributes:
+        plugins: one entry per plugin node of the prepared model's main graph, in its order.
+        passed: every plugin node passed (a node that could not be checked fails).
+        input_shapes: the shape of each model input fed to the original.
+        atol: absolute tolerance used.
+        rtol: relative tolerance used.
+        under_test: what ran the plugin nodes.
+    """
+
+    plugins: list[PluginCheck]
+    passed: bool
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    under_test: str = "numpy reference"
+
+    @property
+    def failed(self) -> list[PluginCheck]:
+        return [p for p in self.plugins if not p.passed]
+
+
+def compare_plugins(
+    original: ModelSource,
+    prepared: ModelSource,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    seed: int = 0,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    plugins: PluginRegistry | None = None,
+    backend: str = "onnxruntime",
+    trt_plugins: Sequence[str | os.PathLike] = (),
+) -> PluginCompareReport:
+    """Compare each plugin node of ``prepared`` with the region of ``original`` between its tensors.
+
+    Args:
+        original: the model before replacement (runs on onnxruntime).
+        prepared: the model with plugin nodes (nodes of a domain onnxruntime does not implement).
+        feeds: inputs of ``original`` by name; ``None`` draws random inputs from ``seed``.
+        shapes: input shapes for random inputs, overriding symbolic dims.
+        seed: seed of the random inputs.
+        atol: absolute tolerance.
+        rtol: relative tolerance.
+        plugins: specs of the plugin nodes (their numpy references run on onnxruntime).
+        backend: what runs the plugin nodes: ``"onnxruntime"`` or ``"trt"`` (full TensorRT and a GPU).
+        trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
+
+    Raises:
+        GskitError: a model cannot be loaded or the original cannot run, ``prepared`` has no plugin node,
+            or ``"trt"`` without TensorRT and a GPU.
+    """
+    check_tolerances(atol, rtol)
+    backend = check_backend(backend)
+    registry = plugins if plugins is not None else PluginRegistry()
+    original_proto = source_model(original)
+    prepared_graph = gsmodel.to_graph(source_model(prepared))
+    nodes = [n for n in prepared_graph.nodes if is_plugin_node(n) and n.domain != ort_backend.PYOP_DOMAIN]
+    if not nodes:
+        raise GskitError(
+            f"{source_label(prepared)} has no plugin node (custom-domain node) in its main graph"
+        )
+    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
+    original_graph = gsmodel.to_graph(original_proto)
+    original_tensors = original_graph.tensors()
+    boundaries = {id(n): _boundary(n) for n in nodes}
+    wanted = [
+        name
+        for ins, outs in boundaries.values()
+        for name in (*ins, *outs)
+        if isinstance(original_tensors.get(name), gs.Variable)
+    ]
+    captured = OrtTensors(original_proto, feeds, plugins, "original").run(list(dict.fromkeys(wanted)))
+    checks = []
+    for node in nodes:
+        ins, outs = boundaries[id(node)]
+        missing = [n for n in (*ins, *outs) if n not in captured]
+        if missing:
+            checks.append(_unchecked(node, captured, f"tensor(s) {missing} are not computed by the original"))
+            continue
+        checks.append(
+            _check(
+                node,
+                ins,
+                outs,
+                original_graph,
+                prepared_graph,
+                captured,
+                registry,
+                backend,
+                trt_plugins,
+                atol,
+                rtol,
+            )
+        )
+    return PluginCompareReport(
+        plugins=checks,
+        passed=all(c.passed for c in checks),
+        input_shapes=feed_shapes(feeds),
+        atol=atol,
+        rtol=rtol,
+        under_test="tensorrt" if backend == "trt" else "numpy reference",
+    )
+
+
+def _check(
+    node: gs.Node,
+    inputs: list[str],
+    outputs: list[str],
+    original_graph: gs.Graph,
+    prepared_graph: gs.Graph,
+    captured: Mapping[str, np.ndarray],
+    registry: PluginRegistry,
+    backend: str,
+    trt_plugins: Sequence[str | os.PathLike],
+    atol: float,
+    rtol: float,
+) -> PluginCheck:
+    fed = {name: captured[name] for name in inputs}
+    note = ""
+    try:
+        region = isolate(original_graph, inputs, outputs, registry=registry)
+        expected = ort_backend.run(gsmodel.to_model(region), fed, outputs=outputs)
+        region_nodes = tuple(n.name or n.op for n in region.nodes)
+    except GskitError as err:
+        note = f"original region not cut out ({err}); compared with the full original run"
+        expected, region_nodes = {name: captured[name] for name in outputs}, ()
+    try:
+        unit = isolate(prepared_graph, inputs, outputs, registry=registry)
+        if registry.for_node(node) is not None:
+            unit.functions = []  # run the plugin's reference, not a kept copy of the original region
+        actual = _run_unit(unit, fed, outputs, registry, backend, trt_plugins)
+    except GskitError as err:
+        return _unchecked(node, captured, f"plugin failed to run: {err}", region_nodes)
+    rows = compare_arrays(expected, actual, outputs, atol=atol, rtol=rtol)
+    if any(not r.passed for r in rows):
+        log.warning("plugin node '%s' (%s) differs from the original region", node.name, _op(node))
+    return PluginCheck(
+        node=node.name,
+        op=_op(node),
+        inputs=feed_shapes(fed),
+        outputs=rows,
+        original_nodes=region_nodes,
+        passed=all(r.passed for r in rows),
+        max_abs_err=max(r.max_abs_err for r in rows),
+        max_rel_err=max(r.max_rel_err for r in rows),
+        note=note,
+    )
+
+
+def _run_unit(
+    unit: gs.Graph,
+    feeds: Mapping[str, np.ndarray],
+    outputs: list[str],
+    registry: PluginRegistry,
+    backend: str,
+    trt_plugins: Sequence[str | os.PathLike],
+) -> dict[str, np.ndarray]:
+    model = gsmodel.to_model(unit)
+    if backend == "onnxruntime":
+        return ort_backend.run(model, feeds, outputs=outputs, plugins=registry)
+    with tempfile.TemporaryDirectory(prefix="gskit-plugin-") as tmp:
+        path = gsmodel.save(model, Path(tmp) / "plugin.onnx", check=False)
+        runner = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
+        try:
+            with runner:
+                values = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
+        except Exception as err:  # TensorRT and Polygraphy raise many types; keep the first line
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise GskitError(f"TensorRT failed to build or run the node: {first}") from err
+        return {name: np.array(value) for name, value in values.items()}
+
+
+def _boundary(node: gs.Node) -> tuple[list[str], list[str]]:
+    """Names of the node's computed inputs (constants come along with the region) and of its outputs."""
+    inputs = [t.name for t in node.inputs if isinstance(t, gs.Variable) and t.name]
+    outputs = [t.name for t in node.outputs if t.name]
+    return list(dict.fromkeys(inputs)), outputs
+
+
+def _unchecked(
+    node: gs.Node, captured: Mapping[str, np.ndarray], why: str, region_nodes: tuple[str, ...] = ()
+) -> PluginCheck:
+    inputs = {t.name: captured[t.name] for t in node.inputs if t.name in captured}
+    return PluginCheck(
+        node=node.name,
+        op=_op(node),
+        inputs=feed_shapes(inputs),
+        outputs=[],
+        original_nodes=region_nodes,
+        passed=False,
+        max_abs_err=float("inf"),
+        max_rel_err=float("inf"),
+        note=why,
+    )
+
+
+def _op(node: gs.Node) -> str:
+    return f"{node.domain}::{node.op}" if node.domain else node.op

@@ -1,0 +1,677 @@
+"""Loading and saving ONNX models of any size, and converting between ModelProto and gs.Graph.
+
+Protobuf cannot serialize a message over 2 GB, so large weights live in one external data file beside
+the model (``<model>.onnx.data``). gskit never copies weights it does not need to:
+
+* ``load(path, load_weights=False)`` leaves external weights on disk; each such tensor remembers the
+  folder it came from in the ``basepath`` entry of its external-data record, so it can be read later
+  (``to_graph`` gives it lazy values that read from there) and streamed into a new file on save.
+* ``save`` writes large tensors to the data file itself and strips them from the proto only for the
+  time of serialization, so the caller's model is left as it was and never copied.
+
+Every save goes to a temporary folder beside the destination, is checked there, and is then renamed
+into place: a crash never leaves a half-written model under the final name.
+
+Files are handled safely by default:
+
+* ``load`` reads external data only from regular files inside the model's own folder: a ``location``
+  that leads out of it through a symbolic link is refused, and so is a hard-linked data file unless
+  ``GSKIT_ALLOW_HARDLINKED_DATA=1`` (a hard link can be a second name of any file on the same disk).
+* Inside :func:`guarding_inputs` (each CLI command, each ``prepare`` run), every file a loaded model reads
+  (the model and its data files) is remembered, and :func:`place_file` / :func:`write_atomic`, the one way
+  gskit puts an output under its final name (models, data files, reports, engines, sidecars, timing
+  caches), refuse to replace or delete one of them. They rename over the final name itself, so a symbolic
+  link there is replaced, never followed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from google.protobuf.message import DecodeError
+from onnx import TensorProto
+from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+from gskit.errors import GskitError, ModelCheckError, write_error
+from gskit.io.wellformed import check_wellformed
+
+log = logging.getLogger(__name__)
+
+#: Highest IR version that onnxruntime 1.31 loads; onnx 1.23 writes 14 by default.
+MAX_ORT_IR_VERSION = 13
+#: Past this many bytes of tensor data a model is saved with external data (protobuf's hard limit is 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+#: Tensors smaller than this stay inside the proto when a model is saved with external data.
+EXTERNAL_TENSOR_MIN_BYTES = 1024
+_COPY_CHUNK = 64 * 1024 * 1024
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+_BASEPATH = "basepath"
+#: Set to 1 to accept external data files that have more than one hard link.
+ALLOW_HARDLINKS_ENV = "GSKIT_ALLOW_HARDLINKED_DATA"
+#: Inside :func:`guarding_inputs`: files that loaded models read (-> the model), never written over.
+_INPUT_FILES: ContextVar[dict[Path, Path] | None] = ContextVar("gskit_input_files", default=None)
+
+ModelLike = onnx.ModelProto | gs.Graph
+
+
+def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelProto:
+    """Load an ONNX model from ``path``.
+
+    Args:
+        path: the ``.onnx`` file; external data is looked up relative to its folder.
+        load_weights: read external weights into memory. With ``False`` they stay on disk and are read
+            only when needed (``gs.Constant.values``, ``save``); use it for inspection and for editing
+            models larger than memory allows.
+
+    Raises:
+        GskitError: the file is missing, is not an ONNX model, or names an external data file that is
+            missing or too short.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GskitError(not_a_file(path, "model"))
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except PermissionError as err:
+        raise GskitError(f"{path}: no permission to read the model file") from err
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise GskitError(f"{path}: not a readable ONNX model (truncated or another format): {err}") from err
+    if not model.HasField("graph") or model.ir_version <= 0:
+        raise GskitError(f"{path}: not an ONNX model (no graph or no IR version); check the file")
+    base_dir = str(path.resolve().parent)
+    _remember_input(path, path)
+    for tensor in _external_tensors(model):
+        _check_external_data(tensor, base_dir, path)
+        _remember_input(_data_file(tensor, base_dir), path)
+        if load_weights:
+            tensor.raw_data = _read_external(tensor, base_dir)
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+        else:
+            _set_entry(tensor, _BASEPATH, base_dir)
+    check_wellformed(model, path)
+    return model
+
+
+def not_a_file(path: Path, what: str) -> str:
+    """Why ``path`` cannot be read as a ``what`` file: missing, a folder, or not a regular file."""
+    if path.is_dir():
+        return f"{path} is a folder, not a {what} file; give the file itself"
+    if path.exists():
+        return f"{path}: not a regular file (a device or pipe); give a {what} file"
+    return f"{path}: no such {what} file"
+
+
+def save(
+    model: ModelLike,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    check: bool = True,
+    in_place: bool = False,
+) -> Path:
+    """Write ``model`` to ``path`` atomically, checking it first.
+
+    Args:
+        model: a ModelProto or a gs.Graph.
+        path: destination ``.onnx`` file. External data goes to ``<path>.data`` beside it.
+        external_data: force (True) or forbid (False) external data; ``None`` chooses it when the
+            tensors hold more than ``EXTERNAL_DATA_THRESHOLD`` bytes or some weights are still on disk.
+        check: run onnx's checker on the written file before it takes the final name.
+        in_place: the model and data files may replace files that a loaded model reads (``edit
+            --in-place``); never the data file that this model's own weights on disk are read from.
+
+    Returns:
+        The path written.
+
+    Raises:
+        GskitError: the destination is a folder or its folder cannot be created, would replace or delete a
+            file that a loaded model reads, or the model cannot be serialized.
+        ModelCheckError: the model fails onnx's checker (nothing is written under the final name).
+    """
+    proto = to_model(model) if isinstance(model, gs.Graph) else model
+    path = output_entry(path)
+    if path.is_dir():
+        raise GskitError(f"{path}: is a folder; give the path of the .onnx file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise GskitError(f"{path}: cannot create its folder ({err.strerror}); choose another path") from err
+    data_name = path.name + ".data"
+    tensors = list(_get_all_tensors(proto))
+    if external_data is None:
+        external_data = (
+            any(uses_external_data(t) for t in tensors) or _tensor_bytes(tensors) > EXTERNAL_DATA_THRESHOLD
+        )
+    data_path = path.parent / data_name
+    if not in_place:
+        check_output(data_path)  # first: losing the weights is the worse of the two
+        check_output(path)
+    _refuse_overwriting_sources(tensors, data_path)
+
+    try:
+        _write_atomically(proto, path, tensors, data_path, external_data, check, in_place)
+    except OSError as err:  # a full disk, a file-size limit, a read-only folder: say which file and why
+        raise write_error(path, err) from err
+    log.info("saved %s%s", path, " (+ external data)" if external_data else "")
+    return path
+
+
+def _write_atomically(
+    proto: onnx.ModelProto,
+    path: Path,
+    tensors: list[TensorProto],
+    data_path: Path,
+    external_data: bool,
+    check: bool,
+    in_place: bool,
+) -> None:
+    """Write into a temporary folder beside ``path``, check, then rename into place."""
+    data_name = data_path.name
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp_model = tmp_dir / path.name
+        with _ir_version_for_onnxruntime(proto):
+            if external_data:
+                _write_with_external_data(proto, tmp_model, data_name)
+            else:
+                if any(uses_external_data(t) for t in tensors):
+                    raise GskitError(f"{path}: model has weights on disk; save it with external_data=True")
+                try:
+                    tmp_model.write_bytes(proto.SerializeToString())
+                except ValueError as err:
+                    raise GskitError(
+                        f"{path}: model too large for one protobuf file; save it with external data"
+                    ) from err
+        if check:
+            check_file(tmp_model)
+        tmp_data = tmp_dir / data_name
+        wrote_data = tmp_data.is_file() and tmp_data.stat().st_size > 0
+        if wrote_data:
+            place_file(tmp_data, data_path, in_place=in_place)
+        place_file(tmp_model, path, in_place=in_place)
+        if not wrote_data and (data_path.exists() or data_path.is_symlink()):
+            # A data file left from an earlier save to this path belongs to no model any more.
+            data_path.unlink()
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def check_file(path: str | os.PathLike) -> None:
+    """Run onnx's checker on a model file (works past 2 GB); raise ModelCheckError naming the problem."""
+    try:
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.checker.ValidationError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        raise ModelCheckError(f"{Path(path).name}: model fails onnx's checker: {first}") from err
+
+
+def to_graph(model: onnx.ModelProto) -> gs.Graph:
+    """Import a ModelProto as a gs.Graph; weights still on disk stay there, readable on demand."""
+    with _without_shapeless_io_value_info(model):
+        graph = gs.import_onnx(model)
+    for sub in (graph, *graph.subgraphs(recursive=True)):
+        for tensor in sub.tensors().values():
+            if not isinstance(tensor, gs.Constant):
+                continue
+            # graphsurgeon re-applies data_location on export even after the values were loaded into
+            # memory, which would mark in-memory bytes as external.
+            tensor.data_location = None
+            lazy = tensor._values
+            if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
+                tensor._values = DiskValues(lazy.tensor)
+    return graph
+
+
+@contextmanager
+def _without_shapeless_io_value_info(model: onnx.ModelProto) -> Iterator[None]:
+    """Hide value_info entries that repeat a graph input/output without the shape its declaration has.
+
+    graphsurgeon lets such an entry override the declared type, so the output was written without a shape
+    and failed onnx's checker. The entries are put back afterwards: the caller's model is left as it was.
+    """
+    hidden: list[tuple[onnx.GraphProto, list[onnx.ValueInfoProto]]] = []
+    for proto_graph in graph_protos(model.graph):
+        shaped = {
+            info.name
+            for info in (*proto_graph.input, *proto_graph.output)
+            if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape")
+        }
+        if not shaped:
+            continue
+        keep = [
+            info
+            for info in proto_graph.value_info
+            if info.name not in shaped or info.type.tensor_type.HasField("shape")
+        ]
+        if len(keep) == len(proto_graph.value_info):
+            continue
+        hidden.append((proto_graph, list(proto_graph.value_info)))
+        del proto_graph.value_info[:]
+        proto_graph.value_info.extend(keep)
+    try:
+        yield
+    finally:
+        for proto_graph, infos in hidden:
+            del proto_graph.value_info[:]
+            proto_graph.value_info.extend(infos)
+
+
+def to_model(graph: gs.Graph) -> onnx.ModelProto:
+    """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load."""
+    model = gs.export_onnx(graph, do_type_check=False)
+    # IR 4 is the first to allow initializers that are not graph inputs, which graphsurgeon always writes.
+    model.ir_version = max(4, min(model.ir_version, MAX_ORT_IR_VERSION))
+    return model
+
+
+def resolve_output(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    *,
+    in_place: bool,
+    has_in_place: bool = False,
+) -> Path:
+    """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``.
+
+    ``has_in_place``: the command offers ``--in-place``, so the message may suggest it.
+    """
+    out = Path(output_path)
+    if out.resolve() == Path(input_path).resolve() and not in_place:
+        hint = "choose another -o or pass --in-place" if has_in_place else "choose another -o"
+        raise GskitError(f"{out}: output would overwrite the input model; {hint}")
+    return out
+
+
+def output_entry(path: str | os.PathLike) -> Path:
+    """The absolute name an output takes: its folder resolved, its last part kept even if it is a link.
+
+    Writing renames a new file over this name, so a symbolic link found there is replaced, not followed.
+    """
+    path = Path(os.path.abspath(path))
+    return path.parent.resolve() / path.name
+
+
+def _entries(path: Path) -> set[Path]:
+    """The names through which a file is reached: its own and, through links, the real one."""
+    return {output_entry(path), path.resolve()}
+
+
+@contextmanager
+def guarding_inputs() -> Iterator[None]:
+    """Within this block, no gskit writer replaces or deletes a file that a model loaded in it reads.
+
+    One command is one block: the files are those of its input model(s), not every model a long-running
+    process ever loaded (a file written, read back and written again stays writable outside the block).
+    Nested blocks share the outer one's files.
+    """
+    if _INPUT_FILES.get() is not None:
+        yield
+        return
+    token = _INPUT_FILES.set({})
+    try:
+        yield
+    finally:
+        _INPUT_FILES.reset(token)
+
+
+def _remember_input(path: Path, model_path: Path) -> None:
+    files = _INPUT_FILES.get()
+    if files is not None:
+        for entry in _entries(path):
+            files.setdefault(entry, model_path)
+
+
+def input_reading(path: str | os.PathLike) -> Path | None:
+    """The model loaded in :func:`guarding_inputs` that reads the file at ``path``, or None."""
+    return (_INPUT_FILES.get() or {}).get(output_entry(path))
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Refuse an output name that is a file a model loaded in :func:`guarding_inputs` reads.
+
+    Raises:
+        GskitError: naming the file, the model that reads it and what to do.
+    """
+    model_path = input_reading(path)
+    if model_path is not None:
+        raise GskitError(
+            f"{path}: the input model {model_path} is still read from this file; writing it would destroy "
+            f"the input; choose another output path"
+        )
+
+
+def place_file(tmp: str | os.PathLike, path: str | os.PathLike, *, in_place: bool = False) -> Path:
+    """Rename a finished temporary file to its final name ``path`` (same file system), atomically.
+
+    The one way gskit's outputs take their final name. A link at ``path`` is replaced, never followed;
+    a file that a loaded model reads is never replaced (unless ``in_place``).
+
+    Raises:
+        GskitError: ``path`` is a file a loaded model reads, or a folder.
+    """
+    target = output_entry(path)
+    if not in_place:
+        check_output(target)
+    if target.is_dir() and not target.is_symlink():
+        raise GskitError(f"{path}: is a folder; give the path of a file to write")
+    os.replace(tmp, target)
+    return target
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o644) -> Path:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place (:func:`place_file`).
+
+    Raises:
+        GskitError: ``path`` is a file a loaded model reads, or a folder.
+    """
+    target = output_entry(path)
+    check_output(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, mode)  # mkstemp makes files private; outputs are meant to be shared
+        return place_file(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph in it (``If`` branches, ``Loop``/``Scan`` bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from graph_protos(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graph_protos(sub)
+
+
+def node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:
+    """The graphs held in one node's attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, gs.Graph))
+
+
+def count_nodes(graph: gs.Graph) -> int:
+    """Nodes of ``graph`` and of every subgraph in it."""
+    return sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
+
+
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """Bytes of a tensor's data, wherever it is stored."""
+    if uses_external_data(tensor):
+        length = _entry(tensor, "length")
+        if length is not None:
+            return int(length)
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    if tensor.data_type == TensorProto.STRING:
+        return sum(len(s) for s in tensor.string_data)
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+def external_chunks(tensor: TensorProto, chunk_bytes: int = _COPY_CHUNK) -> Iterator[bytes]:
+    """The bytes of an on-disk tensor, read in chunks so that no copy of the whole tensor is made.
+
+    Raises:
+        GskitError: the data file ends before the tensor does.
+    """
+    source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".")
+    offset = int(_entry(tensor, "offset") or 0)
+    length = _entry(tensor, "length")
+    remaining = int(length) if length is not None else source.stat().st_size - offset
+    with open(source, "rb") as src:
+        src.seek(offset)
+        while remaining > 0:
+            chunk = src.read(min(chunk_bytes, remaining))
+            if not chunk:
+                raise GskitError(f"{source}: external data ends early for tensor '{tensor.name}'")
+            remaining -= len(chunk)
+            yield chunk
+
+
+class DiskValues(gs.ir.tensor.LazyValues):
+    """Lazy values of a tensor whose data is in an external file, read only when asked for.
+
+    The file is found from the tensor's external-data record: ``location`` relative to the folder in
+    its ``basepath`` entry (which ``load`` records; ``"."`` without one), at ``offset`` for ``length`` bytes.
+    ``to_graph`` gives every on-disk constant such values; ``gskit.passes.fold`` gives them to the large
+    constants it spills to disk.
+    """
+
+    def load(self) -> np.ndarray:
+        tensor = TensorProto()
+        tensor.CopyFrom(self.tensor)
+        base_dir = _entry(tensor, _BASEPATH) or "."
+        tensor.raw_data = _read_external(tensor, base_dir)
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+        return onnx.numpy_helper.to_array(tensor)
+
+
+def _external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    return (t for t in _get_all_tensors(model) if uses_external_data(t))
+
+
+def _entry(tensor: TensorProto, key: str) -> str | None:
+    for item in tensor.external_data:
+        if item.key == key:
+            return item.value
+    return None
+
+
+def _set_entry(tensor: TensorProto, key: str, value: str) -> None:
+    for item in tensor.external_data:
+        if item.key == key:
+            item.value = value
+            return
+    item = tensor.external_data.add()
+    item.key, item.value = key, value
+
+
+def _data_file(tensor: TensorProto, base_dir: str) -> Path:
+    return Path(base_dir) / (_entry(tensor, "location") or "")
+
+
+def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -> None:
+    location = _entry(tensor, "location")
+    if not location or os.path.isabs(location) or ".." in Path(location).parts:
+        raise GskitError(
+            f"{model_path}: tensor '{tensor.name}' has an invalid external data location {location!r}"
+        )
+    data = _data_file(tensor, base_dir)
+    if not data.is_file():
+        raise GskitError(
+            f"{model_path}: external data file '{location}' for tensor '{tensor.name}' is missing; "
+            f"copy it next to the model"
+        )
+    _refuse_linked_data(tensor, data, base_dir, model_path)
+    try:
+        offset, length = int(_entry(tensor, "offset") or 0), _entry(tensor, "length")
+        end = offset + (int(length) if length is not None else 0)
+    except ValueError as err:
+        raise GskitError(
+            f"{model_path}: tensor '{tensor.name}' has a non-integer external data offset or length"
+        ) from err
+    if offset < 0 or end < offset:
+        raise GskitError(
+            f"{model_path}: tensor '{tensor.name}' has a negative external data offset or length"
+        )
+    if not os.access(data, os.R_OK):
+        raise GskitError(f"{model_path}: no permission to read external data file '{location}'")
+    if end > data.stat().st_size:
+        raise GskitError(
+            f"{model_path}: external data file '{location}' is too short for tensor '{tensor.name}' "
+            f"(needs {end} bytes, has {data.stat().st_size}); the file is truncated"
+        )
+
+
+def _refuse_linked_data(tensor: TensorProto, data: Path, base_dir: str, model_path: Path) -> None:
+    """Data must be a file of the model's own folder: a link could point at any file (a secret)."""
+    location = _entry(tensor, "location")
+    if not data.resolve().is_relative_to(Path(base_dir)):
+        raise GskitError(
+            f"{model_path}: external data '{location}' of tensor '{tensor.name}' is a link to "
+            f"{data.resolve()}, outside the model's folder; copy the data file next to the model"
+        )
+    if data.stat().st_nlink > 1 and os.environ.get(ALLOW_HARDLINKS_ENV) != "1":
+        raise GskitError(
+            f"{model_path}: external data '{location}' of tensor '{tensor.name}' has "
+            f"{data.stat().st_nlink} hard links (it may be any file); copy it, or set "
+            f"{ALLOW_HARDLINKS_ENV}=1 if you trust it"
+        )
+
+
+def _read_external(tensor: TensorProto, base_dir: str) -> bytes:
+    offset = int(_entry(tensor, "offset") or 0)
+    length = _entry(tensor, "length")
+    with open(_data_file(tensor, base_dir), "rb") as f:
+        f.seek(offset)
+        return f.read(int(length)) if length is not None else f.read()
+
+
+def _tensor_bytes(tensors: list[TensorProto]) -> int:
+    return sum(tensor_nbytes(t) for t in tensors)
+
+
+def _refuse_overwriting_sources(tensors: list[TensorProto], data_path: Path) -> None:
+    for tensor in tensors:
+        if uses_external_data(tensor):
+            source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+            if source == data_path.resolve():
+                raise GskitError(
+                    f"{data_path}: weights of tensor '{tensor.name}' are still read from this file; "
+                    f"save to another path (or load with load_weights=True first)"
+                )
+
+
+@contextmanager
+def _ir_version_for_onnxruntime(model: onnx.ModelProto) -> Iterator[None]:
+    original = model.ir_version
+    model.ir_version = min(original, MAX_ORT_IR_VERSION)
+    try:
+        yield
+    finally:
+        model.ir_version = original
+
+
+def _write_with_external_data(model: onnx.ModelProto, model_path: Path, data_name: str) -> None:
+    """Write weights to one data file and a light copy of the model that points at them.
+
+    The caller's model is only read: large tensors are never copied into a second proto, and nothing has
+    to be put back afterwards (protobuf does not return the memory of a cleared field, so stripping and
+    restoring the caller's tensors would double the process's memory).
+    """
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip=("graph",))
+    _copy_fields(model.graph, light.graph, skip=("initializer",))
+    with open(model_path.parent / data_name, "wb") as data:
+        # Tensors outside the initializer list (Constant attributes, subgraphs, functions) are rare and
+        # small; they were copied above and are moved out of the light copy itself.
+        for tensor in _get_all_tensors(light):
+            if _goes_external(tensor):
+                _externalize(tensor, tensor, data, data_name)
+        for source in model.graph.initializer:
+            target = light.graph.initializer.add()
+            if _goes_external(source):
+                _copy_header(source, target)
+                _externalize(source, target, data, data_name)
+            else:
+                target.CopyFrom(source)
+    try:
+        model_path.write_bytes(light.SerializeToString())
+    except ValueError as err:
+        raise GskitError(f"{model_path.name}: graph itself exceeds protobuf's 2 GB limit") from err
+
+
+def _goes_external(tensor: TensorProto) -> bool:
+    # ONNX external data holds fixed-size elements only: string tensors always stay in the proto.
+    if uses_external_data(tensor):
+        return True
+    return tensor.data_type != TensorProto.STRING and tensor_nbytes(tensor) >= EXTERNAL_TENSOR_MIN_BYTES
+
+
+def _copy_fields(source, target, *, skip: tuple[str, ...]) -> None:
+    for field_desc, value in source.ListFields():
+        if field_desc.name in skip:
+            continue
+        if _is_repeated(field_desc):
+            getattr(target, field_desc.name).extend(value)
+        elif field_desc.type == field_desc.TYPE_MESSAGE:
+            getattr(target, field_desc.name).CopyFrom(value)
+        else:
+            setattr(target, field_desc.name, value)
+
+
+def _is_repeated(field_desc) -> bool:
+    # protobuf 7 dropped FieldDescriptor.label in favour of is_repeated.
+    if hasattr(field_desc, "is_repeated"):
+        return bool(field_desc.is_repeated)
+    return field_desc.label == field_desc.LABEL_REPEATED
+
+
+def _copy_header(source: TensorProto, target: TensorProto) -> None:
+    """Everything of a tensor but its payload."""
+    target.name = source.name
+    target.data_type = source.data_type
+    target.dims.extend(source.dims)
+    if source.doc_string:
+        target.doc_string = source.doc_string
+    if source.HasField("segment"):
+        target.segment.CopyFrom(source.segment)
+    target.metadata_props.extend(source.metadata_props)
+
+
+def _externalize(source: TensorProto, target: TensorProto, data, data_name: str) -> None:
+    """Append ``source``'s payload to ``data`` and make ``target`` point at it."""
+    offset = _align(data)
+    if uses_external_data(source):
+        length = _copy_external(source, data)
+    elif source.HasField("raw_data"):
+        payload = source.raw_data
+        data.write(payload)
+        length = len(payload)
+    else:  # typed fields (float_data, ...)
+        payload = onnx.numpy_helper.to_array(source).tobytes()
+        data.write(payload)
+        length = len(payload)
+    for name in ("raw_data", *_TYPED_FIELDS):
+        target.ClearField(name)
+    del target.external_data[:]
+    target.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(length))):
+        _set_entry(target, key, value)
+
+
+def _align(data) -> int:
+    # 4 KiB alignment lets runtimes mmap each tensor.
+    offset = data.tell()
+    pad = (-offset) % 4096
+    if pad:
+        data.write(b"\0" * pad)
+    return offset + pad
+
+
+def _copy_external(tensor: TensorProto, data) -> int:
+    total = 0
+    for chunk in external_chunks(tensor):
+        data.write(chunk)
+        total += len(chunk)
+    return total

@@ -1,0 +1,530 @@
+"""Finding pattern instances in one graph: the graph index, the backtracking matcher and the tracer.
+
+The matcher starts at an anchor node (a node whose ``(domain, op_type)`` is the pattern's last node)
+and walks the pattern backwards through producers. Every choice (the two orders of a commutative op)
+is a generator branch, so a failed branch backtracks. When tracing is on, each failure is recorded
+with the number of pattern nodes matched so far; the deepest one is what ``--explain`` reports.
+
+Exporters leave no-op ``Cast`` nodes (a Cast to the dtype its input already has; TorchScript writes one
+for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the pattern wants another op,
+the matcher looks through such a Cast: between two pattern nodes the Cast joins the match (it is replaced
+with the rest and its output must not be used outside), in front of a pattern argument the argument binds
+to the Cast's input. So matching does not depend on a cleanup having run first. A Cast is a no-op only
+when its input's dtype is known; ``gskit.passes.patterns.replace`` infers missing dtypes before matching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from gskit.passes.patterns.dsl import (
+    ATTRIBUTE_INPUTS,
+    Capture,
+    ConstValue,
+    NodeOutput,
+    PatternGraph,
+    PNode,
+    Value,
+    Var,
+)
+from gskit.plugin.ops import canonical_domain
+
+log = logging.getLogger(__name__)
+
+#: Constants larger than this are never compared element by element against a literal.
+MAX_LITERAL_ELEMENTS = 4096
+
+
+def op_key(node: gs.Node) -> tuple[str, str]:
+    """``(domain, op_type)`` of a node; ``ai.onnx`` and the empty domain are the same."""
+    return (canonical_domain(node.domain), node.op)
+
+
+@dataclass
+class GraphIndex:
+    """Per-graph lookups built once: anchors by op, node positions, outputs and outer uses.
+
+    Producers and consumers come from graphsurgeon's own links (``tensor.inputs`` / ``tensor.outputs``),
+    which it maintains; ``used_in_subgraphs`` adds the tensors that nested If/Loop/Scan bodies read
+    implicitly, which graphsurgeon does not list as consumers.
+    """
+
+    graph: gs.Graph
+    by_op: dict[tuple[str, str], list[gs.Node]]
+    position: dict[int, int]
+    graph_outputs: frozenset[int]
+    used_in_subgraphs: frozenset[str]
+    functions: Mapping[tuple[str, str], gs.Function] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls, graph: gs.Graph, functions: Mapping[tuple[str, str], gs.Function] | None = None
+    ) -> GraphIndex:
+        """Index ``graph``; ``functions`` are the model's local functions as ``(domain, name)``."""
+        by_op: dict[tuple[str, str], list[gs.Node]] = {}
+        position: dict[int, int] = {}
+        for i, node in enumerate(graph.nodes):
+            by_op.setdefault(op_key(node), []).append(node)
+            position[id(node)] = i
+        used: set[str] = set()
+        for node in graph.nodes:
+            for attr in node.attrs.values():
+                for sub in attr if isinstance(attr, list) else [attr]:
+                    if isinstance(sub, gs.Graph):
+                        used.update(_names_read(sub))
+        return cls(
+            graph,
+            by_op,
+            position,
+            frozenset(id(t) for t in graph.outputs),
+            frozenset(used),
+            dict(functions or {}),
+        )
+
+    def external_use(self, tensor: gs.Tensor, inside: set[int]) -> str | None:
+        """Why ``tensor`` is needed outside the nodes ``inside`` (ids), or None if it is not."""
+        if id(tensor) in self.graph_outputs:
+            return f"tensor '{tensor.name}' is a graph output"
+        if tensor.name in self.used_in_subgraphs:
+            return f"tensor '{tensor.name}' is read inside a subgraph"
+        for consumer in tensor.outputs:
+            if id(consumer) not in inside:
+                return f"tensor '{tensor.name}' is also used by node '{label(consumer)}' outside the match"
+        return None
+
+
+def _names_read(graph: gs.Graph) -> set[str]:
+    names = {t.name for node in graph.nodes for t in node.inputs}
+    names.update(t.name for t in graph.outputs)
+    for node in graph.nodes:
+        for attr in node.attrs.values():
+            for sub in attr if isinstance(attr, list) else [attr]:
+                if isinstance(sub, gs.Graph):
+                    names |= _names_read(sub)
+    return names
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Outcome of a check: success, or the reason and the culprit node's name.
+
+    Return ``MatchResult.success()`` or ``MatchResult.fail("why", node)`` from a pattern's ``check``.
+    """
+
+    ok: bool
+    reason: str = ""
+    culprit: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def success(cls) -> MatchResult:
+        return cls(True)
+
+    @classmethod
+    def fail(cls, reason: str, culprit: gs.Node | str | None = None) -> MatchResult:
+        name = label(culprit) if isinstance(culprit, gs.Node) else culprit
+        return cls(False, reason, name)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The deepest point a pattern reached from one anchor before it failed."""
+
+    depth: int
+    node: str | None
+    reason: str
+
+
+class Tracer:
+    """Records the deepest failure of one match attempt."""
+
+    def __init__(self) -> None:
+        self.best: Failure | None = None
+
+    def fail(self, depth: int, node: gs.Node | None, reason: str) -> None:
+        if self.best is None or depth > self.best.depth:
+            self.best = Failure(depth, label(node) if node is not None else None, reason)
+
+
+class _NullTracer(Tracer):
+    def fail(self, depth: int, node: gs.Node | None, reason: str) -> None:
+        return None
+
+
+NULL_TRACER: Tracer = _NullTracer()
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A partial match: pattern node -> graph node, argument -> tensor, captures. Extended by copy."""
+
+    nodes: Mapping[int, gs.Node] = field(default_factory=dict)
+    used: frozenset[int] = frozenset()
+    vars: Mapping[str, gs.Tensor] = field(default_factory=dict)
+    captures: Mapping[str, Any] = field(default_factory=dict)
+    constants: tuple[gs.Tensor, ...] = ()
+    #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
+    casts: tuple[gs.Node, ...] = ()
+
+    def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
+        return dataclasses.replace(self, nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
+
+    def with_var(self, name: str, tensor: gs.Tensor) -> Binding:
+        return dataclasses.replace(self, vars={**self.vars, name: tensor})
+
+    def with_capture(self, name: str, value: Any) -> Binding:
+        return dataclasses.replace(self, captures={**self.captures, name: value})
+
+    def with_constant(self, tensor: gs.Tensor) -> Binding:
+        return dataclasses.replace(self, constants=(*self.constants, tensor))
+
+    def with_cast(self, node: gs.Node) -> Binding:
+        return dataclasses.replace(self, used=self.used | {id(node)}, casts=(*self.casts, node))
+
+
+def label(node: gs.Node) -> str:
+    """A node's name, or ``Op(first output)`` for an unnamed node, for messages."""
+    if node.name:
+        return node.name
+    return f"{node.op}({node.outputs[0].name})" if node.outputs else node.op
+
+
+def producer(tensor: gs.Tensor) -> gs.Node | None:
+    return tensor.inputs[0] if tensor.inputs else None
+
+
+def elem_type(dtype: Any) -> int | None:
+    """The onnx element type of a graphsurgeon dtype: a numpy dtype, or the onnx enum graphsurgeon keeps for
+    types numpy lacks (bfloat16, float8); None when unknown."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, (int, np.integer)):
+        return int(dtype)
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def elem_type_name(dtype: Any) -> str:
+    """``FLOAT16``, ``BFLOAT16`` ... for messages; ``unknown dtype`` when unknown."""
+    code = elem_type(dtype)
+    return "unknown dtype" if code is None else onnx.TensorProto.DataType.Name(code)
+
+
+def is_noop_cast(node: gs.Node | None) -> bool:
+    """A ``Cast`` to the dtype its input is known to have already."""
+    if node is None or op_key(node) != ("", "Cast") or not node.inputs:
+        return False
+    have = elem_type(node.inputs[0].dtype)
+    return have is not None and have == node.attrs.get("to")
+
+
+def through_noop_casts(tensor: gs.Tensor) -> gs.Tensor:
+    """The tensor a chain of no-op Casts ending at ``tensor`` starts from (``tensor`` itself if none)."""
+    while is_noop_cast(producer(tensor)):
+        tensor = tensor.inputs[0].inputs[0]
+    return tensor
+
+
+def present(node: gs.Node, i: int) -> bool:
+    return i < len(node.inputs) and bool(node.inputs[i].name)
+
+
+def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
+    """The value of an initializer or of a ``Constant`` node's output; None for anything else."""
+    if isinstance(tensor, gs.Constant):
+        return np.asarray(tensor.values)
+    node = producer(tensor)
+    if node is None or op_key(node) != ("", "Constant"):
+        return None
+    for name, value in node.attrs.items():
+        if name == "value" and isinstance(value, gs.Constant):
+            return np.asarray(value.values)
+        if name == "value_float":
+            return np.asarray(value, dtype=np.float32)
+        if name == "value_floats":
+            return np.asarray(value, dtype=np.float32)
+        if name in ("value_int", "value_ints"):
+            return np.asarray(value, dtype=np.int64)
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def schema_default(domain: str, op_type: str, name: str) -> Any:
+    try:
+        schema = onnx.defs.get_schema(op_type, domain)
+    except onnx.defs.SchemaError:
+        return None
+    attr = schema.attributes.get(name)
+    if attr is None or not attr.default_value.name:
+        return None
+    return onnx.helper.get_attribute_value(attr.default_value)
+
+
+def _plain(value: Any) -> Any:
+    """Attribute or constant value as plain Python (lists of numbers, numbers, strings)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _rank(tensor: gs.Tensor) -> int | None:
+    shape = getattr(tensor, "shape", None)
+    return len(shape) if shape is not None else None
+
+
+def _same_value(name: str, want: Any, have: Any, rank: int | None) -> bool:
+    want, have = _plain(want), _plain(have)
+    if name == "axes" and isinstance(want, list) and isinstance(have, list):
+        if len(want) != len(have):
+            return False
+        if all(w == h for w, h in zip(want, have, strict=True)):
+            return True
+        if rank is None:
+            return False
+        return sorted(a % rank for a in want) == sorted(a % rank for a in have)
+    if isinstance(want, float) or isinstance(have, float):
+        try:
+            return bool(
+                np.allclose(
+                    np.asarray(have, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=1e-6, atol=0
+                )
+            )
+        except (TypeError, ValueError):
+            return False
+    return want == have
+
+
+class Matcher:
+    """Matches one traced pattern against anchors of one graph."""
+
+    def __init__(self, pattern: PatternGraph, tracer: Tracer = NULL_TRACER) -> None:
+        self.pattern = pattern
+        self.tracer = tracer
+
+    def match(self, anchor: gs.Node) -> Binding | None:
+        """The first complete binding with ``anchor`` as the pattern's last node, or None."""
+        if self.tracer is NULL_TRACER and not self._skeleton(self.pattern.anchor, anchor, {}):
+            return None  # op types alone rule it out; the full matcher would fail too, only slower
+        for binding in self._node(self.pattern.anchor, anchor, Binding()):
+            if all(id(o.node) in binding.nodes for o in self.pattern.outputs):
+                return binding
+            self.tracer.fail(len(binding.nodes), anchor, "some pattern outputs are not produced by the match")
+        return None
+
+    def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
+        """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
+        if node.op != pn.op_type or op_key(node) != (pn.domain, pn.op_type):
+            return False
+        key = (id(pn), id(node))
+        if key not in seen:
+            seen[key] = True  # provisional: a DAG pattern reaches a node twice
+            seen[key] = any(
+                all(
+                    not isinstance(v, NodeOutput)
+                    or (
+                        i < len(node.inputs)
+                        and bool((source := self._source(v, node.inputs[i])).inputs)
+                        and self._skeleton(v.node, source.inputs[0], seen)
+                    )
+                    for i, v in enumerate(order)
+                )
+                for order in pn.orders
+            )
+        return seen[key]
+
+    @staticmethod
+    def _source(pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
+        """Where the matcher looks for ``pv``'s node: past no-op Casts unless the pattern wants a Cast."""
+        return tensor if pv.node.op_type == "Cast" else through_noop_casts(tensor)
+
+    def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
+        self.tracer.fail(len(binding.nodes), node, reason)
+
+    def _node(self, pn: PNode, node: gs.Node, b: Binding) -> Iterator[Binding]:
+        key = op_key(node)
+        if key != (pn.domain, pn.op_type):
+            want = f"{pn.domain}::{pn.op_type}" if pn.domain else pn.op_type
+            self._fail(
+                b,
+                node,
+                f"node '{label(node)}' is {key[0] + '::' if key[0] else ''}{key[1]}, pattern wants {want}",
+            )
+            return
+        if id(node) in b.used:
+            self._fail(b, node, f"node '{label(node)}' would match two pattern nodes")
+            return
+        if len(node.outputs) < pn.num_outputs:
+            self._fail(
+                b,
+                node,
+                f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
+            )
+            return
+        b = b.with_node(pn, node)
+        table = ATTRIBUTE_INPUTS.get(key, {})
+        for name, want in pn.attrs.items():
+            idx = table.get(name)
+            if idx is not None and name not in node.attrs and idx >= len(pn.inputs):
+                if not present(node, idx):
+                    self._fail(b, node, f"node '{label(node)}' has no '{name}' (attribute or input {idx})")
+                    return
+                tensor = node.inputs[idx]
+                have = constant_value(tensor)
+                if have is None:
+                    self._fail(
+                        b, node, f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant"
+                    )
+                    return
+                b = b.with_constant(tensor)
+            else:
+                have = node.attrs.get(name, schema_default(key[0], key[1], name))
+                if have is None:
+                    self._fail(b, node, f"node '{label(node)}' has no attribute '{name}'")
+                    return
+            if isinstance(want, Capture):
+                b = b.with_capture(want.name, have)
+            elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
+                self._fail(
+                    b,
+                    node,
+                    f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}",
+                )
+                return
+        for name, idx in table.items():
+            if name not in pn.attrs and idx >= len(pn.inputs) and (name in node.attrs or present(node, idx)):
+                self._fail(b, node, f"node '{label(node)}' sets '{name}', which the pattern leaves unset")
+                return
+        limit = max([len(pn.inputs), *(i + 1 for n, i in table.items() if n in pn.attrs)])
+        for i in range(limit, len(node.inputs)):
+            if present(node, i):
+                self._fail(b, node, f"node '{label(node)}' has an extra input {i} ('{node.inputs[i].name}')")
+                return
+        actual = [node.inputs[i] if present(node, i) else None for i in range(len(pn.inputs))]
+        for order in pn.orders:
+            yield from self._inputs(order, actual, b)
+
+    def _inputs(
+        self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding
+    ) -> Iterator[Binding]:
+        if not values:
+            yield b
+            return
+        for extended in self._value(values[0], tensors[0], b):
+            yield from self._inputs(values[1:], tensors[1:], extended)
+
+    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+        if pv is None:
+            if tensor is None:
+                yield b
+            else:
+                self._fail(
+                    b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
+                )
+            return
+        if tensor is None:
+            self._fail(b, None, "an input the pattern needs is absent")
+            return
+        if isinstance(pv, Var):
+            tensor = through_noop_casts(tensor)  # the argument is what the no-op Casts read
+            bound = b.vars.get(pv.name)
+            if bound is None:
+                yield b.with_var(pv.name, tensor)
+            elif bound is tensor:
+                yield b
+            else:
+                self._fail(
+                    b,
+                    producer(tensor),
+                    f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
+                )
+            return
+        if isinstance(pv, ConstValue):
+            yield from self._constant(pv, tensor, b)
+            return
+        source = self._source(pv, tensor)
+        while tensor is not source:  # no-op Casts between two pattern nodes join the match
+            cast = producer(tensor)
+            if any(c is cast for c in b.casts):  # reached again through another pattern path
+                tensor = cast.inputs[0]
+                continue
+            if id(cast) in b.used:
+                self._fail(b, cast, f"node '{label(cast)}' would match two pattern nodes")
+                return
+            b = b.with_cast(cast)
+            tensor = cast.inputs[0]
+        node = producer(tensor)
+        if node is None:
+            self._fail(
+                b,
+                None,
+                f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})",
+            )
+            return
+        if not any(out is tensor for out in node.outputs[pv.index : pv.index + 1]):
+            self._fail(b, node, f"tensor '{tensor.name}' is not output {pv.index} of node '{label(node)}'")
+            return
+        bound = b.nodes.get(id(pv.node))
+        if bound is not None:
+            if bound is node:
+                yield b
+            else:
+                self._fail(
+                    b,
+                    node,
+                    f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
+                )
+            return
+        if node.op != pv.node.op_type:  # cheap rejection before the generator of _node
+            self._fail(b, node, _wrong_op(node, pv.node.op_type))
+            return
+        yield from self._node(pv.node, node, b)
+
+    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
+        value = constant_value(tensor)
+        if value is None:
+            self._fail(b, producer(tensor), f"tensor '{tensor.name}' is not a constant")
+            return
+        if pv.capture is not None:
+            yield b.with_capture(pv.capture, value).with_constant(tensor)
+            return
+        if value.size == 0 or value.size > MAX_LITERAL_ELEMENTS or not _all_equal(value, pv.value):
+            shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
+            self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {pv.value}")
+            return
+        yield b.with_constant(tensor)
+
+
+def _wrong_op(node: gs.Node, want: str) -> str:
+    if op_key(node) == ("", "Cast"):
+        was = elem_type_name(node.inputs[0].dtype if node.inputs else None)
+        to_name = elem_type_name(node.attrs.get("to"))
+        return (
+            f"Cast node '{label(node)}' (to {to_name}, from {was}) sits where the pattern wants {want}; "
+            f"only a Cast to the dtype its input already has is looked through"
+        )
+    return f"node '{label(node)}' is {node.op}, pattern wants {want}"
+
+
+def _all_equal(value: np.ndarray, want: float | int) -> bool:
+    if value.dtype.kind in "fc":
+        return bool(np.allclose(value.astype(np.float64), float(want), rtol=1e-6, atol=0))
+    return bool(np.all(value == want))

@@ -1,0 +1,468 @@
+"""``gskit prepare``: run a recipe on a model and write the prepared model with its reports.
+
+OUTDIR receives ``model.onnx`` (+ ``model.onnx.data`` when large), ``report.json``, ``report.html`` and, when
+an engine is built, ``model.engine`` with its sidecar. Each is written under a temporary name and renamed into
+place, so an interrupted run never leaves a partial file under a final name; the input model is only read.
+One run at a time writes to an OUTDIR (it holds ``OUTDIR/.gskit.lock`` while it runs); a run clears what a
+killed run left, and a failed run removes the model and engine of an earlier run, so that what OUTDIR holds
+is what its report describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from gskit.errors import GskitError
+from gskit.io import model as gsmodel
+from gskit.io.html_report import DrawnNode, Region, render_page
+from gskit.io.report import dumps
+from gskit.pipeline.recipe import Recipe, RecipeStep, make_recipe
+from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
+from gskit.plugin.ops import op_label
+from gskit.plugin.spec import load_plugins
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "model.onnx"
+ENGINE_NAME = "model.engine"
+REPORT_NAMES = ("report.json", "report.html")
+#: OUTDIR's lock file: one run at a time writes there.
+LOCK_NAME = ".gskit.lock"
+#: Prefix of a run's work folder inside OUTDIR.
+WORK_PREFIX = ".gskit-work-"
+
+
+@dataclass
+class StepResult:
+    """One step as run: where it was written, how long it took, what it did to the graph."""
+
+    name: str
+    line: int | None
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    status: str  # "ok", "skipped", "failed"
+    summary: str
+    #: the step's options as run (the recipe's values with the command's flags applied)
+    options: Any = None
+
+
+@dataclass
+class PrepareReport:
+    """Everything ``report.json`` holds."""
+
+    model: str
+    output_dir: str
+    recipe: str
+    steps: list[StepResult] = field(default_factory=list)
+    prepared_model: str | None = None
+    plugins_inserted: dict[str, int] = field(default_factory=dict)
+    regions: list[Any] = field(default_factory=list)
+    comparison: Any = None
+    tensorrt: Any = None
+    engine: Any = None
+    passed: bool = False
+    error: str | None = None
+
+
+class StepListener(Protocol):
+    """Receives progress: the CLI shows a spinner per step and a line when it ends."""
+
+    def started(self, name: str, index: int, total: int) -> None: ...
+
+    def finished(self, result: StepResult) -> None: ...
+
+
+def default_recipe() -> Recipe:
+    """The recipe ``gskit prepare`` runs without ``--recipe``."""
+    return dataclasses.replace(make_recipe([(name, {}) for name in DEFAULT_STEPS]), source="default")
+
+
+#: Where ``fp16=True`` puts a convert step when the recipe has none: before the first of these steps (after
+#: replacing and folding, so plugin nodes and folded constants are what gets converted).
+_CONVERT_BEFORE = ("check_trt", "validate", "build")
+
+
+def recipe_with_overrides(
+    recipe: Recipe,
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    inputs: str | os.PathLike | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seed: int | None = None,
+    fp16: bool = False,
+    only: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+    compute_capability: str | None = None,
+) -> Recipe:
+    """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
+
+    ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
+    step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
+    convert step, adding one (before check_trt/validate/build) when the recipe has none. ``skip`` drops
+    every step of each name, first. ``inputs`` is relative to the working directory and kept absolute.
+
+    Raises:
+        GskitError: ``skip`` names a step the recipe does not have, every step is skipped, an option is
+            given for a step the recipe does not have, or a value is invalid (e.g. a dim below 1).
+    """
+    if fp16 and "convert" in skip:
+        raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
+    steps = _without(recipe, skip)
+    flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
+    overrides: dict[str, dict[str, Any]] = {
+        "validate": {
+            "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
+            "inputs": str(Path(inputs).absolute()) if inputs is not None else None,
+            "atol": atol,
+            "rtol": rtol,
+            "seed": seed,
+        },
+        "replace": {"only": tuple(only) if only else None},
+        "build": {"compute_capability": compute_capability},
+        "convert": {"fp16": True if fp16 else None},
+    }
+    if fp16 and not any(step.name == "convert" for step in steps):
+        at = next((i for i, step in enumerate(steps) if step.name in _CONVERT_BEFORE), len(steps))
+        steps.insert(at, RecipeStep("convert", PASSES["convert"].options()))
+    for step_name, values in overrides.items():
+        given = {option: value for option, value in values.items() if value is not None}
+        if not given:
+            continue
+        named = [_flag(option) for option in given]
+        flags += named
+        if not any(step.name == step_name for step in steps):
+            raise GskitError(
+                f"{', '.join(named)}: the recipe has no {step_name} step to apply it to; its steps: "
+                f"{', '.join(step.name for step in steps)}"
+            )
+        steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
+    if not flags:
+        return recipe
+    return Recipe(steps=tuple(steps), source=f"{recipe.source} with {' '.join(flags)}")
+
+
+def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
+    """The recipe's steps but those named in ``skip``; a name it lacks, or skipping all, is an error."""
+    names = [step.name for step in recipe.steps]
+    for name in skip:
+        if name not in names:
+            raise GskitError(f"--skip {name}: the recipe has no step '{name}'; its steps: {', '.join(names)}")
+    steps = [step for step in recipe.steps if step.name not in skip]
+    if not steps:
+        raise GskitError(f"--skip {' '.join(skip)}: that leaves no step to run")
+    return steps
+
+
+def _flag(option: str) -> str:
+    """The ``gskit prepare`` flag that sets a recipe option."""
+    return "--shape" if option == "shapes" else f"--{option.replace('_', '-')}"
+
+
+def _with_options(step: RecipeStep, values: dict[str, Any]) -> RecipeStep:
+    try:
+        return dataclasses.replace(step, options=dataclasses.replace(step.options, **values))
+    except (TypeError, ValueError) as err:
+        raise GskitError(f"step '{step.name}': {err}") from err
+
+
+def prepare(
+    model_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    recipe: Recipe | None = None,
+    plugin_dirs: Sequence[str | os.PathLike] | None = None,
+    listener: StepListener | None = None,
+) -> PrepareReport:
+    """Run ``recipe`` (default: ``default_recipe()``) on a model and write the results to ``out_dir``.
+
+    Returns:
+        The report (also written as report.json and report.html). ``passed`` is True when every step
+        succeeded and the prepared model matched the original within the validation tolerances.
+
+    Raises:
+        GskitError: the model cannot be read or has no outputs, OUTDIR would overwrite the input or is not
+            a folder, or a step or the final save failed (the message names the step; the reports are
+            written before raising, the model is not).
+    """
+    model_path, out_dir = Path(model_path), Path(out_dir)
+    recipe = recipe or default_recipe()
+    final_model = out_dir / MODEL_NAME
+    if final_model.resolve() == model_path.resolve():
+        raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
+    with gsmodel.guarding_inputs():
+        original = gsmodel.load(model_path, load_weights=False)
+        if not original.graph.output:
+            raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
+        registry = load_plugins(plugin_dirs)
+        for name in REPORT_NAMES:  # checked first: a failure is recorded there
+            gsmodel.check_output(out_dir / name)
+        with _claim(out_dir) as work:
+            report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
+            state = RunState(
+                graph=gsmodel.to_graph(original),
+                original_path=model_path,
+                registry=registry,
+                plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
+                work_dir=work,
+            )
+            try:
+                _run_steps(recipe, state, report, listener)
+                report.prepared_model = str(gsmodel.save(state.graph, final_model))
+            except GskitError as err:
+                report.error = str(err)
+                _remove_earlier_outputs(out_dir)
+                _write_reports(report, original, state, out_dir)
+                raise
+            _move_engine(state, out_dir, report)
+            report.passed = all(s.status != "failed" for s in report.steps) and (
+                state.comparison is None or state.comparison.passed
+            )
+            _write_reports(report, original, state, out_dir)
+    return report
+
+
+@contextmanager
+def _claim(out_dir: Path) -> Iterator[Path]:
+    """Lock OUTDIR for this run, clear what killed runs left there, and give a work folder inside it.
+
+    The lock (``flock`` on ``OUTDIR/.gskit.lock``, released by the kernel even when the process is killed)
+    keeps two runs from mixing their files; holding it, any work folder or temporary file found there is
+    a leftover of a killed run. The work folder is removed on the way out (errors, Ctrl-C, SIGTERM).
+
+    Raises:
+        GskitError: OUTDIR is a file or cannot be created, or another run holds it.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise GskitError(f"{out_dir}: OUTDIR is a file, not a folder; choose another -o")
+    lock = out_dir / LOCK_NAME
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise GskitError(f"{out_dir}: cannot create OUTDIR ({err.strerror}); choose another -o") from err
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The holder before us removes the file on its way out: the lock must be on the file there now.
+            locked = os.fstat(fd).st_ino == os.stat(lock, follow_symlinks=False).st_ino
+        except (BlockingIOError, FileNotFoundError):
+            locked = False
+        if not locked:
+            raise GskitError(
+                f"{out_dir}: another gskit prepare is writing there; wait for it to end or choose another -o"
+            )
+        _remove_leftovers(out_dir)
+        work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out_dir))
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            lock.unlink(missing_ok=True)  # still locked: a run that opened it meanwhile sees it is gone
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    for path in out_dir.iterdir():
+        folder = path.is_dir() and not path.is_symlink()
+        if folder and path.name.startswith((WORK_PREFIX, f".{MODEL_NAME}.")):  # save's temporary folder
+            log.info("removing %s, left by an interrupted run", path)
+            shutil.rmtree(path, ignore_errors=True)
+        elif not folder and _is_report_temporary(path.name) and gsmodel.input_reading(path) is None:
+            log.info("removing %s, left by an interrupted run", path)
+            path.unlink(missing_ok=True)
+
+
+def _is_report_temporary(name: str) -> bool:
+    """``gsmodel.write_atomic``'s temporary file for a report: ``.report.json.XXXX.tmp``."""
+    return name.endswith(".tmp") and any(name.startswith(f".{report}.") for report in REPORT_NAMES)
+
+
+def _remove_earlier_outputs(out_dir: Path) -> None:
+    """A failed run leaves no model or engine of an earlier run beside a report that is not about them."""
+    from gskit.backends.trt_build import sidecar_path
+
+    for name in (MODEL_NAME, MODEL_NAME + ".data", ENGINE_NAME, sidecar_path(ENGINE_NAME).name):
+        stale = out_dir / name
+        if (stale.exists() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
+            log.info("removing %s from an earlier run (this run failed)", stale)
+            stale.unlink()
+
+
+def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
+    total = len(recipe.steps)
+    for index, step in enumerate(recipe.steps):
+        if listener:
+            listener.started(step.name, index, total)
+        before = gsmodel.count_nodes(state.graph)
+        start = time.perf_counter()
+        try:
+            outcome = _run_step(step.name, state, step.options)
+        except GskitError as err:
+            result = StepResult(
+                step.name,
+                step.line,
+                time.perf_counter() - start,
+                before,
+                before,
+                "failed",
+                str(err),
+                step.options,
+            )
+            report.steps.append(result)
+            if listener:
+                listener.finished(result)
+            where = f" (recipe line {step.line})" if step.line else ""
+            raise GskitError(f"step '{step.name}'{where} failed: {err}") from err
+        if outcome.modified:
+            state.graph_changed()
+        result = StepResult(
+            step.name,
+            step.line,
+            time.perf_counter() - start,
+            before,
+            gsmodel.count_nodes(state.graph),
+            outcome.status,
+            outcome.summary,
+            step.options,
+        )
+        report.steps.append(result)
+        if listener:
+            listener.finished(result)
+    report.regions = list(state.replaced)
+    report.comparison = state.comparison
+    report.tensorrt = state.trt_report
+    counts: dict[str, int] = {}
+    for region in state.replaced:
+        counts[region.plugin] = counts.get(region.plugin, 0) + 1
+    report.plugins_inserted = counts
+
+
+def _run_step(name: str, state: RunState, options: Any) -> PassResult:
+    """One pass; an exception that is not a GskitError is a gskit bug, still reported as one line."""
+    try:
+        return PASSES[name](state, options)
+    except GskitError:
+        raise
+    except Exception as err:  # a library deep inside a step (onnx, graphsurgeon, onnxruntime) failing
+        text = str(err).strip().splitlines()
+        raise GskitError(
+            f"unexpected {type(err).__name__}: {text[0] if text else ''} (a gskit bug: rerun with "
+            f"`gskit --debug prepare ...` for the traceback and report it, or skip the step with --recipe)"
+        ) from err
+
+
+def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
+    from gskit.backends.trt_build import sidecar_path
+
+    info = state.engine
+    target = out_dir / ENGINE_NAME
+    if info is None:
+        # An engine left by an earlier run was built from another model: it must not sit beside this one.
+        for stale in (target, sidecar_path(target)):
+            if stale.is_file() and gsmodel.input_reading(stale) is None:
+                log.info("removing %s from an earlier run (no engine built this time)", stale)
+                stale.unlink()
+        return
+    gsmodel.place_file(info.sidecar, out_dir / info.sidecar.name)
+    gsmodel.place_file(info.engine, target)
+    report.engine = {
+        "engine": str(target),
+        "sidecar": str(out_dir / info.sidecar.name),
+        "tensorrt": info.tensorrt,
+    }
+
+
+def _write_reports(report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path) -> None:
+    json_name, html_name = REPORT_NAMES
+    gsmodel.write_atomic(out_dir / json_name, dumps(report))
+    gsmodel.write_atomic(out_dir / html_name, _html(report, original, state))
+
+
+def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState) -> str:
+    comparison = report.comparison
+    verdict = report.passed and report.error is None
+    summary = [
+        ("input model", report.model),
+        ("prepared model", report.prepared_model or "(not written)"),
+        ("recipe", report.recipe),
+        ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
+        ("TensorRT check", _trt_line(report.tensorrt)),
+        ("engine", (report.engine or {}).get("engine", "not built")),
+    ]
+    if report.error:
+        summary.append(("error", report.error))
+    steps = [
+        (s.name, f"{s.seconds:.2f}", str(s.nodes_before), str(s.nodes_after), f"{s.status}: {s.summary}")
+        for s in report.steps
+    ]
+    rows = []
+    if comparison is not None:
+        rows = [
+            (
+                o.name,
+                str(o.shape),
+                f"{o.max_abs_err:.3g}",
+                f"{o.max_rel_err:.3g}",
+                "pass" if o.passed else "FAIL",
+            )
+            for o in comparison.outputs
+        ]
+    regions = _regions(report.regions, original, state.graph)
+    return render_page(f"gskit prepare: {Path(report.model).name}", summary, steps, rows, regions, verdict)
+
+
+def _trt_line(trt: Any) -> str:
+    if trt is None:
+        return "not run"
+    from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED
+
+    bad = len(trt.nodes_with(UNSUPPORTED)) + len(trt.nodes_with(PLUGIN_PROBLEM))
+    return f"{trt.source}: {bad} node(s) rejected, {len(trt.nodes_with(NEEDS_PLUGIN))} plugin node(s)"
+
+
+def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:
+    before_nodes: dict[str, onnx.NodeProto] = {}
+    for g in gsmodel.graph_protos(original.graph):
+        for node in g.node:
+            before_nodes.setdefault(node.name, node)
+    after_nodes = {n.name: n for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes}
+    regions = []
+    for region in replaced:
+        before = tuple(
+            DrawnNode(n.name, op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
+            for n in (before_nodes.get(name) for name in region.original_nodes)
+            if n is not None
+        )
+        plugin = after_nodes.get(region.node)
+        after = (
+            (
+                DrawnNode(
+                    plugin.name,
+                    op_label(plugin.domain or "", plugin.op),
+                    tuple(t.name for t in plugin.inputs),
+                    tuple(t.name for t in plugin.outputs),
+                ),
+            )
+            if plugin is not None
+            else ()
+        )
+        title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
+        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs)))
+    return regions

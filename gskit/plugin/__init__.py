@@ -1,0 +1,38 @@
+"""The plugin core: what an op and a plugin node are, what a plugin declares, and where plugins come from.
+
+``ops``: standard domains, op labels, what makes a node a plugin node and its identity. ``spec``: a plugin's
+:class:`PluginSpec` (attributes, tensor info, output rules, reference), the registry and plugin discovery
+(shipped, installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``).
+``scaffold``: the folder ``gskit plugin new`` writes.
+
+The plugin folders themselves live outside this package (the repository's ``plugins/``, installed as
+``gskit_plugins``, or third-party packages); their ``spec.py`` imports the names re-exported here. How a
+plugin runs is not here: ``gskit.backends.ort`` runs its reference, ``gskit.backends.trt_plugin`` registers
+it with TensorRT. Core layer (docs/architecture.md).
+"""
+
+from gskit.plugin.spec import (
+    Attribute,
+    AttrType,
+    PluginRegistry,
+    PluginSpec,
+    TensorInfo,
+    load_plugins,
+    load_spec_file,
+    per_channel_of,
+    same_as_input,
+)
+
+__all__ = [
+    # What a plugin declares (a plugin folder's spec.py)
+    "Attribute",
+    "AttrType",
+    "PluginSpec",
+    "TensorInfo",
+    "per_channel_of",
+    "same_as_input",
+    # Where plugins come from
+    "PluginRegistry",
+    "load_plugins",
+    "load_spec_file",
+]
