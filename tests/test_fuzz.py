@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import io
 import os
 import random
@@ -369,24 +370,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the mutations (default 1)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long")
     parser.add_argument("--prepare-every", type=int, default=25, help="run prepare on every Nth case")
+    parser.add_argument("--start", type=int, default=0, help="skip the first N cases of the seed")
+    parser.add_argument("--trace", action="store_true", help="print each case before running it")
     args = parser.parse_args(argv)
     import logging
 
     logging.disable(logging.CRITICAL)
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     tried, failures, strays, crashes = 0, [], 0, 0
+    watchdog_log = open(os.devnull, "w") if not args.trace else sys.stderr  # noqa: SIM115
     codes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="gskit-fuzz-") as tmp:
         for index, (name, data) in enumerate(cases(args.seed, args.cases)):
+            if index < args.start:
+                continue
             if deadline is not None and time.monotonic() > deadline:
                 break
             commands = ["inspect", "fold"] + (["prepare"] if index % args.prepare_every == 0 else [])
             for command in commands:
+                # A hang inside C code never returns to the alarm: dump where it is and stop, naming the case.
+                print(f"case {index} {command} {name}", file=watchdog_log, flush=True)
+                faulthandler.dump_traceback_later(CASE_SECONDS * 3, exit=True, file=sys.stderr)
                 outcome = run_case(Path(tmp) / str(index) / command, name, data, command)
+                faulthandler.cancel_dump_traceback_later()
                 key = f"{command} exit {outcome.code}"
                 codes[key] = codes.get(key, 0) + 1
                 if outcome.problems:
                     failures.append(f"{command} {name}: {outcome.problems}")
+                    print(f"FAILED case {index}: {failures[-1]}", file=sys.stderr, flush=True)
                     stray = [p for p in outcome.problems if p.startswith(("read ", "wrote ", "files "))]
                     strays += len(stray) > 0
                     crashes += len(stray) < len(outcome.problems)
@@ -395,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"... {tried} tried, {len(failures)} failing", file=sys.stderr, flush=True)
     print(
         f"{tried} malformed inputs tried, {crashes} tracebacks, "
-        f"{strays} files read or written outside what the user named"
+        f"{strays} files read or written outside what the user named",
+        flush=True,
     )
     print("runs by exit code: " + ", ".join(f"{k}: {v}" for k, v in sorted(codes.items())))
     for failure in failures[:50]:
