@@ -409,7 +409,21 @@ def _recursive_function() -> bytes:
     return _graph_model(nodes, functions=[function], domains=["local"]).SerializeToString()
 
 
+def _bad_utf8_attribute() -> bytes:
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT, name="cast")
+    node.attribute.append(helper.make_attribute("note", "TEXT"))
+    return _graph_model([node]).SerializeToString().replace(b"TEXT", b"\xc4XYZ")
+
+
+def _undefined_tensor_type() -> bytes:
+    value = numpy_helper.from_array(np.ones((2, 3), np.float32))
+    value.data_type = TensorProto.UNDEFINED
+    return _graph_model([helper.make_node("Constant", [], ["y"], value=value)]).SerializeToString()
+
+
 MALFORMED = {
+    "bad_utf8_attribute": (_bad_utf8_attribute, "attribute[1].s is not valid UTF-8"),
+    "undefined_tensor_type": (_undefined_tensor_type, "element type 0, which a tensor cannot have"),
     "bad_utf8_name": (_bad_utf8_name, "node[0].name is not valid UTF-8"),
     "bad_utf8_producer": (_bad_utf8_producer, "producer_name is not valid UTF-8"),
     "unknown_dtype": (_unknown_dtype, "element type 99"),
@@ -584,3 +598,17 @@ def test_fold_writes_nothing_into_the_working_folder(tmp_path, capsys, monkeypat
     gskit(capsys, "fold", model, "-o", tmp_path / "out" / "folded.onnx")
     assert list(cwd.iterdir()) == []
     assert sorted(p.name for p in model.parent.iterdir()) == ["m.onnx"]
+
+
+def test_fold_leaves_an_if_without_condition_to_the_checker(tmp_path, capsys) -> None:
+    branch = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["t"])],
+        "b",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+    )
+    node = helper.make_node("If", [], ["y"], then_branch=branch, else_branch=branch, name="if")
+    path = tmp_path / "if.onnx"
+    path.write_bytes(_graph_model([node]).SerializeToString())
+    code, err = gskit(capsys, "fold", path, "-o", tmp_path / "out.onnx")
+    one_line_error(code, err, "If", "input size 0")

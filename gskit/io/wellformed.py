@@ -22,6 +22,10 @@ from gskit.errors import GskitError
 
 #: Element types onnx defines (0, UNDEFINED, is how a value_info says "unknown").
 _DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
+#: Element types a tensor may hold (UNDEFINED is not one).
+_TENSOR_TYPES = _DATA_TYPES - {onnx.TensorProto.UNDEFINED}
+#: Attribute kinds whose bytes are text (onnx: UTF-8 strings), decoded by graphsurgeon.
+_TEXT_ATTRIBUTES = frozenset({onnx.AttributeProto.STRING, onnx.AttributeProto.STRINGS})
 #: (message type, field) pairs that hold an element type.
 _DTYPE_FIELDS = {("TensorProto", "data_type"), ("Tensor", "elem_type"), ("SparseTensor", "elem_type")}
 
@@ -66,6 +70,13 @@ def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
     while pending:
         message, where = pending.pop()
         type_name = message.DESCRIPTOR.name
+        if type_name == "TensorProto" and message.data_type not in _TENSOR_TYPES:
+            problem = f"is element type {message.data_type}, which a tensor cannot have"
+            yield _place((where, "data_type", None)), problem
+        if type_name == "AttributeProto":
+            for text in (message.s, *message.strings) if message.type in _TEXT_ATTRIBUTES else ():
+                if not _is_utf8(text):
+                    yield _place((where, "s", None)), f"is not valid UTF-8 text ({text[:40]!r})"
         for field, value in message.ListFields():
             kind = field.type
             if kind == message_type:
@@ -80,6 +91,14 @@ def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
             elif (type_name, field.name) in _DTYPE_FIELDS and value not in _DATA_TYPES:
                 problem = f"is element type {value}, which onnx does not define"
                 yield _place((where, field.name, None)), problem
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _place(where: tuple | None) -> str:

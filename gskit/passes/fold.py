@@ -880,6 +880,7 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
         if (
             node.op != "If"
             or not is_default_domain(node.domain)
+            or not node.inputs
             or not isinstance(node.inputs[0], gs.Constant)
         ):
             index += 1
