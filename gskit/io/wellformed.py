@@ -39,6 +39,12 @@ def check_wellformed(model: onnx.ModelProto, source: object) -> None:
     """
     for where, problem in _field_problems(model):
         raise GskitError(f"{source}: {where} {problem}; the file is damaged or was written incorrectly")
+    for index, value in enumerate(model.graph.input):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type == 0:
+            raise GskitError(
+                f"{source}: graph input '{value.name}' (model.graph.input[{index}]) has no element type; "
+                "set it with `gskit edit --input-dtype`"
+            )
     for graph, where in _graphs(model.graph, "graph"):
         cycle = _cycle_node(graph)
         if cycle is not None:
@@ -70,9 +76,12 @@ def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
     while pending:
         message, where = pending.pop()
         type_name = message.DESCRIPTOR.name
-        if type_name == "TensorProto" and message.data_type not in _TENSOR_TYPES:
-            problem = f"is element type {message.data_type}, which a tensor cannot have"
-            yield _place((where, "data_type", None)), problem
+        if type_name == "TensorProto":
+            if message.data_type not in _TENSOR_TYPES:
+                problem = f"is element type {message.data_type}, which a tensor cannot have"
+                yield _place((where, "data_type", None)), problem
+            elif (size := _data_size_problem(message)) is not None:
+                yield _place(where), size
         if type_name == "AttributeProto":
             for text in (message.s, *message.strings) if message.type in _TEXT_ATTRIBUTES else ():
                 if not _is_utf8(text):
@@ -91,6 +100,40 @@ def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
             elif (type_name, field.name) in _DTYPE_FIELDS and value not in _DATA_TYPES:
                 problem = f"is element type {value}, which onnx does not define"
                 yield _place((where, field.name, None)), problem
+
+
+#: Element types whose values are stored one per entry of a typed field, with their field and item size.
+_TYPED_DATA = {
+    onnx.TensorProto.FLOAT: ("float_data", 4),
+    onnx.TensorProto.DOUBLE: ("double_data", 8),
+    onnx.TensorProto.INT32: ("int32_data", 4),
+    onnx.TensorProto.INT64: ("int64_data", 8),
+    onnx.TensorProto.UINT8: ("int32_data", 1),
+    onnx.TensorProto.INT8: ("int32_data", 1),
+    onnx.TensorProto.BOOL: ("int32_data", 1),
+    onnx.TensorProto.FLOAT16: ("int32_data", 2),
+}
+
+
+def _data_size_problem(tensor: onnx.TensorProto) -> str | None:
+    """Why an inline tensor's data does not fill its dims (numpy would fail to reshape it), or None."""
+    if tensor.data_type == onnx.TensorProto.STRING and tensor.HasField("raw_data"):
+        return "is a STRING tensor with raw data (strings are stored in string_data)"
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type not in _TYPED_DATA:
+        return None
+    count = 1
+    for dim in tensor.dims:
+        if dim < 0:
+            return f"has a negative dim {list(tensor.dims)}"
+        count *= dim
+    field, itemsize = _TYPED_DATA[tensor.data_type]
+    if tensor.HasField("raw_data"):
+        have = len(tensor.raw_data) // itemsize if len(tensor.raw_data) % itemsize == 0 else -1
+    else:
+        have = len(getattr(tensor, field))
+    if have != count:
+        return f"holds {max(have, 0)} values for dims {list(tensor.dims)} ({count} values)"
+    return None
 
 
 def _is_utf8(data: bytes) -> bool:

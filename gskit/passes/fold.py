@@ -774,8 +774,8 @@ def _read_values(tensor: gs.Constant) -> np.ndarray:
 def _fold_shape_nodes(graph: gs.Graph) -> None:
     """Replace Shape, Shape->Gather and Shape->Slice outputs by constants where the dims read are static."""
     for node in list(graph.nodes):
-        if node.op != "Shape" or not is_default_domain(node.domain) or not node.outputs:
-            continue
+        if node.op != "Shape" or not is_default_domain(node.domain) or not node.outputs or not node.inputs:
+            continue  # a Shape without input is malformed: left for the checker to name
         data = node.inputs[0]
         if data.shape is None:
             continue
