@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class GskitError(Exception):
     """A problem with the user's model, files or options.
@@ -17,3 +19,29 @@ class ModelCheckError(GskitError):
 
 class PluginError(GskitError):
     """A plugin spec or plugin file is invalid."""
+
+
+#: What an OSError's errno means for a file gskit reads or writes, in the words of a user.
+_WHY = {
+    errno.ENOSPC: "no space left on the disk; free some space or choose another output folder",
+    errno.EFBIG: "file too large for the disk or for the file-size limit (ulimit -f)",
+    errno.EDQUOT: "disk quota exceeded; free some space or choose another output folder",
+    errno.EROFS: "the file system is read-only; choose another output folder",
+    errno.EACCES: "permission denied; choose a folder you can write to",
+    errno.EPERM: "operation not permitted; choose a folder you can write to",
+    errno.ENOENT: "no such file or folder",
+    errno.ENOTDIR: "a part of the path is not a folder",
+    errno.EISDIR: "is a folder, not a file",
+}
+
+
+def describe_os_error(err: OSError, path: object = None) -> str:
+    """One line for an OSError: the file (``path``, else the error's own) and why, in plain words."""
+    target = path if path is not None else err.filename
+    why = _WHY.get(err.errno or 0) or err.strerror or type(err).__name__
+    return f"{target}: {why}" if target is not None else why
+
+
+def write_error(path: object, err: OSError) -> GskitError:
+    """The GskitError for an OSError while writing ``path`` (a full disk, a read-only folder)."""
+    return GskitError(f"cannot write {describe_os_error(err, path)}")

@@ -74,5 +74,6 @@ def test_misspelled_options_and_commands_get_a_suggestion(argv, message, capsys)
 
 
 def test_negative_numbers_are_values_not_unknown_options(tmp_path, capsys) -> None:
-    assert main(["prepare", "--print-recipe", "--seed", "-1"]) == 0
-    assert "seed: -1" in capsys.readouterr().out
+    # -1 reaches the seed check as a value (a seed must be >= 0), not argparse as an unknown option
+    assert main(["prepare", "--print-recipe", "--seed", "-1"]) == 2
+    assert "seed must be an integer >= 0, got -1" in capsys.readouterr().err

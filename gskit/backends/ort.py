@@ -161,10 +161,16 @@ def symbolic_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
     logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     old, logger.level = logger.level, logging.ERROR
-    try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    finally:
-        logger.setLevel(old)
+    # When it gives up it saves the model as ``sym_shape_infer_temp.onnx`` (+ data files) in the working
+    # folder: run it from a temporary folder, so nothing lands where the user did not ask.
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="gskit-symbolic-") as scratch:
+        os.chdir(scratch)
+        try:
+            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        finally:
+            os.chdir(cwd)
+            logger.setLevel(old)
 
 
 def short_error(err: BaseException) -> str:

@@ -212,6 +212,13 @@ def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) ->
     namespace, name, version = plugin_key(node)
     problems = list(_unpassable_attributes(node))
     spec = registry.for_node(node)
+    if spec is None and not has_namespace_attr(node):
+        # Nothing says this node is meant as a plugin: no loaded spec, no plugin_namespace attribute.
+        reason = (
+            f"op '{node.op_type}' of unknown domain '{node.domain}': neither an ONNX op nor a loaded "
+            f"plugin; TensorRT would need a plugin {namespace}::{name} v{version} (load it with --plugins)"
+        )
+        return NodeIssue(index, node_label(index, node), node.domain, node.op_type, NEEDS_PLUGIN, reason)
     if spec is None:
         known = "not a gskit plugin"
     else:
@@ -330,12 +337,15 @@ def _parser_report(
         parsed, kept, cut = _cut_plugin_nodes(model, set(plugin_issues), registry)
         if cut:
             notes.append(
-                f"TensorRT-RTX has no custom plugins: {len(cut)} plugin node(s) cut out before parsing, "
+                f"TensorRT-RTX has no custom plugins: {len(cut)} plugin or custom node(s) cut out before "
+                f"parsing, "
                 f"their outputs fed as graph inputs"
             )
         if cut and not parsed.graph.output:
             # Plugin nodes straight on the graph inputs and nothing else: the parser has nothing to see.
-            notes.append("only plugin nodes on the graph inputs: nothing for TensorRT-RTX's parser to check")
+            notes.append(
+                "only plugin or custom nodes on the graph inputs: nothing for TensorRT-RTX's parser to check"
+            )
             issues = tuple(plugin_issues[i] for i in sorted(plugin_issues))
             return TrtSupportReport(
                 path, source_label(flavour, _package_version(flavour)), len(nodes), issues, notes=tuple(notes)

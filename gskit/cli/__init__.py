@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
-from gskit.errors import GskitError
+from gskit.errors import GskitError, describe_os_error
 from gskit.io.report import progress_display
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
@@ -150,14 +150,24 @@ def hoist_global_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(hoist_global_flags(list(sys.argv[1:] if argv is None else argv)))
-    level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr())
-    _quiet_onnxruntime(level)
-    from gskit.io import model as gsmodel
+    """Run one ``gskit`` command; the exit code: 0 done, 1 validation failed, 2 a user error, 130 interrupted.
 
+    Every failure ends in one line on stderr; ``--debug`` shows the traceback instead.
+    """
+    words = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    debug = "--debug" in words
+    name = "gskit"
     try:
+        # Building the parser imports every subcommand (onnx, numpy, ...): a Ctrl-C here ends cleanly too.
+        args = build_parser().parse_args(words)
+        name = f"gskit {args.command}"
+        level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
+        logging.basicConfig(
+            level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr()
+        )
+        _quiet_onnxruntime(level)
+        from gskit.io import model as gsmodel
+
         # Whatever the command loads is its input: no output of it may replace one of those files.
         with (
             gsmodel.guarding_inputs(),
@@ -166,20 +176,45 @@ def main(argv: list[str] | None = None) -> int:
         ):
             return int(args.func(args) or 0)
     except GskitError as err:
-        if args.debug:
+        if debug:
             raise
-        print(f"gskit {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(name, str(err))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stay quiet like other command-line tools.
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"gskit {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except _Terminated:
-        print(f"gskit {args.command}: terminated", file=sys.stderr)
+        print(f"{name}: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except OSError as err:
+        if debug:
+            raise
+        return _fail(name, describe_os_error(err))
+    except MemoryError:
+        if debug:
+            raise
+        return _fail(name, "out of memory; try smaller input shapes or a machine with more memory")
+    except RecursionError:
+        if debug:
+            raise
+        return _fail(name, "the model or file is nested too deeply to process")
+    except Exception as err:  # the safety net: a bug still ends in one line, not a traceback
+        if debug:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        return _fail(
+            name,
+            f"unexpected {type(err).__name__}: {first} (a gskit bug: rerun with `gskit --debug ...` for the "
+            "traceback and report it)",
+        )
+
+
+def _fail(name: str, message: str) -> int:
+    print(f"{name}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 class _Terminated(BaseException):

@@ -7,11 +7,11 @@ import argparse
 
 from gskit.cli import add_plugins_option
 from gskit.compare.layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
-from gskit.compare.outputs import COMPARE_BACKENDS, CompareReport, compare
+from gskit.compare.outputs import COMPARE_BACKENDS, CompareReport, check_tolerances, compare
 from gskit.compare.plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
 from gskit.io import report
-from gskit.io.feeds import load_feeds
+from gskit.io.feeds import check_seed, load_feeds
 from gskit.io.shape_args import parse_fixed_shape
 from gskit.plugin.spec import implementation_paths, load_plugins
 
@@ -73,6 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_tolerances(args.atol, args.rtol)
+    check_seed(args.seed)
     if args.prepared is None and args.engine is None:
         raise GskitError("give PREPARED (an .onnx) or --engine ENGINE")
     if args.engine and (args.layerwise or args.per_plugin):

@@ -36,6 +36,7 @@ from gskit.compare.outputs import (
     ModelSource,
     OutputComparison,
     check_backend,
+    check_tolerances,
     compare_arrays,
     model_file,
     quiet_polygraphy,
@@ -150,6 +151,7 @@ def compare_layerwise(
     """
     if chunk < 1:
         raise GskitError(f"--chunk must be at least 1 (got {chunk})")
+    check_tolerances(atol, rtol)
     backend = check_backend(backend)
     original_proto, prepared_proto = source_model(original), source_model(prepared)
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)

@@ -47,6 +47,22 @@ ModelSource = onnx.ModelProto | str | os.PathLike
 DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
 
 
+def check_tolerances(atol: float, rtol: float) -> None:
+    """The one check of tolerances the CLI, the recipe and the library share.
+
+    A NaN tolerance makes every comparison pass (``err <= nan`` is never false in Polygraphy's rule),
+    an infinite one accepts anything and a negative one rejects everything: all are mistakes.
+
+    Raises:
+        GskitError: ``atol`` or ``rtol`` is NaN, infinite or negative.
+    """
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GskitError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise GskitError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:
     """``(atol, rtol)`` for an output of ``dtype``: the given ones, raised to the dtype's floor."""
     floor_atol, floor_rtol = DTYPE_TOLERANCE.get(
@@ -147,6 +163,7 @@ def compare(
         GskitError: a model cannot be loaded or run, ``prepared`` lacks an output of ``original``, or
             ``"trt"`` is asked for without full TensorRT and a GPU.
     """
+    check_tolerances(atol, rtol)
     backend = check_backend(backend, engine)
     if prepared is None and engine is None:
         raise GskitError("compare needs a prepared model or an engine")
@@ -204,6 +221,8 @@ def compare_runners(
     from polygraphy.comparator.struct import RunResults
     from polygraphy.exception import PolygraphyException
 
+    check_tolerances(atol, rtol)
+
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
     # One runner at a time, so a failure names the side that failed: the reference failing means the inputs
     # do not fit the model, which is a different finding (and fix) from the model under test failing.
@@ -213,9 +232,8 @@ def compare_runners(
     try:
         with quiet_polygraphy():
             atols, rtols = _per_output(results[0][1][0], atol, rtol)
-            accuracy = Comparator.compare_accuracy(
-                results, compare_func=SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
-            )
+            compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
+            accuracy = Comparator.compare_accuracy(_numeric_only(results), compare_func=compare_func)
     except PolygraphyException as err:
         raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
     ref_out = results[0][1][0]
@@ -373,6 +391,8 @@ def compare_arrays(
     from polygraphy.comparator import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
 
+    check_tolerances(atol, rtol)
+
     for side, values in (("reference", reference), ("run under test", under_test)):
         missing = [n for n in names if n not in values]
         if missing:
@@ -414,11 +434,33 @@ def model_file(model: ModelSource) -> Iterator[Path]:
     if not isinstance(model, onnx.ModelProto):
         path = Path(model)
         if not path.is_file():
-            raise GskitError(f"{path}: no such model or engine file")
+            raise GskitError(gsmodel.not_a_file(path, "model or engine"))
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:
         yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
+
+
+def _numeric_only(results: Any) -> Any:
+    """The run results without non-numeric outputs (strings), which Polygraphy cannot subtract; ``_row``
+    compares those for equality."""
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    numeric = RunResults()
+    for runner_name, iterations in results:
+        numeric.append(
+            (
+                runner_name,
+                [
+                    IterationResult(
+                        {k: v for k, v in it.items() if np.asarray(v).dtype.kind in "biufc"},
+                        runner_name=it.runner_name,
+                    )
+                    for it in iterations
+                ],
+            )
+        )
+    return numeric
 
 
 def _verdicts(accuracy: Any) -> dict[str, Any]:
@@ -452,7 +494,10 @@ def _row(
         passed = False
     else:
         abs_err, rel_err = _errors(expected, actual)
-        passed = bool(verdict) if verdict is not None else False
+        if expected.dtype.kind not in "biufc":  # strings: equal or not
+            passed = bool(np.array_equal(expected, actual))
+        else:
+            passed = bool(verdict) and _same_nans(expected, actual) if verdict is not None else False
     return OutputComparison(
         name=name,
         shape=tuple(int(d) for d in expected.shape),
@@ -464,6 +509,13 @@ def _row(
         atol=atols.get(name, atols[""]),
         rtol=rtols.get(name, rtols[""]),
     )
+
+
+def _same_nans(expected: np.ndarray, actual: np.ndarray) -> bool:
+    """NaN exactly where the reference has NaN: a NaN output never passes as close, whatever the tolerance."""
+    if not (np.issubdtype(expected.dtype, np.inexact) or np.issubdtype(actual.dtype, np.inexact)):
+        return True
+    return bool(np.array_equal(np.isnan(expected), np.isnan(actual)))
 
 
 def _errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:

@@ -27,6 +27,7 @@ from gskit.compare.outputs import (
     ModelSource,
     OutputComparison,
     check_backend,
+    check_tolerances,
     compare_arrays,
     source_label,
     source_model,
@@ -125,6 +126,7 @@ def compare_plugins(
         GskitError: a model cannot be loaded or the original cannot run, ``prepared`` has no plugin node,
             or ``"trt"`` without TensorRT and a GPU.
     """
+    check_tolerances(atol, rtol)
     backend = check_backend(backend)
     registry = plugins if plugins is not None else PluginRegistry()
     original_proto = source_model(original)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,7 +13,10 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
+from gskit.io.model import not_a_file
 
+#: Most bytes of inputs gskit loads from a file or draws at random for one run.
+MAX_FEED_BYTES = 2**30
 #: Size used for a symbolic or unknown dim that the caller did not fix with ``shapes``.
 DEFAULT_DYNAMIC_DIM = 2
 
@@ -53,9 +57,11 @@ def random_feeds(
         raise GskitError(
             f"--shape names unknown input(s) {sorted(unknown)}; model inputs are {sorted(known)}"
         )
+    check_seed(seed)
     rng = np.random.default_rng(seed)
     compared = compared_constants(graph)
     feeds: dict[str, np.ndarray] = {}
+    total = 0
     for tensor in graph.inputs:
         if isinstance(tensor, gs.Constant):
             continue
@@ -67,11 +73,43 @@ def random_feeds(
         else:
             _check_fits(tensor, tuple(shape))
         dtype = np.dtype(_np_dtype(tensor.dtype))
+        total += _feed_nbytes(tensor.name, shape, dtype, total)
         if tensor.name in compared and np.prod(shape, dtype=np.int64) == 1:
             feeds[tensor.name] = np.full(shape, compared[tensor.name], dtype=dtype)
         else:
             feeds[tensor.name] = random_array(rng, dtype, shape)
     return feeds
+
+
+def check_seed(seed: int) -> None:
+    """A seed numpy's generator takes: a non-negative integer.
+
+    Raises:
+        GskitError: ``seed`` is negative or not an integer.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise GskitError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+def _feed_nbytes(name: str, shape: tuple[int, ...], dtype: np.dtype, before: int) -> int:
+    """Bytes of a random input of ``shape``, checked (with the inputs drawn ``before``) against
+    ``MAX_FEED_BYTES`` before anything is allocated.
+
+    Raises:
+        GskitError: a negative dim, or the inputs would exceed ``MAX_FEED_BYTES``.
+    """
+    nbytes = int(dtype.itemsize)
+    for dim in shape:
+        if int(dim) < 0:
+            raise GskitError(f"input '{name}' would have a negative dim {tuple(shape)}; fix it with --shape")
+        nbytes *= int(dim)
+    if before + nbytes > MAX_FEED_BYTES:
+        raise GskitError(
+            f"random input '{name}' of shape {tuple(int(d) for d in shape)} ({dtype}) would take "
+            f"{nbytes} bytes, over the {MAX_FEED_BYTES}-byte limit of inputs; give smaller dims with "
+            f"--shape {name}:DIMS or real inputs with --inputs"
+        )
+    return nbytes
 
 
 def compared_constants(graph: gs.Graph) -> dict[str, int | float]:
@@ -156,23 +194,88 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
     return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
 
 
-def load_feeds(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Inputs saved with ``np.savez`` (one array per input name).
+def load_feeds(path: str | os.PathLike, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """Inputs saved with ``np.savez`` (one array per input name), at most ``max_bytes`` in all.
+
+    Each member's header (shape and dtype) is read and checked before any array is: a small archive that
+    unpacks to gigabytes, or an array of Python objects (a pickle, which gskit never loads), is refused.
+
+    Args:
+        path: the .npz file.
+        max_bytes: most bytes the arrays may take once loaded; None: ``MAX_FEED_BYTES``.
 
     Raises:
-        GskitError: the file is missing, or is not an .npz archive (a single-array .npy included).
+        GskitError: the file is missing or is not an .npz archive (a single-array .npy included), holds
+            objects, or its arrays exceed ``max_bytes``.
     """
     path = Path(path)
+    limit = MAX_FEED_BYTES if max_bytes is None else max_bytes
+    if not path.is_file():
+        raise GskitError(not_a_file(path, "inputs (.npz)"))
     try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("it holds one unnamed array (.npy); save the inputs by name with numpy.savez")
-        with data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        with path.open("rb") as file:
+            magic = file.read(6)
+        if magic == b"\x93NUMPY":
+            raise GskitError(
+                f"{path}: holds one unnamed array (.npy); save the inputs by name with numpy.savez"
+            )
+        if not magic.startswith(b"PK"):
+            raise GskitError(f"{path}: not an .npz archive; save the inputs by name with numpy.savez")
+        with zipfile.ZipFile(path) as archive:
+            members = [_npz_member(path, archive, info) for info in archive.infolist()]
+            total = sum(nbytes for _, _, nbytes in members)
+            if total > limit:
+                raise GskitError(
+                    f"{path}: its arrays take {total} bytes once loaded, over the limit of {limit} bytes"
+                )
+            feeds = {}
+            for name, info, _ in members:
+                with archive.open(info) as member:
+                    feeds[name] = np.lib.format.read_array(member, allow_pickle=False)
+            return feeds
+    except _ARCHIVE_ERRORS as err:
         raise GskitError(
             f"{path}: cannot read inputs (expected an .npz written by numpy.savez): {err}"
         ) from err
+
+
+#: What a damaged archive raises while it is read (zipfile, zlib and numpy's header parser).
+_ARCHIVE_ERRORS = (
+    OSError,
+    ValueError,
+    EOFError,
+    RuntimeError,
+    NotImplementedError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
+
+
+def _npz_member(
+    path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo
+) -> tuple[str, zipfile.ZipInfo, int]:
+    """``(input name, member, bytes once loaded)`` from a member's .npy header, without reading its data."""
+    if not info.filename.endswith(".npy"):
+        raise GskitError(
+            f"{path}: member '{info.filename}' is not an .npy array; save inputs with numpy.savez"
+        )
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+        else:
+            raise GskitError(f"{path}: member '{info.filename}' has .npy version {version}, not 1.0 or 2.0")
+    if dtype.hasobject:
+        raise GskitError(
+            f"{path}: array '{info.filename[:-4]}' holds Python objects; gskit never loads pickled data, "
+            "save numeric arrays"
+        )
+    nbytes = int(dtype.itemsize)
+    for dim in shape:
+        nbytes *= int(dim)
+    return info.filename[:-4], info, nbytes
 
 
 def _check_fits(tensor: gs.Variable, shape: tuple[int, ...]) -> None:

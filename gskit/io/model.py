@@ -42,7 +42,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-from gskit.errors import GskitError, ModelCheckError
+from gskit.errors import GskitError, ModelCheckError, write_error
+from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
     """
     path = Path(path)
     if not path.is_file():
-        raise GskitError(f"{path}: no such model file")
+        raise GskitError(not_a_file(path, "model"))
     try:
         model = onnx.load(str(path), load_external_data=False)
     except PermissionError as err:
@@ -98,7 +99,17 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
             del tensor.external_data[:]
         else:
             _set_entry(tensor, _BASEPATH, base_dir)
+    check_wellformed(model, path)
     return model
+
+
+def not_a_file(path: Path, what: str) -> str:
+    """Why ``path`` cannot be read as a ``what`` file: missing, a folder, or not a regular file."""
+    if path.is_dir():
+        return f"{path} is a folder, not a {what} file; give the file itself"
+    if path.exists():
+        return f"{path}: not a regular file (a device or pipe); give a {what} file"
+    return f"{path}: no such {what} file"
 
 
 def save(
@@ -148,6 +159,25 @@ def save(
         check_output(path)
     _refuse_overwriting_sources(tensors, data_path)
 
+    try:
+        _write_atomically(proto, path, tensors, data_path, external_data, check, in_place)
+    except OSError as err:  # a full disk, a file-size limit, a read-only folder: say which file and why
+        raise write_error(path, err) from err
+    log.info("saved %s%s", path, " (+ external data)" if external_data else "")
+    return path
+
+
+def _write_atomically(
+    proto: onnx.ModelProto,
+    path: Path,
+    tensors: list[TensorProto],
+    data_path: Path,
+    external_data: bool,
+    check: bool,
+    in_place: bool,
+) -> None:
+    """Write into a temporary folder beside ``path``, check, then rename into place."""
+    data_name = data_path.name
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         tmp_model = tmp_dir / path.name
@@ -175,8 +205,6 @@ def save(
             data_path.unlink()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    log.info("saved %s%s", path, " (+ external data)" if external_data else "")
-    return path
 
 
 def check_file(path: str | os.PathLike) -> None:

@@ -273,7 +273,7 @@ def _fold(
     ops_before = op_counts(graph)
     report.nodes_before = sum(ops_before.values())
     outputs_before = {t.name: (t.dtype, t.shape) for t in graph.outputs}
-    exclude = _Exclusion(plugin_keys(plugins), report)
+    exclude = _Exclusion(plugin_keys(plugins), report, size_threshold)
     spill = None
     if _constant_bytes(graph) > _PARTITION_BYTES or _has_disk_weights(graph):
         log.info("constants exceed %d bytes or are on disk: folding batch by batch", _PARTITION_BYTES)
@@ -291,6 +291,7 @@ def _fold(
             break
         state = new_state
 
+    report.excluded.update(_still_present(graph, exclude.deferred))
     report.restored_outputs = _restore_outputs(graph, outputs_before)
     ops_after = op_counts(graph)
     report.nodes_after = sum(ops_after.values())
@@ -362,20 +363,45 @@ def _fold_with_graphsurgeon(
 class _Exclusion:
     """``should_exclude_node`` for graphsurgeon: plugin nodes, random ops, non-tensor values."""
 
-    def __init__(self, plugin_keys: frozenset[tuple[str, str, str]], report: FoldReport) -> None:
+    def __init__(
+        self,
+        plugin_keys: frozenset[tuple[str, str, str]],
+        report: FoldReport,
+        size_threshold: int | None = None,
+    ) -> None:
         self.plugin_keys = plugin_keys
         self.report = report
+        self.size_threshold = size_threshold
         #: batched mode: nodes onnxruntime failed to evaluate (``allow_partial``), not retried in later passes
         self.failed: set[int] = set()
+        #: growing nodes whose size is unknown until their inputs fold (reported if they never do)
+        self.deferred: dict[str, str] = {}
 
     def __call__(self, node: gs.Node) -> bool:
         reason = self.reason(node)
         if reason:
-            self.report.excluded[node.name or f"{node.op}:{node.outputs[0].name if node.outputs else ''}"] = (
-                reason
-            )
+            self.report.excluded[_node_key(node)] = reason
+            return True
+        reason = self.size_reason(node)
+        if reason:
+            self.deferred[_node_key(node)] = reason
             return True
         return False
+
+    def size_reason(self, node: gs.Node) -> str | None:
+        """Why ``node`` is not evaluated although it could be: its result would exceed ``size_threshold``.
+
+        Checked before evaluating, because onnxruntime computes a node's whole result even when a later node
+        shrinks it (``ConstantOfShape -> ReduceSum``): a tiny model must not take gigabytes to fold.
+        """
+        if self.size_threshold is None:
+            return None
+        nbytes = _result_nbytes(node)
+        if nbytes is None:
+            return "result size unknown before evaluating (its size inputs are not constants yet)"
+        if nbytes > self.size_threshold:
+            return f"result would be {nbytes} bytes, over size_threshold ({self.size_threshold} bytes)"
+        return None
 
     def reason(self, node: gs.Node) -> str | None:
         if is_plugin_node(node, self.plugin_keys):
@@ -388,6 +414,10 @@ class _Exclusion:
                 return f"output '{tensor.name}' is a {kind.replace('_type', '')}"
         if any(_has_unread_inputs(sub) for sub in gsmodel.node_subgraphs(node)):
             return f"{node.op} has a subgraph input that nothing reads (graphsurgeon would drop it)"
+        strings = [t.name for t in (*node.inputs, *node.outputs) if _is_string(t)]
+        if strings:
+            # graphsurgeon cannot write a folded string tensor back (it stores every constant as raw data)
+            return f"tensor '{strings[0]}' holds strings, which are not folded"
         return None
 
 
@@ -417,16 +447,14 @@ def _fold_batched(
     """Evaluate the constant nodes of ``graph`` batch by batch and replace their used results by constants."""
     graph.toposort()
     context = _BatchContext(graph, size_threshold, allow_partial, spill, report, exclude.failed)
-    nodes = _foldable_nodes(graph, exclude, size_threshold, report)
+    nodes = _foldable_nodes(graph, exclude, report)
     with progress.task("fold: constant nodes evaluated", total=len(nodes)) as advance:
         for batch in _batches(nodes):
             context.evaluate(batch)
             advance(len(batch))
 
 
-def _foldable_nodes(
-    graph: gs.Graph, exclude: _Exclusion, size_threshold: int | None, report: FoldReport
-) -> list[gs.Node]:
+def _foldable_nodes(graph: gs.Graph, exclude: _Exclusion, report: FoldReport) -> list[gs.Node]:
     """Nodes (topological order) whose inputs are constants or results of earlier foldable nodes."""
     produced: set[int] = set()
     foldable = []
@@ -440,12 +468,6 @@ def _foldable_nodes(
         key = _node_key(node)
         if any(True for _ in gsmodel.node_subgraphs(node)):
             report.excluded[key] = "has a subgraph (not evaluated when folding batch by batch)"
-            continue
-        too_big = [t.name for t in node.outputs if _over(_known_nbytes(t), size_threshold)]
-        if too_big:
-            report.excluded[key] = (
-                f"result '{too_big[0]}' is larger than size_threshold ({size_threshold} bytes)"
-            )
             continue
         foldable.append(node)
         produced.update(id(t) for t in node.outputs)
@@ -644,7 +666,101 @@ def _known_nbytes(tensor: gs.Tensor) -> int | None:
         itemsize = np.dtype(tensor.dtype).itemsize
     except TypeError:
         return None
-    return int(np.prod(tensor.shape, dtype=np.int64)) * itemsize
+    return _volume(tensor.shape) * itemsize
+
+
+#: Ops whose result can be far larger than their inputs, its size given by the values of an input (a shape,
+#: repeats, pads, a range, scales): evaluated only when that size is known and within ``size_threshold``.
+_GROWING_OPS = frozenset(
+    {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot"}
+)
+#: Size inputs (shapes, repeats, range bounds) are read only from constants this small.
+_SIZE_INPUT_ELEMENTS = 64
+
+
+def _result_nbytes(node: gs.Node) -> int | None:
+    """Bytes of ``node``'s largest result, from the shapes shape inference gave or, for a growing op, from the
+    values of its constant size inputs; None when unknown before evaluating (only for growing ops: any other
+    op's result is about as large as its inputs, which are constants or results already bounded)."""
+    sizes = [_known_nbytes(t) for t in node.outputs]
+    if all(size is not None for size in sizes):
+        return max(sizes, default=0)  # type: ignore[type-var]
+    if is_default_domain(node.domain) and node.op in _GROWING_OPS:
+        return _growing_nbytes(node)
+    return max((size for size in sizes if size is not None), default=0)
+
+
+def _growing_nbytes(node: gs.Node) -> int | None:
+    """Result size of ConstantOfShape, Expand, Tile or Range from their constant inputs (others: None)."""
+    values = [_small_values(t) for t in node.inputs]
+    try:
+        if node.op == "ConstantOfShape" and values and values[0] is not None:
+            value = node.attrs.get("value")
+            itemsize = np.dtype(value.dtype).itemsize if isinstance(value, gs.Constant) else 4
+            return _volume(values[0].tolist()) * itemsize
+        data = node.inputs[0] if node.inputs else None
+        shape = data.shape if data is not None and data.shape is not None and _static(data.shape) else None
+        itemsize = _itemsize(data)
+        if node.op == "Expand" and shape is not None and len(values) > 1 and values[1] is not None:
+            target = [int(d) for d in values[1].tolist()]
+            rank = max(len(shape), len(target))
+            padded = [1] * (rank - len(shape)) + list(shape), [1] * (rank - len(target)) + target
+            return _volume([max(a, b) for a, b in zip(*padded, strict=True)]) * itemsize
+        if node.op == "Tile" and shape is not None and len(values) > 1 and values[1] is not None:
+            return _volume([d * r for d, r in zip(shape, values[1].tolist(), strict=False)]) * itemsize
+        if node.op == "Range" and len(values) == 3 and all(v is not None and v.size == 1 for v in values):
+            start, limit, delta = (v.reshape(-1)[0].item() for v in values)  # type: ignore[union-attr]
+            return max(0, int(np.ceil((limit - start) / delta))) * itemsize if delta else None
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _small_values(tensor: gs.Tensor) -> np.ndarray | None:
+    if not isinstance(tensor, gs.Constant) or tensor.shape is None or not _static(tensor.shape):
+        return None
+    if _volume(tensor.shape) > _SIZE_INPUT_ELEMENTS:
+        return None
+    return np.asarray(tensor.values)
+
+
+def _itemsize(tensor: gs.Tensor | None) -> int:
+    try:
+        return np.dtype(tensor.dtype).itemsize if tensor is not None and tensor.dtype is not None else 8
+    except TypeError:
+        return 8
+
+
+def _volume(dims: Iterable[Any]) -> int:
+    """Elements of a shape, as a Python int (no int64 overflow); a negative dim counts as 0."""
+    total = 1
+    for dim in dims:
+        total *= max(0, int(dim))
+    return total
+
+
+def _still_present(graph: gs.Graph, entries: dict[str, str]) -> dict[str, str]:
+    """The ``entries`` whose node is still in ``graph`` or a subgraph (deferred nodes that never folded)."""
+    keys: set[str] = set()
+    pending = [graph]
+    while pending:
+        current = pending.pop()
+        for node in current.nodes:
+            keys.add(_node_key(node))
+            pending.extend(gsmodel.node_subgraphs(node))
+    return {key: reason for key, reason in entries.items() if key in keys}
+
+
+def _is_string(tensor: gs.Tensor) -> bool:
+    dtype = tensor.dtype
+    if dtype is None:
+        return False
+    if dtype == onnx.TensorProto.STRING:
+        return True
+    try:
+        return np.dtype(dtype).kind in "OSU"
+    except TypeError:
+        return False
 
 
 def _over(nbytes: int | None, size_threshold: int | None) -> bool:
@@ -684,8 +800,8 @@ def _read_values(tensor: gs.Constant) -> np.ndarray:
 def _fold_shape_nodes(graph: gs.Graph) -> None:
     """Replace Shape, Shape->Gather and Shape->Slice outputs by constants where the dims read are static."""
     for node in list(graph.nodes):
-        if node.op != "Shape" or not is_default_domain(node.domain) or not node.outputs:
-            continue
+        if node.op != "Shape" or not is_default_domain(node.domain) or not node.outputs or not node.inputs:
+            continue  # a Shape without input is malformed: left for the checker to name
         data = node.inputs[0]
         if data.shape is None:
             continue
@@ -790,6 +906,7 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
         if (
             node.op != "If"
             or not is_default_domain(node.domain)
+            or not node.inputs
             or not isinstance(node.inputs[0], gs.Constant)
         ):
             index += 1
@@ -798,7 +915,10 @@ def _flatten_constant_ifs(graph: gs.Graph) -> None:
         if cond.size != 1:
             index += 1
             continue
-        branch = node.attrs["then_branch" if bool(cond.reshape(())) else "else_branch"]
+        branch = node.attrs.get("then_branch" if bool(cond.reshape(())) else "else_branch")
+        if not isinstance(branch, gs.Graph) or len(branch.outputs) != len(node.outputs):
+            index += 1  # a malformed If (a branch missing, outputs miscounted): left for the checker
+            continue
         local = branch._local_tensors()
         for tensor in local.values():
             tensor.name = unique_name(f"{tensor.name}__{node.name or 'if'}", used_names)

@@ -239,7 +239,7 @@ def infer_shapes_path(
     path = Path(path)
     output = gsmodel.resolve_output(path, output_path, in_place=False)
     if not path.is_file():
-        raise GskitError(f"{path}: no such model file")
+        raise GskitError(gsmodel.not_a_file(path, "model"))
     register_schemas(registry)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".onnx", dir=path.resolve().parent)
     os.close(fd)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ from gskit.errors import GskitError
 
 #: A float as YAML 1.2 writes it; PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+#: Largest recipe file read; a recipe is a short list of steps.
+MAX_RECIPE_BYTES = 1 << 20
+#: Deepest nesting of lists and mappings in a recipe (``steps`` > step > options > a list of shapes).
+MAX_RECIPE_DEPTH = 16
+#: Most YAML nodes a recipe may expand to, aliases followed.
+MAX_RECIPE_NODES = 100_000
 
 
 @dataclass(frozen=True)
@@ -65,11 +72,73 @@ def load_recipe(path: str | os.PathLike, registry: dict[str, type] | None = None
             (the message names the line).
     """
     path = Path(path)
+    return parse_recipe(_read_recipe_text(path), source=str(path), registry=registry, base_dir=path.parent)
+
+
+def _read_recipe_text(path: Path) -> str:
+    """The recipe file's text: a regular file of at most ``MAX_RECIPE_BYTES`` of UTF-8.
+
+    Opened without blocking and checked on the open file, so a FIFO, ``/dev/zero`` or a terminal is refused
+    instead of read forever.
+    """
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as err:
         raise GskitError(f"{path}: cannot read recipe: {err.strerror}") from err
-    return parse_recipe(text, source=str(path), registry=registry, base_dir=path.parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise GskitError(f"{path}: a recipe is a regular file (this is a device, folder or pipe)")
+    with os.fdopen(fd, "rb") as file:
+        try:
+            data = file.read(MAX_RECIPE_BYTES + 1)
+        except OSError as err:
+            raise GskitError(f"{path}: cannot read recipe: {err.strerror}") from err
+    if len(data) > MAX_RECIPE_BYTES:
+        raise GskitError(
+            f"{path}: recipe larger than {MAX_RECIPE_BYTES} bytes; a recipe is a short YAML list"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise GskitError(
+            f"{path}: not a YAML recipe (byte {err.start} is not UTF-8 text; a binary file?)"
+        ) from err
+
+
+def _check_size(text: str, source: str) -> None:
+    """Refuse YAML nested deeper than ``MAX_RECIPE_DEPTH``, from the event stream, before any node is built
+    (composing nodes recurses once per level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_RECIPE_DEPTH:
+                raise GskitError(
+                    f"{source}:{event.start_mark.line + 1}: nested more than {MAX_RECIPE_DEPTH} levels deep; "
+                    "a recipe is a list of steps with flat options"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Refuse a node graph whose aliases expand past ``MAX_RECIPE_NODES`` nodes (counted with a budget, so
+    the check itself stays cheap)."""
+    budget = MAX_RECIPE_NODES
+    pending: list[yaml.Node] = [root]
+    while pending:
+        node = pending.pop()
+        budget -= 1
+        if budget < 0:
+            raise GskitError(
+                f"{source}: expands to more than {MAX_RECIPE_NODES} values (YAML aliases?); "
+                "write the steps out"
+            )
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                pending.extend((key, value))
 
 
 def parse_recipe(
@@ -94,6 +163,7 @@ def parse_recipe(
 
         registry = STEP_OPTIONS
     try:
+        _check_size(text, source)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -101,6 +171,7 @@ def parse_recipe(
         raise GskitError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from err
     if root is None:
         raise GskitError(f"{source}:1: empty recipe; it needs a 'steps:' list")
+    _check_expansion(root, source)
     if not isinstance(root, yaml.MappingNode):
         raise GskitError(f"{_where(source, root)}: a recipe is a mapping with a 'steps:' list")
     top = _mapping(root, source)
@@ -161,7 +232,7 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: P
             values[option] = value
     try:
         options = cls(**values)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, GskitError) as err:
         raise GskitError(f"{_where(source, node)}: step '{name}': {err}") from err
     return RecipeStep(name=name, options=options, line=node.start_mark.line + 1)
 

@@ -26,6 +26,7 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+from gskit.io.feeds import check_seed
 from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options
 from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
@@ -64,6 +65,10 @@ class ValidateOptions:
     inputs: str | None = field(default=None, metadata=FILE_PATH)
 
     def __post_init__(self) -> None:
+        from gskit.compare.outputs import check_tolerances
+
+        check_tolerances(self.atol, self.rtol)
+        check_seed(self.seed)
         check_shape_options(self.shapes, check_fixed_dims)
 
 

@@ -190,18 +190,24 @@ def _template_values(
         f"{n.rstrip('?')}: np.ndarray | None = None" if i >= first_optional else f"{n}: np.ndarray"
         for i, n in enumerate(inputs)
     ]
-    attr_params = [f"{a.name}: {_py_type(a)}" for a in sig.attributes]
+    # Attribute names become keyword parameters only when they are identifiers; others arrive in **attrs.
+    named = [a for a in sig.attributes if _is_parameter(a.name)]
+    attr_params = [f"{a.name}: {_py_type(a)}" for a in named]
+    if len(named) < len(sig.attributes):
+        attr_params.append("**attrs: Any")
     signature = ", ".join(params + (["*", *attr_params] if attr_params else []))
     function = folder
     summary = f"custom op {sig.domain or namespace}::{sig.op_type} (write what it computes here)"
     origin = f" from node '{sig.node}' of {from_node.rpartition(':')[0]}" if from_node else ""
+    # Every value read from the model is text inside a string literal or a docstring of generated code:
+    # escaped, so a crafted node name or op type stays text and never becomes code.
     return {
-        "name": sig.op_type,
-        "namespace": sig.domain or namespace,
+        "name": _escaped(sig.op_type),
+        "namespace": _escaped(sig.domain or namespace),
         "folder": folder,
         "function": function,
-        "summary": summary,
-        "origin": origin,
+        "summary": _escaped(summary),
+        "origin": _escaped(origin),
         "dtype_origin": " (read from the model)" if from_node else " (edit)",
         "input_dtypes": _tuple_repr([info[0] for _, info in present]),
         "output_dtypes": _tuple_repr(list(sig.outputs)),
@@ -218,20 +224,48 @@ def _template_values(
         ),
         "input_list": ", ".join(f"`{n}`" for n in inputs),
         "output_list": ", ".join(f"`{n}`" for n in outputs),
-        "attribute_list": ", ".join(f"`{a.name}` ({a.type.value})" for a in sig.attributes) or "none",
+        "attribute_list": _escaped(", ".join(f"`{a.name}` ({a.type.value})" for a in sig.attributes))
+        or "none",
     }
+
+
+def _escaped(text: str) -> str:
+    """``text`` as it may stand between double quotes (``"..."`` or a docstring) of generated Python: quotes,
+    backslashes, line breaks and non-ASCII characters escaped, so the literal reads back as ``text``."""
+    return text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+
+
+def _is_parameter(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name) and name.isascii()
+
+
+def _literal(value: Any) -> str:
+    """Python source for an attribute value (str, int, float, lists of them) that evaluates back to it.
+
+    ``repr`` alone writes ``nan`` and ``inf``, which are not Python names.
+    """
+    if isinstance(value, float) and not np.isfinite(value):
+        return f"float({str(value)!r})"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return repr(value)
 
 
 def _attribute_code(attr: NodeAttribute, node: str) -> str:
     value = attr.value
     if attr.type is AttrType.TENSOR:
         array = np.asarray(value)
-        default = f"np.array({array.tolist()!r}, dtype=np.{array.dtype.name})"
-        extra = f', tensor_dtype="{array.dtype.name}"'
+        if array.dtype.kind not in "biuf":
+            raise GskitError(
+                f"attribute {attr.name!r} of node {node!r} is a tensor of {array.dtype}; "
+                "a plugin attribute tensor holds numbers"
+            )
+        default = f"np.array({_literal(array.tolist())}, dtype=np.{array.dtype.name})"
+        extra = f", tensor_dtype={array.dtype.name!r}"
     else:
-        default, extra = repr(value), ""
+        default, extra = _literal(value), ""
     doc = f"from node '{node}'" if node else ""
-    return f'Attribute("{attr.name}", AttrType.{attr.type.name}, {default}, doc="{doc}"{extra})'
+    return f"Attribute({attr.name!r}, AttrType.{attr.type.name}, {default}, doc={doc!r}{extra})"
 
 
 def _py_type(attr: NodeAttribute) -> str:
@@ -257,12 +291,22 @@ def _node_attribute(model_path: Any, node: onnx.NodeProto, attr: onnx.AttributeP
     if kind is AttrType.TENSOR:
         value = numpy_helper.to_array(value)
     elif kind is AttrType.STRING:
-        value = value.decode("utf-8")
+        value = _text(model_path, node, attr.name, value)
     elif kind is AttrType.STRINGS:
-        value = [v.decode("utf-8") for v in value]
+        value = [_text(model_path, node, attr.name, v) for v in value]
     elif kind in (AttrType.INTS, AttrType.FLOATS):
         value = list(value)
     return NodeAttribute(attr.name, kind, value)
+
+
+def _text(model_path: Any, node: onnx.NodeProto, name: str, value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise GskitError(
+            f"{model_path}: attribute '{name}' of node '{node.name}' is not UTF-8 text ({value[:40]!r}); "
+            "a plugin's string attribute must be"
+        ) from err
 
 
 def _tensor_types(graph: onnx.GraphProto) -> dict[str, tuple[str, tuple[int, ...]]]:
