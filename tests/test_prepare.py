@@ -333,8 +333,8 @@ def test_model_without_outputs_is_refused(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(
     ("step", "fragment"),
     [
-        ("validate: {inputs: absent.npz}", "absent.npz: cannot read inputs"),
-        ("validate: {inputs: one.npy}", "one.npy: cannot read inputs"),
+        ("validate: {inputs: absent.npz}", "absent.npz: no such inputs (.npz) file"),
+        ("validate: {inputs: one.npy}", "one.npy: holds one unnamed array (.npy)"),
         ("validate: {inputs: broken.npz}", "broken.npz: cannot read inputs"),
         ("isolate: {inputs: [nope], outputs: [y]}", "'nope'"),
     ],
