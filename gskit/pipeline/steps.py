@@ -27,7 +27,7 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
-from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options
+from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options, format_shape
 from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
 from gskit.passes.fold import FOLD, FoldOptions
@@ -374,7 +374,7 @@ def _validated(state: RunState, report: Any, note: str) -> PassResult:
 
 
 def _shapes_text(shapes: dict[str, tuple[int, ...]]) -> str:
-    return ", ".join(f"{name}:{'x'.join(str(d) for d in dims) or 'scalar'}" for name, dims in shapes.items())
+    return ", ".join(f"{name}:{format_shape(dims)}" for name, dims in shapes.items())
 
 
 class Build(Pass[BuildOptions]):
