@@ -296,12 +296,21 @@ def _is_report_temporary(name: str) -> bool:
 
 def _remove_earlier_outputs(out_dir: Path) -> None:
     """A failed run leaves no model or engine of an earlier run beside a report that is not about them."""
+    _remove_stale(out_dir, (MODEL_NAME, MODEL_NAME + ".data", *_engine_names()), "this run failed")
+
+
+def _engine_names() -> tuple[str, str]:
     from gskit.backends.trt_build import sidecar_path
 
-    for name in (MODEL_NAME, MODEL_NAME + ".data", ENGINE_NAME, sidecar_path(ENGINE_NAME).name):
+    return ENGINE_NAME, sidecar_path(ENGINE_NAME).name
+
+
+def _remove_stale(out_dir: Path, names: Sequence[str], why: str) -> None:
+    """Remove files (or links) of an earlier run from OUTDIR; never a folder, never a file an input reads."""
+    for name in names:
         stale = out_dir / name
-        if (stale.exists() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
-            log.info("removing %s from an earlier run (this run failed)", stale)
+        if (stale.is_file() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
+            log.info("removing %s from an earlier run (%s)", stale, why)
             stale.unlink()
 
 
@@ -369,16 +378,11 @@ def _run_step(name: str, state: RunState, options: Any) -> PassResult:
 
 
 def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
-    from gskit.backends.trt_build import sidecar_path
-
     info = state.engine
     target = out_dir / ENGINE_NAME
     if info is None:
         # An engine left by an earlier run was built from another model: it must not sit beside this one.
-        for stale in (target, sidecar_path(target)):
-            if stale.is_file() and gsmodel.input_reading(stale) is None:
-                log.info("removing %s from an earlier run (no engine built this time)", stale)
-                stale.unlink()
+        _remove_stale(out_dir, _engine_names(), "no engine built this time")
         return
     gsmodel.place_file(info.sidecar, out_dir / info.sidecar.name)
     gsmodel.place_file(info.engine, target)
