@@ -319,41 +319,13 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     for index, step in enumerate(recipe.steps):
         if listener:
             listener.started(step.name, index, total)
-        before = gsmodel.count_nodes(state.graph)
-        start = time.perf_counter()
-        try:
-            outcome = _run_step(step.name, state, step.options)
-        except GskitError as err:
-            result = StepResult(
-                step.name,
-                step.line,
-                time.perf_counter() - start,
-                before,
-                before,
-                "failed",
-                str(err),
-                step.options,
-            )
-            report.steps.append(result)
-            if listener:
-                listener.finished(result)
-            where = f" (recipe line {step.line})" if step.line else ""
-            raise GskitError(f"step '{step.name}'{where} failed: {err}") from err
-        if outcome.modified:
-            state.graph_changed()
-        result = StepResult(
-            step.name,
-            step.line,
-            time.perf_counter() - start,
-            before,
-            gsmodel.count_nodes(state.graph),
-            outcome.status,
-            outcome.summary,
-            step.options,
-        )
+        result, error = _timed_step(step, state)
         report.steps.append(result)
         if listener:
             listener.finished(result)
+        if error is not None:
+            where = f" (recipe line {step.line})" if step.line else ""
+            raise GskitError(f"step '{step.name}'{where} failed: {error}") from error
     report.regions = list(state.replaced)
     report.comparison = state.comparison
     report.tensorrt = state.trt_report
@@ -361,6 +333,23 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     for region in state.replaced:
         counts[region.plugin] = counts.get(region.plugin, 0) + 1
     report.plugins_inserted = counts
+
+
+def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
+    """Run one step and describe it; a step's GskitError comes back beside its failed result."""
+    before = gsmodel.count_nodes(state.graph)
+    start = time.perf_counter()
+    try:
+        outcome = _run_step(step.name, state, step.options)
+    except GskitError as err:
+        seconds, summary = time.perf_counter() - start, str(err)
+        return StepResult(step.name, step.line, seconds, before, before, "failed", summary, step.options), err
+    if outcome.modified:
+        state.graph_changed()
+    seconds = time.perf_counter() - start
+    after = gsmodel.count_nodes(state.graph)
+    status, summary = outcome.status, outcome.summary
+    return StepResult(step.name, step.line, seconds, before, after, status, summary, step.options), None
 
 
 def _run_step(name: str, state: RunState, options: Any) -> PassResult:
