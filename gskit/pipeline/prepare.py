@@ -494,10 +494,10 @@ def _size(files: list[Path]) -> str:
 def _trt_line(trt: Any) -> str:
     if trt is None:
         return "not run"
-    from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED
+    from gskit.backends.trt_check import NEEDS_PLUGIN
 
-    bad = len(trt.nodes_with(UNSUPPORTED)) + len(trt.nodes_with(PLUGIN_PROBLEM))
-    return f"{trt.source}: {bad} node(s) rejected, {len(trt.nodes_with(NEEDS_PLUGIN))} plugin node(s)"
+    plugins = len(trt.nodes_with(NEEDS_PLUGIN))
+    return f"{trt.source}: {len(trt.rejected)} node(s) rejected, {plugins} plugin node(s)"
 
 
 def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:

@@ -275,11 +275,11 @@ class CheckTrt(Pass[CheckTrtOptions]):
     name, options, effect = "check_trt", CheckTrtOptions, "check"
 
     def call(self, state: RunState, options: CheckTrtOptions) -> PassResult:
-        from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+        from gskit.backends.trt_check import NEEDS_PLUGIN, check_trt
 
         report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
         state.trt_report = report
-        bad = len(report.nodes_with(UNSUPPORTED)) + len(report.nodes_with(PLUGIN_PROBLEM))
+        bad = len(report.rejected)
         if options.fail_on_unsupported:
             _ensure(report.ok, self.name, f"{bad} node(s) TensorRT will not take (see the report)")
         plugins = len(report.nodes_with(NEEDS_PLUGIN))
