@@ -445,11 +445,7 @@ def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recip
     if comparison is None:
         return ""
     options = next((s.options for s in recipe.steps if s.name == "validate"), None)
-    dtypes = {
-        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name
-        for i in original.graph.input
-        if i.type.tensor_type.elem_type
-    }
+    dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
     fed = ", ".join(
         f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
         for name, shape in comparison.input_shapes.items()
