@@ -321,10 +321,12 @@ def trt_runner(
         TrtRunner,
     )
 
+    from gskit.io.model import not_a_file
+
     load_plugin_files(find_plugin_files(plugins))
     path = Path(path)
     if not path.is_file():
-        raise GskitError(f"{path}: no such engine or model file")
+        raise GskitError(not_a_file(path, "model or engine"))
     if path.suffix != ".onnx":
         return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=name)
     profile = Profile()
