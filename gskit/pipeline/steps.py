@@ -185,8 +185,7 @@ def _ensure(condition: bool, step: str, message: str) -> None:
 
 # ------------------------------------------------------------------------------------------------- passes
 # Every transformation is a core pass (``gskit.passes.transform.GraphPass``) beside its library function; a
-# step
-# here runs it on the run's graph. The checks import their backends locally.
+# step here runs it on the run's graph. The checks import their backends locally.
 
 
 class _Transform(Pass[OptionsT]):
