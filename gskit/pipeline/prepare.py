@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -329,10 +330,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     report.regions = list(state.replaced)
     report.comparison = state.comparison
     report.tensorrt = state.trt_report
-    counts: dict[str, int] = {}
-    for region in state.replaced:
-        counts[region.plugin] = counts.get(region.plugin, 0) + 1
-    report.plugins_inserted = counts
+    report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
 
 
 def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
