@@ -413,6 +413,11 @@ def count_nodes(graph: gs.Graph) -> int:
     return sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
 
 
+def data_locations(model: onnx.ModelProto) -> list[str]:
+    """The external data files that the model's tensors name (their ``location``), each once, sorted."""
+    return sorted({loc for t in _external_tensors(model) if (loc := _entry(t, "location"))})
+
+
 def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
     """The numpy dtype of each main-graph input that declares an element type."""
     return {

@@ -461,16 +461,7 @@ def _model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]
     if model is None:
         data = path.with_name(path.name + ".data")
         return [path, data] if data.is_file() else [path]
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    locations = {
-        entry.value
-        for tensor in _get_all_tensors(model)
-        if uses_external_data(tensor)
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    return [path, *(path.parent / name for name in sorted(locations))]
+    return [path, *(path.parent / name for name in gsmodel.data_locations(model))]
 
 
 def _size(files: list[Path]) -> str:
