@@ -149,3 +149,14 @@ def test_region_node_counts_agree_with_compare_per_plugin(prepared):
 def test_environment_lists_tensorrt_or_says_it_is_missing():
     names = [name for name, _ in environment_rows()]
     assert any(name.startswith("tensorrt") for name in names)
+
+
+def test_input_size_counts_its_external_data_file(tmp_path):
+    source = tmp_path / "src" / "model.onnx"
+    gskit.save(gskit.load(EXAMPLE), source, external_data=True)  # weights in model.onnx.data beside it
+    out = tmp_path / "out"
+    prepare(source, out, recipe=make_recipe([("sanitize", {})]))
+    parsed = Tables()
+    parsed.feed((out / "report.html").read_text())
+    total = sum(f.stat().st_size for f in source.parent.iterdir())
+    assert dict(parsed.tables["summary"])["input model"].endswith(f"({total / 1e3:.1f} kB in 2 files)")

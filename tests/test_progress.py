@@ -224,3 +224,11 @@ def test_cli_on_a_terminal_with_no_color_writes_plain_text(tmp_path):
     text = b"".join(chunks).decode("utf-8", "replace")
     assert proc.returncode == 0 and "shared tensors match" in text
     assert "\x1b" not in text
+
+
+def test_console_on_a_stream_without_a_terminal_answer_gets_file_width(monkeypatch) -> None:
+    # A test runner or a wrapper may put a stream without isatty (or a closed one) in sys.stdout.
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", closed)
+    assert console().width == 160

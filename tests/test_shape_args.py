@@ -8,7 +8,7 @@ from onnx import helper
 
 from gskit.cli import main
 from gskit.errors import GskitError
-from gskit.io.shape_args import parse_fixed_shape, parse_profile, parse_symbolic_shape
+from gskit.io.shape_args import format_shape, parse_fixed_shape, parse_profile, parse_symbolic_shape
 from gskit.pipeline.recipe import parse_recipe
 
 SPELLINGS = ("x:1x3x224x224", "x:1,3,224,224", "x:[1,3,224,224]", "x:[1, 3, 224, 224]", "x:1X3X224X224")
@@ -40,6 +40,11 @@ def test_bad_fixed_shapes_are_one_line_errors(text: str, message: str) -> None:
     with pytest.raises(GskitError, match="--shape") as err:
         parse_fixed_shape(text)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shapes_print_x_joined_and_scalars_by_name() -> None:
+    assert format_shape((1, 3, 224)) == "1x3x224"
+    assert format_shape(()) == "scalar"
 
 
 def test_symbolic_shapes_keep_unknown_and_symbolic_dims() -> None:

@@ -5,7 +5,7 @@ runner around them. ``trt``: which TensorRT is installed, the GPU probe, the one
 ``run_engine``, the worker subprocess; ``trt_check`` and ``trt_build`` parse and build through it.
 ``trt_plugin`` registers a plugin with TensorRT's Python plugin API from its spec (what ``ort`` does for
 onnxruntime; a plugin folder's ``trt_plugin.py`` calls it); ``trt_support`` is the static table of what
-TensorRT's parser takes, ``trt_check``'s answer when no TensorRT is installed. Core
-modules never import this package (``fold``'s lazy evaluation is the one listed exception); compare and the
-pipeline ask it for runners. See docs/architecture.md.
+TensorRT's parser takes, ``trt_check``'s answer when no TensorRT is installed. Core modules never import
+this package (the listed exceptions: ``fold``'s lazy evaluation and ``tensor_types``' lazy symbolic shape
+inference); compare and the pipeline ask it for runners. See docs/architecture.md.
 """

@@ -142,9 +142,11 @@ def run_worker(
     Raises:
         GskitError: the child crashed, failed or timed out (the message quotes the end of its log).
     """
+    from gskit.backends.trt_worker import TRACEBACK_ENV
+
     env = _worker_env()
     env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
-    env["GSKIT_WORKER_TRACEBACK"] = "1" if log.isEnabledFor(logging.DEBUG) else "0"  # in the debug log
+    env[TRACEBACK_ENV] = "1" if log.isEnabledFor(logging.DEBUG) else "0"  # in the debug log
     with private_temp_folder("gskit-trt-") as tmp:
         request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
         request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))
@@ -319,10 +321,12 @@ def trt_runner(
         TrtRunner,
     )
 
+    from gskit.io.model import not_a_file
+
     load_plugin_files(find_plugin_files(plugins))
     path = Path(path)
     if not path.is_file():
-        raise GskitError(f"{path}: no such engine or model file")
+        raise GskitError(not_a_file(path, "model or engine"))
     if path.suffix != ".onnx":
         return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=name)
     profile = Profile()

@@ -134,9 +134,14 @@ class TrtSupportReport:
         return tuple(issue for issue in self.issues if issue.status == status)
 
     @property
+    def rejected(self) -> tuple[NodeIssue, ...]:
+        """Nodes TensorRT will not take: unsupported ones and plugin nodes with a plugin problem."""
+        return tuple(issue for issue in self.issues if issue.status in (UNSUPPORTED, PLUGIN_PROBLEM))
+
+    @property
     def ok(self) -> bool:
         """True when no node is unsupported, every plugin node is usable and the parser saw no model error."""
-        return not (self.nodes_with(UNSUPPORTED) or self.nodes_with(PLUGIN_PROBLEM) or self.model_errors)
+        return not (self.rejected or self.model_errors)
 
 
 def check_trt(

@@ -12,7 +12,7 @@ from gskit.compare.plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
 from gskit.io import report
 from gskit.io.feeds import check_seed, load_feeds
-from gskit.io.shape_args import parse_fixed_shape
+from gskit.io.shape_args import format_shape, parse_fixed_shape
 from gskit.plugin.spec import implementation_paths, load_plugins
 
 
@@ -121,7 +121,7 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     rows = [
         (
             o.name,
-            "x".join(map(str, o.shape)) or "scalar",
+            format_shape(o.shape),
             o.dtype,
             f"{o.max_abs_err:.3g}",
             f"{o.max_rel_err:.3g}",
@@ -146,12 +146,8 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     out.print(("[green]" if result.passed else "[red]") + verdict + "[/]")
 
 
-def _shape(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape)) or "scalar"
-
-
 def _title(kind: str, reference: str, under_test: str, atol: float, rtol: float, shapes: dict) -> str:
-    inputs = ", ".join(f"{n}: {_shape(s)}" for n, s in shapes.items())
+    inputs = ", ".join(f"{n}: {format_shape(s)}" for n, s in shapes.items())
     return f"{kind}: {reference} vs {under_test} (atol={atol:g}, rtol={rtol:g}; inputs {inputs})"
 
 
@@ -164,7 +160,7 @@ def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
         (
             index,
             c.tensor.name,
-            _shape(c.tensor.shape),
+            format_shape(c.tensor.shape),
             f"{c.tensor.max_abs_err:.3g}",
             f"{c.tensor.max_rel_err:.3g}",
             report.verdict(c.tensor.passed),
@@ -212,7 +208,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
         (
             p.node,
             p.op,
-            ", ".join(f"{n}: {_shape(s)}" for n, s in p.inputs.items()),
+            ", ".join(f"{n}: {format_shape(s)}" for n, s in p.inputs.items()),
             f"{p.max_abs_err:.3g}",
             f"{p.max_rel_err:.3g}",
             report.verdict(p.passed),

@@ -13,6 +13,7 @@ from gskit.passes.inspect import (
     TensorEntry,
     list_nodes,
     list_tensors,
+    shape_text,
     summarize_file,
 )
 
@@ -136,12 +137,8 @@ _TENSOR_COLUMNS = ("tensor", "dtype", "shape", "kind", "producer", "consumers")
 
 
 def _tensor_row(tensor: TensorEntry) -> tuple[str, ...]:
-    shape = (
-        "?"
-        if tensor.shape is None
-        else "[" + ", ".join("?" if d is None else str(d) for d in tensor.shape) + "]"
-    )
     kind = f"{tensor.kind}, output" if tensor.is_output else tensor.kind
+    shape = shape_text(tensor.shape)
     return tensor.name, tensor.dtype, shape, kind, tensor.producer or "-", str(tensor.consumers)
 
 

@@ -31,17 +31,15 @@ def add_options(parser: argparse.ArgumentParser, options: type) -> None:
     for field in cli_fields(options):
         meta = field.metadata
         default = _default(field)
-        kwargs: dict[str, Any] = {"dest": field.name, "help": meta["help"], **meta.get("extra", {})}
-        if meta.get("metavar"):
-            kwargs["metavar"] = meta["metavar"]
         kind, item = _kind(hints[field.name])
         if kind is bool:
             action = argparse.BooleanOptionalAction if default else "store_true"
-            kwargs["help"] += " (default on)" if default else ""
-            parser.add_argument(
-                flag_of(field), action=action, default=default, dest=field.name, help=kwargs["help"]
-            )
+            text = meta["help"] + (" (default on)" if default else "")
+            parser.add_argument(flag_of(field), action=action, default=default, dest=field.name, help=text)
             continue
+        kwargs: dict[str, Any] = {"dest": field.name, "help": meta["help"], **meta.get("extra", {})}
+        if meta.get("metavar"):
+            kwargs["metavar"] = meta["metavar"]
         if meta.get("parse"):
             kwargs["type"] = meta["parse"]
         elif kind is tuple and "nargs" not in kwargs:

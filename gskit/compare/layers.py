@@ -43,6 +43,7 @@ from gskit.compare.outputs import (
     source_model,
 )
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
 from gskit.io import progress
 from gskit.io.feeds import feed_shapes, resolve_feeds
 from gskit.plugin.spec import PluginRegistry
@@ -244,11 +245,7 @@ class OrtTensors:
 def _as_input_dtypes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``feeds`` cast to the dtypes of ``model``'s graph inputs, as Polygraphy's data loader does for plain
     compare: the same float32 inputs feed an original and its ``convert --fp16`` copy (float16 inputs)."""
-    dtypes = {
-        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-        for i in model.graph.input
-        if i.type.tensor_type.elem_type
-    }
+    dtypes = gsmodel.input_dtypes(model)
     return {
         name: value.astype(dtypes[name]) if name in dtypes and value.dtype != dtypes[name] else value
         for name, value in feeds.items()

@@ -413,6 +413,20 @@ def count_nodes(graph: gs.Graph) -> int:
     return sum(len(sub.nodes) for sub in (graph, *graph.subgraphs(recursive=True)))
 
 
+def data_locations(model: onnx.ModelProto) -> list[str]:
+    """The external data files that the model's tensors name (their ``location``), each once, sorted."""
+    return sorted({loc for t in _external_tensors(model) if (loc := _entry(t, "location"))})
+
+
+def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """The numpy dtype of each main-graph input that declares an element type."""
+    return {
+        i.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+        for i in model.graph.input
+        if i.type.tensor_type.elem_type
+    }
+
+
 def tensor_nbytes(tensor: TensorProto) -> int:
     """Bytes of a tensor's data, wherever it is stored."""
     if uses_external_data(tensor):

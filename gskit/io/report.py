@@ -79,7 +79,7 @@ def console(stderr: bool = False) -> Console:
     included (rich alone keeps those), also on a terminal and with ``FORCE_COLOR``.
     """
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 160
+    width = None if _isatty(stream) else 160
     plain = bool(os.environ.get("NO_COLOR"))
     return Console(
         stderr=stderr,

@@ -162,8 +162,8 @@ def check_profile(profile: Sequence[Sequence[object]], where: str) -> Profile:
 
 
 def format_shape(dims: Sequence[object]) -> str:
-    """``(1, 3, 224)`` -> ``1x3x224`` (the spelling gskit prints); a scalar is ``[]``."""
-    return "x".join(str(d) for d in dims) or "[]"
+    """``(1, 3, 224)`` -> ``1x3x224`` (the spelling gskit prints); a scalar is ``scalar``."""
+    return "x".join(str(d) for d in dims) or "scalar"
 
 
 def _profile_parts(dims: str) -> list[str]:

@@ -66,9 +66,14 @@ class TensorSummary:
 
     def shape_text(self) -> str:
         """The shape for people: ``[1, batch, ?]``; ``?`` alone for an unknown rank."""
-        if self.shape is None:
-            return "?"
-        return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
+        return shape_text(self.shape)
+
+
+def shape_text(shape: tuple[Dim, ...] | None) -> str:
+    """Dims for people: ``[1, batch, ?]`` (an unknown dim is ``?``); ``?`` alone for an unknown rank."""
+    if shape is None:
+        return "?"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 @dataclass(frozen=True)

@@ -87,13 +87,12 @@ class Before:
     """Cheap facts taken before a pass runs, for its ``ensures``."""
 
     outputs: tuple[str, ...]
-    nodes: int
 
     @classmethod
     def of(cls, model: gs.Graph | onnx.ModelProto) -> Before:
         if isinstance(model, onnx.ModelProto):
-            return cls(tuple(t.name for t in model.graph.output), len(model.graph.node))
-        return cls(tuple(t.name for t in model.outputs), len(model.nodes))
+            return cls(tuple(t.name for t in model.graph.output))
+        return cls(tuple(t.name for t in model.outputs))
 
 
 ModelT = TypeVar("ModelT", gs.Graph, onnx.ModelProto)

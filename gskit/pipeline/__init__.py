@@ -1,8 +1,9 @@
 """The ``gskit prepare`` job: recipe steps run in order on one model, with the checks and reports.
 
-``steps``: the pass contract (``Pass``, ``PassResult``) and the one registry of recipe steps (``PASSES``),
-each step calling a library pass, a backend check or a comparison. ``recipe``: recipe files, validated
-before anything runs. ``prepare``: runs a recipe and writes the prepared model and its reports atomically.
+``steps``: the step contract (``Pass``, returning ``gskit.passes.transform.PassResult``) and the one
+registry of recipe steps (``PASSES``), each step calling a library pass, a backend check or a comparison.
+``recipe``: recipe files, validated before anything runs. ``prepare``: runs a recipe and writes the
+prepared model and its reports atomically.
 
 Layer 3 (docs/architecture.md): may use every layer below; only the CLI sits above.
 """

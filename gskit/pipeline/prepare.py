@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -296,12 +297,21 @@ def _is_report_temporary(name: str) -> bool:
 
 def _remove_earlier_outputs(out_dir: Path) -> None:
     """A failed run leaves no model or engine of an earlier run beside a report that is not about them."""
+    _remove_stale(out_dir, (MODEL_NAME, MODEL_NAME + ".data", *_engine_names()), "this run failed")
+
+
+def _engine_names() -> tuple[str, str]:
     from gskit.backends.trt_build import sidecar_path
 
-    for name in (MODEL_NAME, MODEL_NAME + ".data", ENGINE_NAME, sidecar_path(ENGINE_NAME).name):
+    return ENGINE_NAME, sidecar_path(ENGINE_NAME).name
+
+
+def _remove_stale(out_dir: Path, names: Sequence[str], why: str) -> None:
+    """Remove files (or links) of an earlier run from OUTDIR; never a folder, never a file an input reads."""
+    for name in names:
         stale = out_dir / name
-        if (stale.exists() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
-            log.info("removing %s from an earlier run (this run failed)", stale)
+        if (stale.is_file() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
+            log.info("removing %s from an earlier run (%s)", stale, why)
             stale.unlink()
 
 
@@ -310,48 +320,34 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
     for index, step in enumerate(recipe.steps):
         if listener:
             listener.started(step.name, index, total)
-        before = gsmodel.count_nodes(state.graph)
-        start = time.perf_counter()
-        try:
-            outcome = _run_step(step.name, state, step.options)
-        except GskitError as err:
-            result = StepResult(
-                step.name,
-                step.line,
-                time.perf_counter() - start,
-                before,
-                before,
-                "failed",
-                str(err),
-                step.options,
-            )
-            report.steps.append(result)
-            if listener:
-                listener.finished(result)
-            where = f" (recipe line {step.line})" if step.line else ""
-            raise GskitError(f"step '{step.name}'{where} failed: {err}") from err
-        if outcome.modified:
-            state.graph_changed()
-        result = StepResult(
-            step.name,
-            step.line,
-            time.perf_counter() - start,
-            before,
-            gsmodel.count_nodes(state.graph),
-            outcome.status,
-            outcome.summary,
-            step.options,
-        )
+        result, error = _timed_step(step, state)
         report.steps.append(result)
         if listener:
             listener.finished(result)
+        if error is not None:
+            where = f" (recipe line {step.line})" if step.line else ""
+            raise GskitError(f"step '{step.name}'{where} failed: {error}") from error
     report.regions = list(state.replaced)
     report.comparison = state.comparison
     report.tensorrt = state.trt_report
-    counts: dict[str, int] = {}
-    for region in state.replaced:
-        counts[region.plugin] = counts.get(region.plugin, 0) + 1
-    report.plugins_inserted = counts
+    report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+
+
+def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
+    """Run one step and describe it; a step's GskitError comes back beside its failed result."""
+    before = gsmodel.count_nodes(state.graph)
+    start = time.perf_counter()
+    try:
+        outcome = _run_step(step.name, state, step.options)
+    except GskitError as err:
+        seconds, summary = time.perf_counter() - start, str(err)
+        return StepResult(step.name, step.line, seconds, before, before, "failed", summary, step.options), err
+    if outcome.modified:
+        state.graph_changed()
+    seconds = time.perf_counter() - start
+    after = gsmodel.count_nodes(state.graph)
+    status, summary = outcome.status, outcome.summary
+    return StepResult(step.name, step.line, seconds, before, after, status, summary, step.options), None
 
 
 def _run_step(name: str, state: RunState, options: Any) -> PassResult:
@@ -369,16 +365,11 @@ def _run_step(name: str, state: RunState, options: Any) -> PassResult:
 
 
 def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
-    from gskit.backends.trt_build import sidecar_path
-
     info = state.engine
     target = out_dir / ENGINE_NAME
     if info is None:
         # An engine left by an earlier run was built from another model: it must not sit beside this one.
-        for stale in (target, sidecar_path(target)):
-            if stale.is_file() and gsmodel.input_reading(stale) is None:
-                log.info("removing %s from an earlier run (no engine built this time)", stale)
-                stale.unlink()
+        _remove_stale(out_dir, _engine_names(), "no engine built this time")
         return
     gsmodel.place_file(info.sidecar, out_dir / info.sidecar.name)
     gsmodel.place_file(info.engine, target)
@@ -452,11 +443,7 @@ def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recip
     if comparison is None:
         return ""
     options = next((s.options for s in recipe.steps if s.name == "validate"), None)
-    dtypes = {
-        i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name
-        for i in original.graph.input
-        if i.type.tensor_type.elem_type
-    }
+    dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
     fed = ", ".join(
         f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
         for name, shape in comparison.input_shapes.items()
@@ -474,16 +461,7 @@ def _model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]
     if model is None:
         data = path.with_name(path.name + ".data")
         return [path, data] if data.is_file() else [path]
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    locations = {
-        entry.value
-        for tensor in _get_all_tensors(model)
-        if uses_external_data(tensor)
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    return [path, *(path.parent / name for name in sorted(locations))]
+    return [path, *(path.parent / name for name in gsmodel.data_locations(model))]
 
 
 def _size(files: list[Path]) -> str:
@@ -501,10 +479,10 @@ def _size(files: list[Path]) -> str:
 def _trt_line(trt: Any) -> str:
     if trt is None:
         return "not run"
-    from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED
+    from gskit.backends.trt_check import NEEDS_PLUGIN
 
-    bad = len(trt.nodes_with(UNSUPPORTED)) + len(trt.nodes_with(PLUGIN_PROBLEM))
-    return f"{trt.source}: {bad} node(s) rejected, {len(trt.nodes_with(NEEDS_PLUGIN))} plugin node(s)"
+    plugins = len(trt.nodes_with(NEEDS_PLUGIN))
+    return f"{trt.source}: {len(trt.rejected)} node(s) rejected, {plugins} plugin node(s)"
 
 
 def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:

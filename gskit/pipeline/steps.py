@@ -27,7 +27,7 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
-from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options
+from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options, format_shape
 from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
 from gskit.passes.fold import FOLD, FoldOptions
@@ -185,8 +185,7 @@ def _ensure(condition: bool, step: str, message: str) -> None:
 
 # ------------------------------------------------------------------------------------------------- passes
 # Every transformation is a core pass (``gskit.passes.transform.GraphPass``) beside its library function; a
-# step
-# here runs it on the run's graph. The checks import their backends locally.
+# step here runs it on the run's graph. The checks import their backends locally.
 
 
 class _Transform(Pass[OptionsT]):
@@ -275,11 +274,11 @@ class CheckTrt(Pass[CheckTrtOptions]):
     name, options, effect = "check_trt", CheckTrtOptions, "check"
 
     def call(self, state: RunState, options: CheckTrtOptions) -> PassResult:
-        from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, UNSUPPORTED, check_trt
+        from gskit.backends.trt_check import NEEDS_PLUGIN, check_trt
 
         report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
         state.trt_report = report
-        bad = len(report.nodes_with(UNSUPPORTED)) + len(report.nodes_with(PLUGIN_PROBLEM))
+        bad = len(report.rejected)
         if options.fail_on_unsupported:
             _ensure(report.ok, self.name, f"{bad} node(s) TensorRT will not take (see the report)")
         plugins = len(report.nodes_with(NEEDS_PLUGIN))
@@ -374,7 +373,7 @@ def _validated(state: RunState, report: Any, note: str) -> PassResult:
 
 
 def _shapes_text(shapes: dict[str, tuple[int, ...]]) -> str:
-    return ", ".join(f"{name}:{'x'.join(str(d) for d in dims) or 'scalar'}" for name, dims in shapes.items())
+    return ", ".join(f"{name}:{format_shape(dims)}" for name, dims in shapes.items())
 
 
 class Build(Pass[BuildOptions]):
