@@ -149,6 +149,18 @@ def test_insert_after_errors_name_the_tensor():
     assert [n.op for n in graph.nodes] == ["Neg"] and graph.nodes[0].outputs[0].name == "y"  # left untouched
 
 
+def test_insert_after_unknown_op_is_named_before_anything_changes():
+    # A misspelled op used to be inserted and then fail onnx's checker ("Field 'shape' of 'type' is
+    # required"), naming neither the op nor the node.
+    graph = gsmodel.to_graph(parse_model(f"{OPSET} g (float[2] x) => (float[2] y) {{ y = Neg(x) }}"))
+    with pytest.raises(GskitError, match="'Rleu' is not an ONNX op") as info:
+        edit.insert_after(graph, "y", "Rleu")
+    assert "--force" in str(info.value) and "\n" not in str(info.value)
+    assert [n.op for n in graph.nodes] == ["Neg"] and graph.nodes[0].outputs[0].name == "y"  # left untouched
+    node = edit.insert_after(graph, "x", "MyOp", force=True)  # a custom op on purpose
+    assert node.op == "MyOp"
+
+
 # ----------------------------------------------------------------------------------------- remove node
 
 REMOVE_MODEL = f"""{OPSET}

@@ -243,9 +243,9 @@ def insert_after(
         The new node.
 
     Raises:
-        GskitError: the tensor or an extra input does not exist, nothing uses the tensor, an attribute is
-            unknown to the op's schema, or the edit creates a cycle (an extra input computed from the
-            tensor), named by a node on the cycle.
+        GskitError: the tensor or an extra input does not exist, nothing uses the tensor, ``op`` is not an
+            ONNX op at the graph's opset (without ``force``), an attribute is unknown to the op's schema, or
+            the edit creates a cycle (an extra input computed from the tensor), named by a node on the cycle.
     """
     tensors = graph.tensors()
     tensor = tensors.get(tensor_name)
@@ -273,7 +273,14 @@ def insert_after(
             inputs.append(gs.Constant(unique_name(f"{node_name}_input{i + 1}", names), np.asarray(extra)))
             names.add(inputs[-1].name)
 
-    checked = _checked_attrs(_schema(graph, op, domain), op, node_name, attrs or {}, force=force)
+    schema = _schema(graph, op, domain)
+    if schema is None and (domain or "") in DEFAULT_DOMAINS and not force:
+        # Caught here: the checker would only say later that the unknown op's output has no type.
+        raise GskitError(
+            f"insert after: '{op}' is not an ONNX op at opset {graph.opset} (node '{node_name}'); "
+            f"check the spelling, or pass --force (force=True) to insert a custom op"
+        )
+    checked = _checked_attrs(schema, op, node_name, attrs or {}, force=force)
     consumers = list(tensor.outputs)
     if any(t is tensor for t in graph.inputs):
         output = gs.Variable(unique_name(f"{tensor_name}_{op.lower()}", names))
