@@ -469,3 +469,7 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, capsys):
     assert "--in-place" in capsys.readouterr().err
     assert main(["edit", str(src), "-o", str(out), "--rename", "x"]) == 2
     assert "OLD=NEW" in capsys.readouterr().err
+    # Both: one of them would be ignored (it used to be --in-place, silently), so neither is guessed.
+    before = src.read_bytes()
+    assert main(["edit", str(src), "-o", str(out), "--in-place", "--rename", "x=x2"]) == 2
+    assert "not both" in capsys.readouterr().err and not out.exists() and src.read_bytes() == before

@@ -107,6 +107,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.in_place:
         raise GskitError("edit: give -o OUTPUT or --in-place")
+    if args.output and args.in_place:
+        raise GskitError("edit: give -o OUTPUT or --in-place, not both")
     output = gsmodel.resolve_output(
         args.model, args.output or args.model, in_place=args.in_place, has_in_place=True
     )
