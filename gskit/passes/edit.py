@@ -954,7 +954,7 @@ def _insertion(entry: Any) -> Any:
 
 
 class _Edit(GraphPass[EditOptions]):
-    name, options, effect, keeps_outputs = "edit", EditOptions, "in_place", False
+    name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
     def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
         plan = EditPlan(

@@ -57,7 +57,7 @@ class IsolateOptions:
 
 
 class _Isolate(GraphPass[IsolateOptions]):
-    name, options, effect, keeps_outputs = "isolate", IsolateOptions, "copying", False
+    name, options, effect, keeps_outputs, takes_model = "isolate", IsolateOptions, "copying", False, False
 
     def requires(self, model: Any, options: IsolateOptions) -> None:
         if not options.outputs:
