@@ -149,6 +149,19 @@ def test_insert_after_errors_name_the_tensor():
     assert [n.op for n in graph.nodes] == ["Neg"] and graph.nodes[0].outputs[0].name == "y"  # left untouched
 
 
+def test_unknown_tensor_errors_suggest_close_names_as_isolate_does():
+    # edit said only "check the name"; isolate already offered close names and where to list them.
+    text = f"{OPSET} g (float[2] x) => (float[2] y) {{ hidden_1 = Neg(x)  y = Abs(hidden_1) }}"
+    graph = gsmodel.to_graph(parse_model(text))
+    for call in (
+        lambda: edit.expose_tensors(graph, ["hiden_1"]),
+        lambda: edit.rename_tensors(graph, {"hiden_1": "h"}),
+        lambda: edit.insert_after(graph, "hiden_1", "Relu"),
+    ):
+        with pytest.raises(GskitError, match=r"'hiden_1'.*close names: 'hidden_1'.*gskit inspect --tensors"):
+            call()
+
+
 def test_insert_after_unknown_op_is_named_before_anything_changes():
     # A misspelled op used to be inserted and then fail onnx's checker ("Field 'shape' of 'type' is
     # required"), naming neither the op nor the node.

@@ -29,6 +29,7 @@ from onnx import TensorProto
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
+from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 
@@ -60,7 +61,9 @@ def rename_tensors(graph: gs.Graph, mapping: Mapping[str, str]) -> gs.Graph:
     taken = _all_tensor_names(graph)
     for old, new in mapping.items():
         if old not in tensors:
-            raise GskitError(f"rename: tensor '{old}' is not in graph '{graph.name}'; check the name")
+            raise GskitError(
+                f"rename: tensor '{old}' is not in graph '{graph.name}'; {tensor_name_hint(old, tensors)}"
+            )
         if not new:
             raise GskitError(f"rename: new name for tensor '{old}' is empty")
     new_names = list(mapping.values())
@@ -182,7 +185,9 @@ def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
     for name in names:
         tensor = tensors.get(name)
         if tensor is None:
-            raise GskitError(f"expose: tensor '{name}' is not in graph '{graph.name}'; check the name")
+            raise GskitError(
+                f"expose: tensor '{name}' is not in graph '{graph.name}'; {tensor_name_hint(name, tensors)}"
+            )
         if isinstance(tensor, gs.Constant):
             raise GskitError(
                 f"expose: tensor '{name}' is a constant (initializer); read it from the model instead"
@@ -251,7 +256,8 @@ def insert_after(
     tensor = tensors.get(tensor_name)
     if tensor is None:
         raise GskitError(
-            f"insert after: tensor '{tensor_name}' is not in graph '{graph.name}'; check the name"
+            f"insert after: tensor '{tensor_name}' is not in graph '{graph.name}'; "
+            f"{tensor_name_hint(tensor_name, tensors)}"
         )
     is_output = any(t is tensor for t in graph.outputs)
     if not tensor.outputs and not is_output:
