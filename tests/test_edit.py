@@ -162,6 +162,15 @@ def test_unknown_tensor_errors_suggest_close_names_as_isolate_does():
             call()
 
 
+def test_removing_an_absent_attribute_says_remove_and_lists_the_node_s_attributes():
+    # It said "set attributes: ... has no attribute" for --remove-attr, and not which ones the node has.
+    text = f"{OPSET} g (float[2] x) => (float[2] y) {{ y = LeakyRelu<alpha=0.1>(x) }}"
+    graph = gsmodel.to_graph(parse_model(text))
+    expected = r"remove attribute: node .* has no attribute 'beta' \(it has: alpha\)"
+    with pytest.raises(GskitError, match=expected):
+        edit.set_attributes(graph, graph.nodes[0].name, remove=["beta"])
+
+
 def test_insert_after_unknown_op_is_named_before_anything_changes():
     # A misspelled op used to be inserted and then fail onnx's checker ("Field 'shape' of 'type' is
     # required"), naming neither the op nor the node.

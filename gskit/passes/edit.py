@@ -389,10 +389,13 @@ def set_attributes(
     schema = _schema(graph, node.op, node.domain)
     for key in remove:
         if key not in node.attrs:
-            raise GskitError(f"set attributes: node '{node_name}' ({node.op}) has no attribute '{key}'")
+            has = ", ".join(sorted(node.attrs)) or "none"
+            raise GskitError(
+                f"remove attribute: node '{node_name}' ({node.op}) has no attribute '{key}' (it has: {has})"
+            )
         if schema is not None and not force and key in schema.attributes and schema.attributes[key].required:
             raise GskitError(
-                f"set attributes: attribute '{key}' of node '{node_name}' ({node.op}) is required"
+                f"remove attribute: attribute '{key}' of node '{node_name}' ({node.op}) is required"
             )
         del node.attrs[key]
     node.attrs.update(_checked_attrs(schema, node.op, node_name, values or {}, force=force))
