@@ -159,9 +159,7 @@ def resolve_feeds(
     if feeds is None:
         return random_feeds(model, shapes, seed=seed)
     if shapes:  # the given arrays fix the shapes: a shape here would be dropped without a word
-        raise GskitError(
-            f"shapes {dict(shapes)} given with the inputs: give --shape or --inputs, not both"
-        )
+        raise GskitError(f"shapes {dict(shapes)} given with the inputs: give --shape or --inputs, not both")
     graph = model if isinstance(model, gs.Graph) else None
     wanted = (
         [t.name for t in graph.inputs if not isinstance(t, gs.Constant)]
