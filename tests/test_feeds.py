@@ -56,7 +56,6 @@ def test_shapes_with_given_feeds_is_an_error_not_ignored() -> None:
     assert resolve_feeds(MODEL, feeds, {})["x"].shape == (2, 4, 8)  # no shapes: fine
 
 
-
 def test_image_dims_and_metadata_fixed_dims() -> None:
     import onnx
 
