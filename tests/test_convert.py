@@ -165,3 +165,13 @@ def test_cli_fp16_keeps_io_fp32_like_the_library_and_the_recipe(tmp_path, flags,
     assert main(["convert", str(source), "-o", str(out), "--fp16", *flags]) == 0
     graph = onnx.load(out).graph
     assert {t.type.tensor_type.elem_type for t in (*graph.input, *graph.output)} == {io_type}
+
+
+def test_misspelled_block_op_is_an_error_not_a_silent_no_op():
+    # --block-op Softmx kept nothing in float32 and said nothing; an op type onnx does not know and no node
+    # of the model has can only be a typo. A real op the model lacks stays fine (a recipe shared by models).
+    text = '<ir_version: 8, opset_import: ["" : 17]> g (float[2] x) => (float[2] y) { y = Neg(x) }'
+    model = parse_model(text)
+    with pytest.raises(GskitError, match=r"block_ops names \['Softmx'\].*onnx op"):
+        to_fp16(model, block_ops=["Softmx"])
+    to_fp16(model, block_ops=["Softmax"])

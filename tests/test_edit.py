@@ -149,6 +149,40 @@ def test_insert_after_errors_name_the_tensor():
     assert [n.op for n in graph.nodes] == ["Neg"] and graph.nodes[0].outputs[0].name == "y"  # left untouched
 
 
+def test_unknown_tensor_errors_suggest_close_names_as_isolate_does():
+    # edit said only "check the name"; isolate already offered close names and where to list them.
+    text = f"{OPSET} g (float[2] x) => (float[2] y) {{ hidden_1 = Neg(x)  y = Abs(hidden_1) }}"
+    graph = gsmodel.to_graph(parse_model(text))
+    for call in (
+        lambda: edit.expose_tensors(graph, ["hiden_1"]),
+        lambda: edit.rename_tensors(graph, {"hiden_1": "h"}),
+        lambda: edit.insert_after(graph, "hiden_1", "Relu"),
+    ):
+        with pytest.raises(GskitError, match=r"'hiden_1'.*close names: 'hidden_1'.*gskit inspect --tensors"):
+            call()
+
+
+def test_removing_an_absent_attribute_says_remove_and_lists_the_node_s_attributes():
+    # It said "set attributes: ... has no attribute" for --remove-attr, and not which ones the node has.
+    text = f"{OPSET} g (float[2] x) => (float[2] y) {{ y = LeakyRelu<alpha=0.1>(x) }}"
+    graph = gsmodel.to_graph(parse_model(text))
+    expected = r"remove attribute: node .* has no attribute 'beta' \(it has: alpha\)"
+    with pytest.raises(GskitError, match=expected):
+        edit.set_attributes(graph, graph.nodes[0].name, remove=["beta"])
+
+
+def test_insert_after_unknown_op_is_named_before_anything_changes():
+    # A misspelled op used to be inserted and then fail onnx's checker ("Field 'shape' of 'type' is
+    # required"), naming neither the op nor the node.
+    graph = gsmodel.to_graph(parse_model(f"{OPSET} g (float[2] x) => (float[2] y) {{ y = Neg(x) }}"))
+    with pytest.raises(GskitError, match="'Rleu' is not an ONNX op") as info:
+        edit.insert_after(graph, "y", "Rleu")
+    assert "--force" in str(info.value) and "\n" not in str(info.value)
+    assert [n.op for n in graph.nodes] == ["Neg"] and graph.nodes[0].outputs[0].name == "y"  # left untouched
+    node = edit.insert_after(graph, "x", "MyOp", force=True)  # a custom op on purpose
+    assert node.op == "MyOp"
+
+
 # ----------------------------------------------------------------------------------------- remove node
 
 REMOVE_MODEL = f"""{OPSET}
@@ -457,3 +491,7 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, capsys):
     assert "--in-place" in capsys.readouterr().err
     assert main(["edit", str(src), "-o", str(out), "--rename", "x"]) == 2
     assert "OLD=NEW" in capsys.readouterr().err
+    # Both: one of them would be ignored (it used to be --in-place, silently), so neither is guessed.
+    before = src.read_bytes()
+    assert main(["edit", str(src), "-o", str(out), "--in-place", "--rename", "x=x2"]) == 2
+    assert "not both" in capsys.readouterr().err and not out.exists() and src.read_bytes() == before

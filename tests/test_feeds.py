@@ -7,7 +7,7 @@ import pytest
 from conftest import parse_model
 
 from gskit.errors import GskitError
-from gskit.io.feeds import random_feeds
+from gskit.io.feeds import random_feeds, resolve_feeds
 
 MODEL = parse_model(
     """
@@ -46,6 +46,14 @@ def test_shape_override_that_does_not_fit_is_named(shape: tuple[int, ...], messa
 def test_unknown_input_is_named() -> None:
     with pytest.raises(GskitError, match=r"unknown input\(s\) \['z'\]; model inputs are \['idx', 'x'\]"):
         random_feeds(MODEL, {"z": (1,)})
+
+
+def test_shapes_with_given_feeds_is_an_error_not_ignored() -> None:
+    # `gskit compare --inputs F.npz --shape x:...` ran the file's shapes and dropped --shape without a word.
+    feeds = {"x": np.zeros((2, 4, 8), np.float32), "idx": np.zeros((3,), np.int64)}
+    with pytest.raises(GskitError, match="give --shape or --inputs, not both"):
+        resolve_feeds(MODEL, feeds, {"x": (4, 4, 8)})
+    assert resolve_feeds(MODEL, feeds, {})["x"].shape == (2, 4, 8)  # no shapes: fine
 
 
 def test_image_dims_and_metadata_fixed_dims() -> None:

@@ -366,3 +366,14 @@ def test_constant_loop_with_unread_iteration_number_is_left_as_it_is(rng):
     assert sum(len(g.node) for g in gsmodel.graph_protos(folded.graph)) <= _polygraphy_total(model)
     onnx.checker.check_model(folded, full_check=True)
     _assert_same_outputs(model, folded, {"x": rng.standard_normal(2).astype(np.float32)})
+
+
+def test_negative_size_threshold_is_an_error_not_a_tiny_limit(tmp_path, capsys):
+    # -1 (a common spelling of "no limit") used to act as a 1-byte limit and quietly fold less.
+    text = '<ir_version: 8, opset_import: ["" : 17]> g (float[2] x) => (float[2] y) { y = Neg(x) }'
+    graph = gsmodel.to_graph(parse_model(text))
+    with pytest.raises(GskitError, match="size_threshold -1 is negative; 0 on the CLI"):
+        fold(graph, size_threshold=-1)
+    path = gsmodel.save(graph, tmp_path / "m.onnx")
+    assert main(["fold", str(path), "-o", str(tmp_path / "f.onnx"), "--size-threshold", "-1"]) == 2
+    assert "negative" in capsys.readouterr().err and not (tmp_path / "f.onnx").exists()

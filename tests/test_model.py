@@ -426,6 +426,9 @@ def test_cli_missing_file_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert lines[0].startswith("gskit inspect: error: ") and str(path) in lines[0]
 
 
-def test_cli_debug_reraises(tmp_path: Path) -> None:
-    with pytest.raises(GskitError, match="absent.onnx"):
-        cli.main(["--debug", "inspect", os.fspath(tmp_path / "absent.onnx")])
+def test_cli_debug_prints_the_traceback_and_still_exits_2(tmp_path: Path, capsys) -> None:
+    # --debug used to re-raise, so Python exited 1, which gskit keeps for "validation failed".
+    assert cli.main(["--debug", "inspect", os.fspath(tmp_path / "absent.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "GskitError" in err
+    assert err.rstrip().splitlines()[-1].startswith("gskit inspect: error: ") and "absent.onnx" in err

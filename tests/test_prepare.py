@@ -159,6 +159,17 @@ def test_bad_recipe_names_the_line_and_runs_nothing(tmp_path: Path, capsys) -> N
     assert not out.exists()
 
 
+def test_shape_for_an_unknown_input_fails_before_any_step(tmp_path: Path, capsys) -> None:
+    # It used to fail only at validate, after replace, fold and the TensorRT check had run (minutes on a
+    # large model); validate compares with the original, whose inputs are known from the start.
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--shape", "y:1x4x8x8", "--skip", "build"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "unknown input(s) ['y']; model inputs are ['x']" in err[0]
+    assert "sanitize" not in captured.out + captured.err and not out.exists()
+
+
 def test_output_over_input_is_refused(tmp_path: Path, capsys) -> None:
     model = tmp_path / "model.onnx"
     shutil.copy(EXAMPLE, model)

@@ -31,7 +31,10 @@ def test_names_keep_colons_and_scalars_are_empty() -> None:
         ("x:0x4x8x8", "dim 0 is 0; concrete shapes need dims of at least 1"),
         ("x:-2x4", "dim 0 is -2"),
         ("x:1,?,3", "dim 1 is '?', not an integer"),
-        ("x:1xbatch", "dim 0 is '1xbatch', not an integer"),
+        # x-joined dims with a bad one name that one; "dim 0 is '1x3x224xx224'" pointed at the whole text
+        ("x:1xbatch", "dim 1 is 'batch', not an integer"),
+        ("x:1x3x224xx224", "dim 3 is '', not an integer"),
+        ("x:1x3x2.5", "dim 2 is '2.5', not an integer"),
         ("1x3", "write NAME:DIMS"),
         (":1x3", "write NAME:DIMS"),
     ],

@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
@@ -152,7 +153,7 @@ def hoist_global_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``gskit`` command; the exit code: 0 done, 1 validation failed, 2 a user error, 130 interrupted.
 
-    Every failure ends in one line on stderr; ``--debug`` shows the traceback instead.
+    Every failure ends in one line on stderr; ``--debug`` prints the traceback before it (the code stays 2).
     """
     words = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in words
@@ -176,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         ):
             return int(args.func(args) or 0)
     except GskitError as err:
-        if debug:
-            raise
+        if debug:  # the traceback, and still exit 2: exit 1 means only "validation failed"
+            traceback.print_exc()
         return _fail(name, str(err))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stay quiet like other command-line tools.
@@ -191,19 +192,19 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
     except OSError as err:
         if debug:
-            raise
+            traceback.print_exc()
         return _fail(name, describe_os_error(err))
     except MemoryError:
         if debug:
-            raise
+            traceback.print_exc()
         return _fail(name, "out of memory; try smaller input shapes or a machine with more memory")
     except RecursionError:
         if debug:
-            raise
+            traceback.print_exc()
         return _fail(name, "the model or file is nested too deeply to process")
     except Exception as err:  # the safety net: a bug still ends in one line, not a traceback
         if debug:
-            raise
+            traceback.print_exc()
         first = (str(err).strip().splitlines() or [""])[0]
         return _fail(
             name,

@@ -95,7 +95,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--drop-initializer-inputs", action="store_true", help="remove initializers from the graph inputs"
     )
-    p.add_argument("--force", action="store_true", help="accept attributes unknown to the op's schema")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="accept attributes unknown to the op's schema, and --insert-after ops unknown to onnx",
+    )
     p.add_argument("--json", action="store_true", help="print the changes as JSON")
     p.set_defaults(func=run)
 
@@ -103,6 +107,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.in_place:
         raise GskitError("edit: give -o OUTPUT or --in-place")
+    if args.output and args.in_place:
+        raise GskitError("edit: give -o OUTPUT or --in-place, not both")
     output = gsmodel.resolve_output(
         args.model, args.output or args.model, in_place=args.in_place, has_in_place=True
     )

@@ -153,11 +153,13 @@ def resolve_feeds(
     """The caller's ``feeds`` as numpy arrays, or ``random_feeds(model, shapes, seed=seed)`` when None.
 
     Raises:
-        GskitError: as ``random_feeds`` when ``feeds`` is None; otherwise when ``feeds`` lacks an input of
-            the model or names one it does not have.
+        GskitError: as ``random_feeds`` when ``feeds`` is None; otherwise when ``shapes`` are given too, or
+            ``feeds`` lacks an input of the model or names one it does not have.
     """
     if feeds is None:
         return random_feeds(model, shapes, seed=seed)
+    if shapes:  # the given arrays fix the shapes: a shape here would be dropped without a word
+        raise GskitError(f"shapes {dict(shapes)} given with the inputs: give --shape or --inputs, not both")
     graph = model if isinstance(model, gs.Graph) else None
     wanted = (
         [t.name for t in graph.inputs if not isinstance(t, gs.Constant)]

@@ -220,6 +220,10 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
     """Import a ModelProto as a gs.Graph; weights still on disk stay there, readable on demand."""
     with _without_shapeless_io_value_info(model):
         graph = gs.import_onnx(model)
+    if graph.import_domains is not None:
+        # graphsurgeon keeps the model's own opset_import list: a plugin domain added to the graph would be
+        # added to the caller's model too.
+        graph.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains]
     for sub in (graph, *graph.subgraphs(recursive=True)):
         for tensor in sub.tensors().values():
             if not isinstance(tensor, gs.Constant):
@@ -230,6 +234,14 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
             lazy = tensor._values
             if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
                 tensor._values = DiskValues(lazy.tensor)
+        for node in sub.nodes:
+            for key, value in node.attrs.items():
+                if isinstance(value, gs.Constant) and isinstance(value._values, gs.ir.tensor.LazyValues):
+                    # A tensor attribute (a Constant node's value): graphsurgeon's export names the proto it
+                    # reads, which is the caller's model's; a copy (attributes are small) keeps it as it was.
+                    copy = onnx.TensorProto()
+                    copy.CopyFrom(value._values.tensor)
+                    node.attrs[key]._values = gs.ir.tensor.LazyValues(copy)
     return graph
 
 

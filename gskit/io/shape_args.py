@@ -183,6 +183,9 @@ def _profile_parts(dims: str) -> list[str]:
 
 
 def _fixed(tokens: list[str], where: str) -> Shape:
+    if len(tokens) == 1 and re.search("x", tokens[0], re.IGNORECASE) and not tokens[0].isdigit():
+        # x-joined dims with a bad one (1x3xx224, 1xbatch): split anyway, so the error names that dim
+        tokens = re.split("x", tokens[0], flags=re.IGNORECASE)
     dims = []
     for axis, token in enumerate(tokens):
         try:

@@ -244,6 +244,7 @@ def _to_fp16(graph_or_model: ModelT, options: ConvertOptions, plugins: Any) -> t
     graph = gsmodel.to_graph(graph_or_model) if is_model else graph_or_model
     _check_names("keep_inputs", options.keep_inputs, graph.inputs)
     _check_names("keep_outputs", options.keep_outputs, graph.outputs)
+    _check_block_ops(options.block_ops, graph)
     infer_tensor_types(graph)
     clamp = (options.clamp_min, options.clamp_max)
     converter = _Fp16(graph, *clamp, set(options.block_ops), _fp16_plugins(plugins))
@@ -409,6 +410,17 @@ def _fixed_float_inputs(node: gs.Node) -> set[int]:
 
 def _fp16_plugins(plugins: Any) -> frozenset[tuple[str, str, str]]:
     return plugin_keys(s for s in (plugins or ()) if s.supports_fp16)
+
+
+def _check_block_ops(ops: tuple[str, ...], graph: gs.Graph) -> None:
+    """An op type onnx does not know and no node has is a typo (``Softmx``) that would keep nothing fp32."""
+    present = {n.op for g in (graph, *graph.subgraphs(recursive=True)) for n in g.nodes}
+    typos = [op for op in ops if op not in present and not onnx.defs.has(op)]
+    if typos:
+        raise GskitError(
+            f"to_fp16: block_ops names {typos}: not an onnx op nor an op of the model; check the spelling "
+            "(op types are case-sensitive, e.g. Softmax)"
+        )
 
 
 def _check_names(label: str, names: tuple[str, ...], tensors: list[gs.Tensor]) -> None:

@@ -29,6 +29,7 @@ from onnx import TensorProto
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
+from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 
@@ -60,7 +61,9 @@ def rename_tensors(graph: gs.Graph, mapping: Mapping[str, str]) -> gs.Graph:
     taken = _all_tensor_names(graph)
     for old, new in mapping.items():
         if old not in tensors:
-            raise GskitError(f"rename: tensor '{old}' is not in graph '{graph.name}'; check the name")
+            raise GskitError(
+                f"rename: tensor '{old}' is not in graph '{graph.name}'; {tensor_name_hint(old, tensors)}"
+            )
         if not new:
             raise GskitError(f"rename: new name for tensor '{old}' is empty")
     new_names = list(mapping.values())
@@ -182,7 +185,9 @@ def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
     for name in names:
         tensor = tensors.get(name)
         if tensor is None:
-            raise GskitError(f"expose: tensor '{name}' is not in graph '{graph.name}'; check the name")
+            raise GskitError(
+                f"expose: tensor '{name}' is not in graph '{graph.name}'; {tensor_name_hint(name, tensors)}"
+            )
         if isinstance(tensor, gs.Constant):
             raise GskitError(
                 f"expose: tensor '{name}' is a constant (initializer); read it from the model instead"
@@ -243,15 +248,16 @@ def insert_after(
         The new node.
 
     Raises:
-        GskitError: the tensor or an extra input does not exist, nothing uses the tensor, an attribute is
-            unknown to the op's schema, or the edit creates a cycle (an extra input computed from the
-            tensor), named by a node on the cycle.
+        GskitError: the tensor or an extra input does not exist, nothing uses the tensor, ``op`` is not an
+            ONNX op at the graph's opset (without ``force``), an attribute is unknown to the op's schema, or
+            the edit creates a cycle (an extra input computed from the tensor), named by a node on the cycle.
     """
     tensors = graph.tensors()
     tensor = tensors.get(tensor_name)
     if tensor is None:
         raise GskitError(
-            f"insert after: tensor '{tensor_name}' is not in graph '{graph.name}'; check the name"
+            f"insert after: tensor '{tensor_name}' is not in graph '{graph.name}'; "
+            f"{tensor_name_hint(tensor_name, tensors)}"
         )
     is_output = any(t is tensor for t in graph.outputs)
     if not tensor.outputs and not is_output:
@@ -273,7 +279,14 @@ def insert_after(
             inputs.append(gs.Constant(unique_name(f"{node_name}_input{i + 1}", names), np.asarray(extra)))
             names.add(inputs[-1].name)
 
-    checked = _checked_attrs(_schema(graph, op, domain), op, node_name, attrs or {}, force=force)
+    schema = _schema(graph, op, domain)
+    if schema is None and (domain or "") in DEFAULT_DOMAINS and not force:
+        # Caught here: the checker would only say later that the unknown op's output has no type.
+        raise GskitError(
+            f"insert after: '{op}' is not an ONNX op at opset {graph.opset} (node '{node_name}'); "
+            f"check the spelling, or pass --force (force=True) to insert a custom op"
+        )
+    checked = _checked_attrs(schema, op, node_name, attrs or {}, force=force)
     consumers = list(tensor.outputs)
     if any(t is tensor for t in graph.inputs):
         output = gs.Variable(unique_name(f"{tensor_name}_{op.lower()}", names))
@@ -376,10 +389,13 @@ def set_attributes(
     schema = _schema(graph, node.op, node.domain)
     for key in remove:
         if key not in node.attrs:
-            raise GskitError(f"set attributes: node '{node_name}' ({node.op}) has no attribute '{key}'")
+            has = ", ".join(sorted(node.attrs)) or "none"
+            raise GskitError(
+                f"remove attribute: node '{node_name}' ({node.op}) has no attribute '{key}' (it has: {has})"
+            )
         if schema is not None and not force and key in schema.attributes and schema.attributes[key].required:
             raise GskitError(
-                f"set attributes: attribute '{key}' of node '{node_name}' ({node.op}) is required"
+                f"remove attribute: attribute '{key}' of node '{node_name}' ({node.op}) is required"
             )
         del node.attrs[key]
     node.attrs.update(_checked_attrs(schema, node.op, node_name, values or {}, force=force))
@@ -947,7 +963,7 @@ def _insertion(entry: Any) -> Any:
 
 
 class _Edit(GraphPass[EditOptions]):
-    name, options, effect, keeps_outputs = "edit", EditOptions, "in_place", False
+    name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
     def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
         plan = EditPlan(

@@ -219,7 +219,8 @@ def fold(
 
     Raises:
         GskitError: a fold failed (onnxruntime could not evaluate a constant subgraph) and ``allow_partial``
-            is False; the message names the node or op onnxruntime reported.
+            is False; the message names the node or op onnxruntime reported; or ``max_passes`` < 1 or
+            ``size_threshold`` < 0.
     """
     options = FoldOptions(
         max_passes=max_passes,
@@ -237,6 +238,11 @@ class _Fold(GraphPass[FoldOptions]):
     def requires(self, model: Any, options: FoldOptions) -> None:
         if options.max_passes < 1:
             raise GskitError(f"fold: max_passes must be at least 1, got {options.max_passes}")
+        if options.size_threshold is not None and options.size_threshold < 0:
+            raise GskitError(
+                f"fold: size_threshold {options.size_threshold} is negative; 0 on the CLI (null in a recipe) "
+                "means no limit"
+            )
 
     def call(self, model: Any, options: FoldOptions, **context: Any) -> PassResult:
         folded, report = _fold(model, options, context.get("plugins"), context.get("spill_dir"))

@@ -12,6 +12,7 @@ functions (with the subgraphs inside them).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections import Counter
@@ -270,6 +271,13 @@ def list_tensors(model: onnx.ModelProto, *, infer_shapes: bool = True) -> tuple[
         for name in node.output:
             add(name, "activation", node.name)
     return tuple(tensors.values())
+
+
+def tensor_name_hint(name: str, names: Iterable[str]) -> str:
+    """The end of an unknown-tensor error: the close names (a typo) or none, and how to list them all."""
+    close = difflib.get_close_matches(name, list(names), n=5, cutoff=0.6)
+    hint = f"close names: {', '.join(repr(c) for c in close)}" if close else "no similar name"
+    return f"{hint}; `gskit inspect --tensors` lists the model's tensors"
 
 
 def summarize_file(path: str | os.PathLike, *, infer_shapes: bool = True) -> ModelSummary:

@@ -13,7 +13,6 @@ keep their dims and data type but lose their data, so inference never reads or s
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get
 
 from gskit.errors import GskitError
 from gskit.io.model import node_subgraphs, to_model
+from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.shapes import infer_shapes, stubbed_constants
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 from gskit.plugin.spec import PluginRegistry
@@ -57,7 +57,7 @@ class IsolateOptions:
 
 
 class _Isolate(GraphPass[IsolateOptions]):
-    name, options, effect, keeps_outputs = "isolate", IsolateOptions, "copying", False
+    name, options, effect, keeps_outputs, takes_model = "isolate", IsolateOptions, "copying", False, False
 
     def requires(self, model: Any, options: IsolateOptions) -> None:
         if not options.outputs:
@@ -145,11 +145,8 @@ def _lookup(tensors: dict[str, gs.Tensor], names: Sequence[str], role: str) -> l
         seen.add(name)
         tensor = tensors.get(name) if name else None
         if tensor is None:
-            close = difflib.get_close_matches(name, list(tensors), n=5, cutoff=0.6)
-            hint = f"close names: {', '.join(repr(c) for c in close)}" if close else "no similar name"
             raise GskitError(
-                f"unknown {role} tensor '{name}' (not in the main graph; {hint}); "
-                f"`gskit inspect --tensors` lists the model's tensors"
+                f"unknown {role} tensor '{name}' (not in the main graph); {tensor_name_hint(name, tensors)}"
             )
         found.append(tensor)
     return found

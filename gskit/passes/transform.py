@@ -109,6 +109,8 @@ class GraphPass(Generic[OptionsT]):
     effect: ClassVar[Literal["in_place", "copying"]]
     #: the graph's output names are the same after the pass
     keeps_outputs: ClassVar[bool] = True
+    #: ``call`` handles a ModelProto itself; False: :func:`run_pass` gives it a graph made from the model
+    takes_model: ClassVar[bool] = True
 
     def requires(self, model: Any, options: OptionsT) -> None:
         """Raise ``GskitError`` when the pass cannot run on this model (default: no precondition)."""
@@ -159,6 +161,13 @@ def run_pass(
         raise TypeError(
             f"pass '{graph_pass.name}' takes {graph_pass.options.__name__}, got {type(options).__name__}"
         )
+    if isinstance(model, onnx.ModelProto) and not graph_pass.takes_model:
+        # A graph made from the model: the pass changes that one, and the given ModelProto stays as it was.
+        from gskit.io.model import to_graph, to_model
+
+        result = run_pass(graph_pass, to_graph(model), options, **context)
+        result.model = to_model(result.model)
+        return result
     graph_pass.requires(model, options)
     before = Before.of(model)
     result = graph_pass.call(model, options, **context)

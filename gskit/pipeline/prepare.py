@@ -210,6 +210,7 @@ def prepare(
         original = gsmodel.load(model_path, load_weights=False)
         if not original.graph.output:
             raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
+        _check_validate_shapes(recipe, original)
         registry = load_plugins(plugin_dirs)
         for name in REPORT_NAMES:  # checked first: a failure is recorded there
             gsmodel.check_output(out_dir / name)
@@ -236,6 +237,20 @@ def prepare(
             )
             _write_reports(report, original, state, out_dir, recipe)
     return report
+
+
+def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
+    """Validation feeds the original model: a shape for an input it lacks fails now, not after every step."""
+    known = sorted({i.name for i in original.graph.input})
+    for step in recipe.steps:
+        if step.name != "validate":
+            continue
+        unknown = sorted(set(step.options.shapes) - set(known))
+        if unknown:
+            raise GskitError(
+                f"step 'validate' (recipe line {step.line}): --shape names unknown input(s) {unknown}; "
+                f"model inputs are {known}"
+            )
 
 
 @contextmanager

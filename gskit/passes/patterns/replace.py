@@ -156,7 +156,13 @@ def replace(
 
     Raises:
         GskitError: a name in ``only`` is not among the plugins.
+        TypeError: ``graph`` is a ModelProto (the replacement would be lost).
     """
+    if not isinstance(graph, gs.Graph):
+        raise TypeError(
+            f"replace changes a gs.Graph in place, got {type(graph).__name__}: pass gskit.to_graph(model), "
+            "or use run_pass(REPLACE, model, ...).model for a new ModelProto"
+        )
     options = ReplaceOptions(
         only=None if only is None else tuple(only), keep_function=keep_function, explain=explain
     )
@@ -164,7 +170,7 @@ def replace(
 
 
 class _Replace(GraphPass[ReplaceOptions]):
-    name, options, effect = "replace", ReplaceOptions, "in_place"
+    name, options, effect, takes_model = "replace", ReplaceOptions, "in_place", False
 
     def call(self, model: Any, options: ReplaceOptions, **context: Any) -> PassResult:
         report = _replace(model, context.get("plugins") or (), options)
