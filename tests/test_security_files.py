@@ -325,7 +325,6 @@ def test_failed_run_leaves_no_model_of_an_earlier_run(tmp_path, capsys) -> None:
     assert not (out / "model.onnx").exists()
 
 
-
 def test_failed_run_keeps_a_folder_named_like_an_output(tmp_path, capsys) -> None:
     out = tmp_path / "out"
     (out / "model.engine").mkdir(parents=True)  # the user's folder, not an engine of an earlier run
@@ -334,6 +333,7 @@ def test_failed_run_keeps_a_folder_named_like_an_output(tmp_path, capsys) -> Non
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(bad)]) == 2
     _one_line_error(capsys, "prepare", "step 'isolate'")
     assert (out / "model.engine").is_dir()
+
 
 @rtx
 def test_trt_worker_dies_with_its_parent(tmp_path) -> None:
