@@ -21,6 +21,7 @@ from gskit.io.model import (
     resolve_output,
     save,
     to_graph,
+    to_model,
 )
 
 
@@ -411,6 +412,68 @@ def test_external_location_outside_folder(tmp_path: Path, rng: np.random.Generat
     path.write_bytes(model.SerializeToString())
     with pytest.raises(GskitError, match="invalid external data location"):
         load(path)
+
+
+# empty list attributes ------------------------------------------------------------------------------------
+
+
+def _empty_list_model() -> onnx.ModelProto:
+    """ReduceSum-11 with ``axes=[]`` (reduce over everything) and a custom node with empty FLOATS/STRINGS."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x"], ["y"], name="sum", keepdims=0),
+            helper.make_node("Tagged", ["x"], ["t"], name="tagged", domain="custom.ops"),
+        ],
+        "empty_lists",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 11), helper.make_opsetid("custom.ops", 1)]
+    )
+    model.graph.node[0].attribute.append(onnx.AttributeProto(name="axes", type=onnx.AttributeProto.INTS))
+    model.graph.node[1].attribute.extend(
+        onnx.AttributeProto(name=name, type=kind)
+        for name, kind in (("scales", onnx.AttributeProto.FLOATS), ("labels", onnx.AttributeProto.STRINGS))
+    )
+    model.ir_version = MAX_ORT_IR_VERSION
+    return model
+
+
+def _attribute_kinds(model: onnx.ModelProto) -> dict[tuple[str, str], int]:
+    return {(node.name, a.name): a.type for node in model.graph.node for a in node.attribute}
+
+
+def _reduce_all(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(["y"], {"x": x})[0]
+
+
+def test_empty_list_attributes_round_trip_with_their_kind() -> None:
+    model = _empty_list_model()
+    onnx.checker.check_model(model)
+    out = to_model(to_graph(model))
+    assert _attribute_kinds(out) == {
+        ("sum", "keepdims"): onnx.AttributeProto.INT,
+        ("sum", "axes"): onnx.AttributeProto.INTS,
+        ("tagged", "scales"): onnx.AttributeProto.FLOATS,
+        ("tagged", "labels"): onnx.AttributeProto.STRINGS,
+    }
+    assert not any(a.ints or a.floats or a.strings for node in out.graph.node for a in node.attribute)
+    onnx.checker.check_model(out)
+
+
+def test_empty_list_attribute_survives_fold(tmp_path: Path) -> None:
+    model = _empty_list_model()
+    del model.graph.node[1]  # onnxruntime cannot run the custom node
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    src = save(model, tmp_path / "m.onnx")
+    assert cli.main(["fold", str(src), "-o", str(tmp_path / "f.onnx")]) == 0
+    folded = load(tmp_path / "f.onnx")
+    assert _attribute_kinds(folded)[("sum", "axes")] == onnx.AttributeProto.INTS
+    onnx.checker.check_model(folded)
+    np.testing.assert_array_equal(_reduce_all(folded, x), _reduce_all(model, x))
+    assert float(_reduce_all(folded, x)) == 15.0
 
 
 # CLI error handling -----------------------------------------------------------------------------------
