@@ -476,6 +476,37 @@ def test_empty_list_attribute_survives_fold(tmp_path: Path) -> None:
     assert float(_reduce_all(folded, x)) == 15.0
 
 
+def _optional_model() -> onnx.ModelProto:
+    """y = OptionalGetElement(Optional(x)), with the optional's type in value_info."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Optional", ["x"], ["opt"], name="wrap"),
+            helper.make_node("OptionalGetElement", ["opt"], ["y"], name="unwrap"),
+        ],
+        "optional",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    element = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])
+    graph.value_info.append(helper.make_value_info("opt", helper.make_optional_type_proto(element)))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = MAX_ORT_IR_VERSION
+    return model
+
+
+def test_optional_value_type_round_trips(tmp_path: Path) -> None:
+    """graphsurgeon failed to export an optional value_info (UnboundLocalError) from sanitize or prepare."""
+    model = _optional_model()
+    out = to_model(to_graph(model))
+    assert {i.name: i.type for i in out.graph.value_info}["opt"] == model.graph.value_info[0].type
+    onnx.checker.check_model(out, full_check=True)
+    src = save(model, tmp_path / "m.onnx")
+    assert cli.main(["sanitize", str(src), "-o", str(tmp_path / "s.onnx")]) == 0
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    session = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(["y"], {"x": x})[0], x)
+
+
 # CLI error handling -----------------------------------------------------------------------------------
 
 
