@@ -21,6 +21,7 @@ from gskit.io.model import (
     resolve_output,
     save,
     to_graph,
+    to_model,
 )
 
 
@@ -411,6 +412,99 @@ def test_external_location_outside_folder(tmp_path: Path, rng: np.random.Generat
     path.write_bytes(model.SerializeToString())
     with pytest.raises(GskitError, match="invalid external data location"):
         load(path)
+
+
+# empty list attributes ------------------------------------------------------------------------------------
+
+
+def _empty_list_model() -> onnx.ModelProto:
+    """ReduceSum-11 with ``axes=[]`` (reduce over everything) and a custom node with empty FLOATS/STRINGS."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x"], ["y"], name="sum", keepdims=0),
+            helper.make_node("Tagged", ["x"], ["t"], name="tagged", domain="custom.ops"),
+        ],
+        "empty_lists",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 11), helper.make_opsetid("custom.ops", 1)]
+    )
+    model.graph.node[0].attribute.append(onnx.AttributeProto(name="axes", type=onnx.AttributeProto.INTS))
+    model.graph.node[1].attribute.extend(
+        onnx.AttributeProto(name=name, type=kind)
+        for name, kind in (("scales", onnx.AttributeProto.FLOATS), ("labels", onnx.AttributeProto.STRINGS))
+    )
+    model.ir_version = MAX_ORT_IR_VERSION
+    return model
+
+
+def _attribute_kinds(model: onnx.ModelProto) -> dict[tuple[str, str], int]:
+    return {(node.name, a.name): a.type for node in model.graph.node for a in node.attribute}
+
+
+def _reduce_all(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(["y"], {"x": x})[0]
+
+
+def test_empty_list_attributes_round_trip_with_their_kind(tmp_path: Path) -> None:
+    model = _empty_list_model()
+    onnx.checker.check_model(model)
+    out = to_model(to_graph(load(save(model, tmp_path / "m.onnx"))))
+    assert _attribute_kinds(out) == {
+        ("sum", "keepdims"): onnx.AttributeProto.INT,
+        ("sum", "axes"): onnx.AttributeProto.INTS,
+        ("tagged", "scales"): onnx.AttributeProto.FLOATS,
+        ("tagged", "labels"): onnx.AttributeProto.STRINGS,
+    }
+    assert not any(a.ints or a.floats or a.strings for node in out.graph.node for a in node.attribute)
+    onnx.checker.check_model(out)
+
+
+def test_empty_list_attribute_survives_fold(tmp_path: Path) -> None:
+    model = _empty_list_model()
+    del model.graph.node[1]  # onnxruntime cannot run the custom node
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    src = save(model, tmp_path / "m.onnx")
+    assert cli.main(["fold", str(src), "-o", str(tmp_path / "f.onnx")]) == 0
+    folded = load(tmp_path / "f.onnx")
+    assert _attribute_kinds(folded)[("sum", "axes")] == onnx.AttributeProto.INTS
+    onnx.checker.check_model(folded)
+    np.testing.assert_array_equal(_reduce_all(folded, x), _reduce_all(model, x))
+    assert float(_reduce_all(folded, x)) == 15.0
+
+
+def _optional_model() -> onnx.ModelProto:
+    """y = OptionalGetElement(Optional(x)), with the optional's type in value_info."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Optional", ["x"], ["opt"], name="wrap"),
+            helper.make_node("OptionalGetElement", ["opt"], ["y"], name="unwrap"),
+        ],
+        "optional",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    element = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])
+    graph.value_info.append(helper.make_value_info("opt", helper.make_optional_type_proto(element)))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = MAX_ORT_IR_VERSION
+    return model
+
+
+def test_optional_value_type_round_trips(tmp_path: Path) -> None:
+    """graphsurgeon failed to export an optional value_info (UnboundLocalError) from sanitize or prepare."""
+    model = _optional_model()
+    out = to_model(to_graph(model))
+    assert {i.name: i.type for i in out.graph.value_info}["opt"] == model.graph.value_info[0].type
+    onnx.checker.check_model(out, full_check=True)
+    src = save(model, tmp_path / "m.onnx")
+    assert cli.main(["sanitize", str(src), "-o", str(tmp_path / "s.onnx")]) == 0
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    session = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(["y"], {"x": x})[0], x)
 
 
 # CLI error handling -----------------------------------------------------------------------------------

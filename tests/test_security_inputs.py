@@ -421,7 +421,31 @@ def _undefined_tensor_type() -> bytes:
     return _graph_model([helper.make_node("Constant", [], ["y"], value=value)]).SerializeToString()
 
 
+def _attribute_without_value() -> bytes:
+    node = helper.make_node("Constant", [], ["y"], name="const")
+    node.attribute.append(onnx.AttributeProto(name="value", type=onnx.AttributeProto.TENSOR, strings=[b"a"]))
+    return _graph_model([node]).SerializeToString()
+
+
+def _typed_value_info(build_type) -> bytes:
+    model = _graph_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])])
+    info = model.graph.value_info.add(name="r")
+    build_type(info.type)
+    return model.SerializeToString()
+
+
+def _sequence_of_undefined() -> bytes:
+    return _typed_value_info(lambda t: t.sequence_type.elem_type.tensor_type.SetInParent())
+
+
+def _sequence_without_element() -> bytes:
+    return _typed_value_info(lambda t: t.sequence_type.SetInParent())
+
+
 MALFORMED = {
+    "attribute_without_value": (_attribute_without_value, "(attribute 'value') is of kind TENSOR but holds"),
+    "sequence_of_undefined": (_sequence_of_undefined, "value_info 'r' has a sequence, optional or map of"),
+    "sequence_without_element": (_sequence_without_element, "'r' has a sequence, optional or map type"),
     "bad_utf8_attribute": (_bad_utf8_attribute, "attribute[1].s is not valid UTF-8"),
     "undefined_tensor_type": (_undefined_tensor_type, "element type 0, which a tensor cannot have"),
     "bad_utf8_name": (_bad_utf8_name, "node[0].name is not valid UTF-8"),

@@ -134,6 +134,17 @@ def test_missing_plugin_spec_leaves_shapes_missing(rng):
     assert "d" in missing_shapes(inferred)
 
 
+def test_plugin_output_of_an_input_of_unknown_type_stays_untyped(registry, rng):
+    """A plugin node reading a tensor nothing defines: its rule passes on element type 0, which onnx refuses
+    to set (it raised a bare ValueError); the output stays untyped instead."""
+    model = _chain(rng)
+    model.graph.node[0].input[0] = "ghost"
+    inferred = infer_shapes(model, registry, strict=False)
+    assert "d" in missing_shapes(inferred)
+    with pytest.raises(GskitError, match="shape inference failed"):
+        infer_shapes(model, registry)
+
+
 def test_plugin_rule_error_names_the_node(registry, rng):
     model = _chain(rng)
     model.graph.node[0].name = "dup_node"

@@ -43,6 +43,7 @@ from onnx import TensorProto
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
 from gskit.errors import GskitError, ModelCheckError, write_error
+from gskit.io import gs_export
 from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,7 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
         # graphsurgeon keeps the model's own opset_import list: a plugin domain added to the graph would be
         # added to the caller's model too.
         graph.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains]
+    gs_export.mark_empty_lists(model, graph)
     for sub in (graph, *graph.subgraphs(recursive=True)):
         for tensor in sub.tensors().values():
             if not isinstance(tensor, gs.Constant):
@@ -280,8 +282,15 @@ def _without_shapeless_io_value_info(model: onnx.ModelProto) -> Iterator[None]:
 
 
 def to_model(graph: gs.Graph) -> onnx.ModelProto:
-    """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load."""
-    model = gs.export_onnx(graph, do_type_check=False)
+    """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load.
+
+    Empty list attributes (``axes=[]``), which graphsurgeon cannot export, are written with their kind;
+    optional and opaque value types with theirs; map types and sequences of sequences without a type.
+    """
+    with gs_export.exporting_empty_lists(graph) as marker, gs_export.exporting_value_types(graph) as types:
+        model = gs.export_onnx(graph, do_type_check=False)
+    gs_export.restore_empty_lists(model, marker)
+    gs_export.restore_value_types(model, types)
     # IR 4 is the first to allow initializers that are not graph inputs, which graphsurgeon always writes.
     model.ir_version = max(4, min(model.ir_version, MAX_ORT_IR_VERSION))
     return model

@@ -6,6 +6,8 @@ protobuf messages, weights skipped) and looks only for what breaks the tools dow
 
 * a string field that is not UTF-8 (protobuf hands such a field over as ``bytes``);
 * a tensor or type with an element type onnx does not define;
+* a value_info whose sequence, optional or map type leaves its element type out (or UNDEFINED);
+* an attribute of kind TENSOR, GRAPH, SPARSE_TENSOR or TYPE_PROTO that holds none;
 * a cycle (a self-loop included) among the nodes of a graph or subgraph;
 * a model-local function that calls itself, directly or through others.
 """
@@ -26,6 +28,13 @@ _DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
 _TENSOR_TYPES = _DATA_TYPES - {onnx.TensorProto.UNDEFINED}
 #: Attribute kinds whose bytes are text (onnx: UTF-8 strings), decoded by graphsurgeon.
 _TEXT_ATTRIBUTES = frozenset({onnx.AttributeProto.STRING, onnx.AttributeProto.STRINGS})
+#: Attribute kinds whose value is one message, with its field (graphsurgeon reads it even when unset).
+_MESSAGE_ATTRIBUTES = {
+    onnx.AttributeProto.TENSOR: "t",
+    onnx.AttributeProto.GRAPH: "g",
+    onnx.AttributeProto.SPARSE_TENSOR: "sparse_tensor",
+    onnx.AttributeProto.TYPE_PROTO: "tp",
+}
 #: (message type, field) pairs that hold an element type.
 _DTYPE_FIELDS = {("TensorProto", "data_type"), ("Tensor", "elem_type"), ("SparseTensor", "elem_type")}
 
@@ -44,6 +53,12 @@ def check_wellformed(model: onnx.ModelProto, source: object) -> None:
             raise GskitError(
                 f"{source}: graph input '{value.name}' (model.graph.input[{index}]) has no element type; "
                 "set it with `gskit edit --input-dtype`"
+            )
+    for info, where in _value_infos(model):
+        problem = _type_problem(info.type)
+        if problem is not None:
+            raise GskitError(
+                f"{source}: {where} '{info.name}' {problem}; the file is damaged or was written incorrectly"
             )
     for graph, where in _graphs(model.graph, "graph"):
         cycle = _cycle_node(graph)
@@ -83,6 +98,10 @@ def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
             elif (size := _data_size_problem(message)) is not None:
                 yield _place(where), size
         if type_name == "AttributeProto":
+            field_name = _MESSAGE_ATTRIBUTES.get(message.type)
+            if field_name and not message.ref_attr_name and not message.HasField(field_name):
+                kind = onnx.AttributeProto.AttributeType.Name(message.type)
+                yield _place(where), f"(attribute '{message.name}') is of kind {kind} but holds no value"
             for text in (message.s, *message.strings) if message.type in _TEXT_ATTRIBUTES else ():
                 if not _is_utf8(text):
                     yield _place((where, "s", None)), f"is not valid UTF-8 text ({text[:40]!r})"
@@ -133,6 +152,34 @@ def _data_size_problem(tensor: onnx.TensorProto) -> str | None:
         have = len(getattr(tensor, field))
     if have != count:
         return f"holds {max(have, 0)} values for dims {list(tensor.dims)} ({count} values)"
+    return None
+
+
+def _value_infos(model: onnx.ModelProto) -> Iterator[tuple[onnx.ValueInfoProto, str]]:
+    """Every value_info, graph input and output of the model's graphs and functions, with where it is."""
+    for graph, where in _graphs(model.graph, "graph"):
+        for kind in ("input", "output", "value_info"):
+            yield from ((info, f"{where} {kind}") for info in getattr(graph, kind))
+    for function in model.functions:
+        yield from ((info, f"function {function.name} value_info") for info in function.value_info)
+
+
+def _type_problem(type_proto: onnx.TypeProto, nested: bool = False) -> str | None:
+    """What is missing from a value type, or None; a tensor's element type may be unknown (0) only at the
+    top (onnx's shape inference fails on one inside a sequence, optional or map)."""
+    kind = type_proto.WhichOneof("value")
+    if kind is None:
+        return "has a sequence, optional or map type without an element type" if nested else None
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        if nested and getattr(type_proto, kind).elem_type == onnx.TensorProto.UNDEFINED:
+            return "has a sequence, optional or map of tensors of element type 0 (UNDEFINED)"
+        return None
+    if kind in ("sequence_type", "optional_type"):
+        return _type_problem(getattr(type_proto, kind).elem_type, nested=True)
+    if kind == "map_type":
+        if type_proto.map_type.key_type == onnx.TensorProto.UNDEFINED:
+            return "has a map type with key type 0 (UNDEFINED)"
+        return _type_problem(type_proto.map_type.value_type, nested=True)
     return None
 
 

@@ -465,7 +465,9 @@ def _inference_function(domain: str, op: str, entry: _Registered) -> Callable[[A
             log.warning("%s; its outputs keep no shape", message)
             return
         for i, info in enumerate(outputs):
-            if i < ctx.get_num_outputs() and ctx.has_output(i):
+            # an output rule that passes on an input of unknown type (a tensor nothing defines, or one onnx
+            # could not type) gives element type 0, which onnx refuses to set: that output stays untyped
+            if i < ctx.get_num_outputs() and ctx.has_output(i) and not _undefined(info.dtype):
                 ctx.set_output_type(i, _type_proto(info))
 
     return infer
@@ -497,6 +499,11 @@ def _tensor_info(type_proto: onnx.TypeProto | None) -> TensorInfo | None:
         else:
             dims.append(None)
     return TensorInfo(tensor_type.elem_type, tuple(dims))
+
+
+def _undefined(dtype: Any) -> bool:
+    """An element type that says "unknown" (``None`` or onnx's 0, UNDEFINED)."""
+    return dtype is None or (isinstance(dtype, int) and dtype == onnx.TensorProto.UNDEFINED)
 
 
 def _type_proto(info: TensorInfo) -> onnx.TypeProto:

@@ -170,23 +170,8 @@ _GS_UNSUPPORTED_ATTRS = (onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYP
 
 
 def export_graph(graph: gs.Graph, odd_types: GsLosses) -> onnx.ModelProto:
-    """``gsmodel.to_model`` that writes back the non-tensor types graphsurgeon cannot export."""
-    hidden = []
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for tensor in sub.tensors().values():
-            kind = getattr(tensor, "type", "tensor_type")
-            if (
-                isinstance(tensor, gs.Variable)
-                and kind not in (None, "tensor_type")
-                and tensor.dtype is not None
-            ):
-                hidden.append((tensor, tensor.dtype))
-                tensor.dtype = None
-    try:
-        model = gsmodel.to_model(graph)
-    finally:
-        for tensor, dtype in hidden:
-            tensor.dtype = dtype
+    """``gsmodel.to_model`` that writes back the non-tensor types graphsurgeon cannot export, exactly."""
+    model = gsmodel.to_model(graph)
     odd_types.restore(model)
     return model
 
