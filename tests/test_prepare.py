@@ -566,3 +566,108 @@ def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypa
     assert "step 'fold'" in line and "unexpected ValueError: graphsurgeon could not do it" in line
     assert "--debug" in line and "second line" not in err
     assert json.loads((out / "report.json").read_text())["steps"][-1]["status"] == "failed"
+
+
+# ---- "validated" describes the written model or nothing (issue 22) -----------------------------------------
+
+EDIT_ALPHA = "  - edit: {set_attrs: {/fc1/Gemm: {alpha: 5.0}}}\n"
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        f"steps:\n  - validate\n{EDIT_ALPHA}",
+        "steps:\n  - validate\n  - convert: {fp16: true}\n",
+        "steps:\n  - validate\n  - isolate: {inputs: [x], outputs: [/fc1/Gemm_output_0]}\n",
+    ],
+    ids=["edit", "convert", "isolate"],
+)
+def test_a_change_after_validate_stops_before_any_step(tmp_path: Path, capsys, steps: str) -> None:
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", _recipe(tmp_path, steps)]) == 2
+    line = _one_line_error(capsys, "recipe.yaml:3: step '", "after step 'validate' (line 2)")
+    assert "validation passed" not in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["recipe", "skip"])
+def test_a_run_without_validation_says_not_validated_everywhere(tmp_path: Path, capsys, how: str) -> None:
+    from gskit.compare.outputs import compare
+
+    out = tmp_path / "out"
+    if how == "recipe":  # a change that validation would catch: no run may call it validated
+        argv = ["--recipe", _recipe(tmp_path, f"steps:\n{EDIT_ALPHA}")]
+    else:
+        argv = ["--skip", "validate", "--skip", "build"]
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), *argv]) == 0
+    printed = capsys.readouterr().out
+    assert "not validated" in printed and "validation passed" not in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["validated"] is False and report["passed"] is None and report["comparison"] is None
+    page = (out / "report.html").read_text()
+    assert 'id="verdict">Not validated' in page and "PASSED" not in page
+    if how == "recipe":
+        assert not compare(EXAMPLE, out / "model.onnx").passed
+
+
+def test_a_validated_run_says_validated(tmp_path: Path) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "relu.onnx", tmp_path / "out"
+    onnx.save(parse_model(SMALL_FLOAT), model)
+    assert (
+        main(["prepare", str(model), "-o", str(out), "--recipe", _recipe(tmp_path, "steps: [validate]")]) == 0
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["validated"] is True and report["passed"] is True
+
+
+SMALL_FLOAT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 8] x) => (float[2, 8] y) {
+  k = Constant<value = float {0.5}>()
+  m = Mul(x, k)
+  y = Relu(m)
+}
+"""
+
+
+def test_an_output_dtype_the_convert_step_changed_is_named(tmp_path: Path, capsys) -> None:
+    """keep_io_fp32: false makes the output float16: expected (the report says by what), not a failure."""
+    from conftest import parse_model
+
+    model, out = tmp_path / "relu.onnx", tmp_path / "out"
+    onnx.save(parse_model(SMALL_FLOAT), model)
+    recipe = _recipe(
+        tmp_path,
+        "steps:\n  - convert: {fp16: true, keep_io_fp32: false}\n"
+        "  - validate: {atol: 1.0e-2, rtol: 1.0e-2}\n",
+    )
+    assert main(["prepare", str(model), "-o", str(out), "--recipe", recipe]) == 0
+    report = json.loads((out / "report.json").read_text())
+    (y,) = report["comparison"]["outputs"]
+    assert (y["dtype"], y["dtype_under_test"]) == ("float32", "float16")
+    assert y["note"] == "dtype changed float32 -> float16, made by the recipe's convert step"
+    assert y["note"] in report["steps"][-1]["summary"]
+    page = (out / "report.html").read_text()
+    assert "float32 -&gt; float16, made by the recipe&#x27;s convert step" in page
+
+
+def test_an_original_that_onnxruntime_cannot_load_is_said_once(tmp_path: Path, capsys) -> None:
+    """DeformConv at opset 18 (it exists from 19): no input size can help, so none is tried or suggested."""
+    from conftest import parse_model
+
+    proto = parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 19]>
+        g (float[1, 1, 4, 4] x, float[1, 1, 3, 3] w, float[1, 18, 2, 2] off) => (float[1, 1, 2, 2] y) {
+            y = DeformConv(x, w, off)
+        }
+        """
+    )
+    proto.opset_import[0].version = 18
+    model, out = tmp_path / "deform.onnx", tmp_path / "out"
+    onnx.save(proto, model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 2
+    line = _one_line_error(capsys, "the original model does not load on onnxruntime", "DeformConv")
+    assert "--shape" not in line and "size(s)" not in line
