@@ -671,3 +671,101 @@ def test_an_original_that_onnxruntime_cannot_load_is_said_once(tmp_path: Path, c
     assert main(["prepare", str(model), "-o", str(out)]) == 2
     line = _one_line_error(capsys, "the original model does not load on onnxruntime", "DeformConv")
     assert "--shape" not in line and "size(s)" not in line
+
+
+# ---- plugin code that raises (issue 22: the plugin author's first run) -------------------------------------
+
+
+def _raising_clamp_swish(tmp_path: Path, raised: str) -> Path:
+    """The shipped ClampSwish folder with a reference that raises (it overrides the shipped one)."""
+    plugins = tmp_path / "plugins"
+    shutil.copytree(
+        REPO / "plugins" / "clamp_swish",
+        plugins / "clamp_swish",
+        ignore=shutil.ignore_patterns("__pycache__", "test_*.py"),
+    )
+    (plugins / "clamp_swish" / "reference.py").write_text(f"def clamp_swish(x):\n    raise {raised}\n")
+    return plugins
+
+
+def _gskit(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real command in its own process: an abort (exit 134) must not take pytest with it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "gskit.cli", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (
+            'NotImplementedError("ClampSwish reference: write it")',
+            "NotImplementedError: ClampSwish reference",
+        ),
+        ("ZeroDivisionError('boom')", "ZeroDivisionError: boom"),
+    ],
+    ids=["stub", "other"],
+)
+def test_a_raising_plugin_reference_is_one_line_and_the_report_keeps_the_steps(
+    tmp_path: Path, raised: str, said: str
+) -> None:
+    plugins, out = _raising_clamp_swish(tmp_path, raised), tmp_path / "out"
+    done = _gskit("prepare", str(EXAMPLE), "-o", str(out), "--plugins", str(plugins), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr and "terminate" not in done.stderr
+    assert "plugin gskit::ClampSwish v1, node '" in errors[0] and said in errors[0]
+    assert str(plugins / "clamp_swish" / "reference.py") in errors[0]
+    # OUTDIR: the reports of this run, no work folder, no lock
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False and report["validated"] is False and said in report["error"]
+    # what the steps before the failure did stays in the report, as its steps table says
+    replace = next(s for s in report["steps"] if s["name"] == "replace")
+    assert replace["summary"].startswith("3 replaced")
+    assert report["plugins_inserted"] == {"gskit::ClampSwish v1": 2, "gskit::LayerNorm v1": 1}
+    assert len(report["regions"]) == 3 and report["tensorrt"] is not None
+    page = (out / "report.html").read_text()
+    assert "TensorRT check</td><td>not run" not in page and "Replaced regions (3)" in page
+    if "boom" in said:
+        return
+    # compare of the written model (made with the good references) says the same, in one line
+    good = tmp_path / "good"
+    assert (
+        _gskit("prepare", str(EXAMPLE), "-o", str(good), "--skip", "validate", cwd=tmp_path).returncode == 0
+    )
+    done = _gskit("compare", str(EXAMPLE), str(good / "model.onnx"), "--plugins", str(plugins), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and said in done.stderr
+    done = _gskit(
+        "compare",
+        str(EXAMPLE),
+        str(good / "model.onnx"),
+        "--layerwise",
+        "--plugins",
+        str(plugins),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and "plugin gskit::ClampSwish v1, node '" in done.stderr
+
+
+def test_a_failing_plugin_pattern_names_the_plugin(tmp_path: Path, capsys) -> None:
+    plugins = _raising_clamp_swish(tmp_path, "ValueError('unused')")
+    patterns = plugins / "clamp_swish" / "patterns.py"
+    patterns.write_text(
+        "from gskit.passes.patterns import OpPattern\n\n"
+        "def _check(node):\n    raise KeyError('my check')\n\n"
+        "PATTERNS = (OpPattern('Clip', check=_check, name='broken'),)\n"
+    )
+    out = tmp_path / "out"
+    assert (
+        main(["prepare", str(EXAMPLE), "-o", str(out), "--plugins", str(plugins), "--skip", "validate"]) == 2
+    )
+    line = _one_line_error(capsys, "plugin gskit::ClampSwish v1: pattern 'broken' raised KeyError")
+    assert "a gskit bug" not in line and str(patterns) in line

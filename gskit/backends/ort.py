@@ -202,6 +202,8 @@ def run(
     names = outputs or [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, dict(feeds))
+    except PluginError:
+        raise  # a plugin reference raised: it names the plugin and the node
     except Exception as err:  # onnxruntime raises its own pybind types; keep one line of it
         raise GskitError(f"onnxruntime failed to run the model: {short_error(err)}") from err
     return dict(zip(names, values, strict=True))
