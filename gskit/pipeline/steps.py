@@ -412,12 +412,20 @@ class Build(Pass[BuildOptions]):
         reason = None
         if flavour == "static":
             reason = "no TensorRT installed"
+        elif not full_tensorrt_available() and has_plugins:
+            # Said first: giving --compute-capability would not help, TensorRT-RTX cannot build them at all.
+            plugins = sorted(
+                {spec.qualified_name for n in state.graph.nodes if (spec := state.registry.for_node(n))}
+            )
+            reason = (
+                f"TensorRT-RTX has no custom plugins and the model has plugin nodes ({', '.join(plugins)}); "
+                "build with full TensorRT (docker/)"
+            )
         elif not full_tensorrt_available() and options.compute_capability is None:
             reason = "TensorRT-RTX only: give --compute-capability X.Y for an AOT build"
-        elif not full_tensorrt_available() and has_plugins:
-            reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
         if reason:
-            if options.required:
+            # A build asked for (required, or a compute capability given for it) and not done is an error.
+            if options.required or options.compute_capability is not None:
                 raise StepError(f"build: {reason}")
             return PassResult(summary=reason, status="skipped")
         shapes = {name: tuple(tuple(s) for s in dims) for name, dims in options.shapes.items()} or None
