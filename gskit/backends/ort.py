@@ -398,10 +398,10 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
             return _run_target(current, arrays, attrs)
         except BaseException as err:  # noqa: BLE001  # must not reach C++: pybind11 would terminate
             # Plugin code raising (NotImplementedError from a scaffolded stub, anything else, Ctrl-C) is
-            # kept and raised by the session's run() once onnxruntime returns (_guarded).
-            # Locals dropped: the frames hold arrays onnxruntime lends for this call only.
-            traceback.clear_frames(err.__traceback__)
-            _FAILURES.append((err, current.spec, str(attrs.get(PYOP_NODE, "?"))))
+            # described and raised by the session's run() once onnxruntime returns (_guarded). The exception
+            # itself is not kept: its traceback holds this call's frames and the arrays onnxruntime lends
+            # to it only for the call.
+            _FAILURES.append(_Failure.of(err, current.spec, str(attrs.get(PYOP_NODE, "?"))))
             return _void_outputs(current)
 
     onnx_op(
@@ -431,10 +431,26 @@ def _run_target(
     return tuple(cast) if len(cast) > 1 else cast[0]
 
 
-#: What plugin references raised during the session run under way: (exception, spec, node name). A PyOp
-#: body must not raise (onnxruntime-extensions calls it from C++, where a Python exception terminates the
-#: process with "pybind11::error_already_set"), so it records the failure here and returns void outputs.
-_FAILURES: list[tuple[BaseException, PluginSpec, str]] = []
+@dataclass(frozen=True)
+class _Failure:
+    """A plugin reference's exception, described (type, first line, the traceback as text for --debug)."""
+
+    kind: type[BaseException]
+    text: str
+    trace: str
+    spec: PluginSpec
+    node: str
+
+    @classmethod
+    def of(cls, err: BaseException, spec: PluginSpec, node: str) -> _Failure:
+        lines = str(err).strip().splitlines()
+        return cls(type(err), lines[0] if lines else "", traceback.format_exc(), spec, node)
+
+
+#: What plugin references raised during the session run under way. A PyOp body must not raise
+#: (onnxruntime-extensions calls it from C++, where a Python exception terminates the process with
+#: "pybind11::error_already_set"), so it records the failure here and returns void outputs.
+_FAILURES: list[_Failure] = []
 
 
 def _void_outputs(target: _PyOpTarget) -> np.ndarray | tuple[np.ndarray, ...]:
@@ -468,17 +484,17 @@ def _guarded(sess: ort.InferenceSession) -> ort.InferenceSession:
 def _raise_plugin_failure() -> None:
     if not _FAILURES:
         return
-    err, spec, node = _FAILURES[0]
+    failure = _FAILURES[0]
     _FAILURES.clear()
-    if not isinstance(err, Exception):
-        raise err  # Ctrl-C, SystemExit: as they were raised
-    text = str(err).strip().splitlines()
-    code = getattr(spec.reference, "__code__", None)
+    if not issubclass(failure.kind, Exception):
+        raise failure.kind()  # Ctrl-C (KeyboardInterrupt), SystemExit: as they were raised
+    log.debug("plugin reference failed:\n%s", failure.trace)
+    code = getattr(failure.spec.reference, "__code__", None)
     where = f" (reference in {code.co_filename})" if code is not None else ""
     raise PluginError(
-        f"plugin {spec.qualified_name}, node '{node}': the reference raised {type(err).__name__}"
-        f"{': ' + text[0] if text else ''}{where}"
-    ) from err
+        f"plugin {failure.spec.qualified_name}, node '{failure.node}': the reference raised "
+        f"{failure.kind.__name__}{': ' + failure.text if failure.text else ''}{where}"
+    )
 
 
 def _to_pyop(array: np.ndarray) -> np.ndarray:
