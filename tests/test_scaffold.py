@@ -267,6 +267,12 @@ def test_scaffolded_stubs_are_named_stubs_until_written(tmp_path: Path, monkeypa
     assert code == 1 and issue["status"] == "plugin problem"
     assert "reference, trt_plugin and kernel are stubs" in issue["reason"]
     assert "TensorRT would run its stub kernel" in issue["reason"]
+    # prepare reaches the stub reference: one line naming plugin and node (exit 2), the page names the stubs
+    assert main(["prepare", str(model), "-o", "out", "--skip", "check_trt", "--skip", "build"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "plugin custom::GatherTwo v1, node '" in line and "raised NotImplementedError" in line
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "plugin stubs</td><td>custom::GatherTwo v1: reference, trt_plugin and kernel are stubs" in page
 
     folder = tmp_path / "plugins" / "gather_two"
     _fill_reference(folder, "    return x0, x0\n")

@@ -438,6 +438,9 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         ("TensorRT check", _trt_line(report.tensorrt)),
         ("engine", (report.engine or {}).get("engine", "not built")),
     ]
+    stubs = _stub_lines(state)
+    if stubs:
+        summary.append(("plugin stubs", "; ".join(stubs)))
     if report.error:
         summary.append(("error", report.error))
     steps = [
@@ -471,6 +474,15 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         environment=environment_rows(),
     )
     return render_page(page)
+
+
+def _stub_lines(state: RunState) -> list[str]:
+    """``my.ns::MyOp v1: reference and kernel are stubs (...)`` for each plugin of the model's nodes."""
+    from gskit.plugin.stubs import describe_stubs
+
+    specs = {spec.key: spec for node in state.graph.nodes if (spec := state.registry.for_node(node))}
+    lines = [(spec.qualified_name, describe_stubs(spec)) for spec in specs.values()]
+    return [f"{name}: {text}" for name, text in sorted(lines) if text]
 
 
 def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recipe) -> str:
