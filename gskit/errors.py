@@ -18,7 +18,11 @@ class ModelCheckError(GskitError):
 
 
 class PluginError(GskitError):
-    """A plugin spec or plugin file is invalid."""
+    """A plugin spec or plugin file is invalid, or plugin code (a numpy reference) raised."""
+
+
+class ModelLoadError(GskitError):
+    """A runtime (onnxruntime) cannot load the model at all: no other input or shape can make it run."""
 
 
 #: What an OSError's errno means for a file gskit reads or writes, in the words of a user.

@@ -264,3 +264,159 @@ def test_failing_node_follows_producers_and_branch_reads():
     # The If reads sr through the Equal and x inside its branches; 'unused' is not upstream.
     assert failing_node(model, message) == ("the_if (If)", ["x", "sr"])
     assert failing_node(model, "no node named here") is None
+
+
+# ---- what a comparison may not let pass (issue 22: validation judges the written model) --------------------
+
+INT_MODEL = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (int64[4] x) => (int64[4] y) {{
+    c = Constant<value = int64[1] {{{c}}}>()
+    y = Add(x, c)
+}}
+"""
+
+
+def test_integer_outputs_are_compared_exactly():
+    """float64 cannot tell 2**60 from 2**60 + 100: integers are compared as integers, with no tolerance."""
+    report = compare(
+        parse_model(INT_MODEL.format(c=2**60)), parse_model(INT_MODEL.format(c=2**60 + 100)), atol=1, rtol=1
+    )
+    (y,) = report.outputs
+    assert not report.passed and y.max_abs_err == 100 and (y.atol, y.rtol) == (0, 0)
+    same = compare(parse_model(INT_MODEL.format(c=2**62)), parse_model(INT_MODEL.format(c=2**62)))
+    assert same.passed and same.outputs[0].max_abs_err == 0
+    # the extremes of int64: their difference (2**64 - 1) is taken without overflow
+    big = compare(
+        parse_model(INT_MODEL.format(c=2**63 - 1)),
+        parse_model(INT_MODEL.format(c=-(2**63))),
+        feeds={"x": np.zeros(4, np.int64)},
+    )
+    assert not big.passed and big.outputs[0].max_abs_err == float(2**64 - 1)
+
+
+def test_bool_outputs_are_compared_exactly():
+    text = """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[4] x) => (bool[4] y) {{
+            c = Constant<value = float[1] {{{c}}}>()
+            y = Greater(x, c)
+        }}
+    """
+    feeds = {"x": np.array([0.0, 0.5, 1.0, 1.5], np.float32)}
+    report = compare(parse_model(text.format(c=0.7)), parse_model(text.format(c=0.2)), feeds=feeds, atol=1)
+    assert not report.passed and report.outputs[0].max_abs_err == 1
+
+
+CAST_OUTPUT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g ({src}[4] x) => ({dst}[4] y) {{
+    r = Abs(x)
+    y = Cast<to = {to}>(r)
+}}
+"""
+SAME_OUTPUT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g ({src}[4] x) => ({src}[4] y) {{
+    y = Abs(x)
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "to", "before", "after"),
+    [
+        ("int64", "float", 1, "int64", "float32"),
+        ("float", "double", 11, "float32", "float64"),
+        ("float", "float16", 10, "float32", "float16"),
+    ],
+)
+def test_an_output_whose_dtype_changed_fails_with_its_own_note(src, dst, to, before, after):
+    original = parse_model(SAME_OUTPUT.format(src=src))
+    changed = parse_model(CAST_OUTPUT.format(src=src, dst=dst, to=to))
+    report = compare(original, changed, atol=1, rtol=1)  # values equal within any tolerance
+    (y,) = report.outputs
+    assert not report.passed and not y.passed
+    assert (y.dtype, y.dtype_under_test, y.dtypes) == (before, after, f"{before} -> {after}")
+    assert y.note == f"dtype changed {before} -> {after}: an output must keep its dtype"
+    from gskit.compare.outputs import DtypeChange
+
+    expected = DtypeChange(before, after, by="the recipe's convert step")
+    allowed = compare(original, changed, atol=1e-2, rtol=1e-2, dtype_changes=[expected])
+    assert allowed.passed and "made by the recipe's convert step" in allowed.outputs[0].note
+    other = DtypeChange(before, "bfloat16", by="something else")
+    assert not compare(original, changed, atol=1, rtol=1, dtype_changes=[other]).passed
+
+
+def test_bool_output_that_became_uint8_fails(tmp_path, capsys):
+    text = """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[4] x) => ({dst}[4] y) {{
+            z = Constant<value = float[1] {{0.0}}>()
+            b = Greater(x, z)
+            y = {tail}
+        }}
+    """
+    original = gsmodel.save(parse_model(text.format(dst="bool", tail="Identity(b)")), tmp_path / "a.onnx")
+    prepared = gsmodel.save(
+        parse_model(text.format(dst="uint8", tail="Cast<to = 2>(b)")), tmp_path / "b.onnx"
+    )
+    assert _cli("compare", str(original), str(prepared)) == 1
+    out = capsys.readouterr().out
+    assert "bool -> uint8" in out and "output 'y': dtype changed bool -> uint8" in out
+    assert _cli("compare", str(original), str(prepared), "--allow-dtype-change", "bool:uint8") == 0
+    assert _cli("compare", str(original), str(prepared), "--allow-dtype-change", "bool") == 2
+
+
+@pytest.mark.parametrize(
+    ("prepared", "named"),
+    [
+        ("g (float[batch, 16] x) => (float[batch, 16] y) { y = Relu(x) }", "'x' is float32[2x4x8x8]"),
+        ("g (float[2, 4, 8, 9] x) => (float[2, 4, 8, 9] y) { y = Relu(x) }", "float32[2x4x8x9]"),
+        ("g (float[2, 4, 8, 8] x2) => (float[2, 4, 8, 8] y) { y = Relu(x2) }", "'x2' only in"),
+        (
+            "g (int64[2, 4, 8, 8] x) => (float[2, 4, 8, 8] y) { f = Cast<to = 1>(x)\n y = Relu(f) }",
+            "int64[2x4x8x8]",
+        ),
+    ],
+    ids=["rank", "dim", "name", "dtype"],
+)
+def test_models_whose_inputs_differ_are_refused_in_one_line(prepared, named):
+    original = parse_model(
+        '<ir_version: 10, opset_import: ["" : 17]>\n'
+        "g (float[2, 4, 8, 8] x) => (float[2, 4, 8, 8] y) { y = Relu(x) }"
+    )
+    other = parse_model('<ir_version: 10, opset_import: ["" : 17]>\n' + prepared)
+    with pytest.raises(GskitError, match="the models' inputs differ") as caught:
+        compare(original, other)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_inputs_narrowed_within_their_kind_still_compare():
+    """convert --fp16 --no-keep-io-fp32 and --int32 change input dtypes within a kind: the same values fit."""
+    original = parse_model(SAME_OUTPUT.format(src="float"))
+    half_in = parse_model(
+        '<ir_version: 10, opset_import: ["" : 17]>\n'
+        "g (float16[4] x) => (float[4] y) { a = Abs(x)\n y = Cast<to = 1>(a) }"
+    )
+    assert compare(original, half_in, atol=1e-3, rtol=1e-3).passed
+
+
+def test_original_that_onnxruntime_cannot_load_is_said_once(tmp_path):
+    """DeformConv exists from opset 19: at opset 18 no input shape can help, so none is suggested."""
+    from gskit.errors import ModelLoadError
+
+    model = parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 19]>
+        g (float[1, 1, 4, 4] x, float[1, 1, 3, 3] w, float[1, 18, 2, 2] off) => (float[1, 1, 2, 2] y) {
+            y = DeformConv(x, w, off)
+        }
+        """
+    )
+    model.opset_import[0].version = 18
+    with pytest.raises(ModelLoadError) as caught:
+        compare(model, model)
+    message = str(caught.value)
+    assert message.startswith("the original model does not load on onnxruntime")
+    assert "DeformConv" in message and "--shape" not in message and "\n" not in message

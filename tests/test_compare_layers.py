@@ -309,12 +309,15 @@ def test_cli_trt_backend_without_tensorrt(tmp_path, prepared_example):
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # Polygraphy's 0/0 relative error printed no warning
 def test_layerwise_on_an_fp16_model_feeds_and_reads_like_plain_compare(registry):
     """gskit convert --fp16 makes the inputs float16: layerwise casts the float32 feeds as compare does."""
-    from gskit.compare.outputs import compare
+    from gskit.compare.outputs import DtypeChange, compare
     from gskit.passes.convert import to_fp16
 
-    half, _ = to_fp16(gsmodel.load(EXAMPLE), keep_io_types=False)  # as gskit convert --fp16 writes it
+    half, _ = to_fp16(gsmodel.load(EXAMPLE), keep_io_types=False)  # gskit convert --fp16 --no-keep-io-fp32
     assert half.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    plain = compare(EXAMPLE, half, shapes=EXAMPLE_SHAPES, plugins=registry, atol=1e-2, rtol=1e-1)
+    expected = [DtypeChange("float32", "float16", by="convert --fp16 --no-keep-io-fp32")]  # else a failure
+    plain = compare(
+        EXAMPLE, half, shapes=EXAMPLE_SHAPES, plugins=registry, atol=1e-2, rtol=1e-1, dtype_changes=expected
+    )
     report = compare_layerwise(EXAMPLE, half, shapes=EXAMPLE_SHAPES, plugins=registry, atol=1e-2, rtol=1e-1)
     assert plain.passed and report.passed and report.checked[-1].tensor.name == "y"
     last = report.checked[-1].tensor

@@ -221,6 +221,35 @@ def test_external_weights_are_never_read(tmp_path: Path, rng: np.random.Generato
     assert summary.shape_inference_error is None
 
 
+def test_missing_external_data_is_noted_not_an_error(tmp_path: Path, capsys) -> None:
+    """inspect never reads weights: a data file that is not there is said, exit 0 (issue 22)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 32])],
+        [numpy_helper.from_array(np.ones((64, 32), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    path = save(model, tmp_path / "m.onnx", external_data=True)
+    (tmp_path / "m.onnx.data").unlink()
+    assert cli.main(["inspect", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["missing_data_files"] == ["m.onnx.data"] and data["initializers"]["external_count"] == 1
+    assert cli.main(["inspect", str(path)]) == 0
+    assert "external data missing" in capsys.readouterr().out
+    assert cli.main(["inspect", str(path), "--tensors", "--nodes"]) == 0
+    assert "mm" in capsys.readouterr().out
+    # commands that read weights still refuse, and a location out of the folder stays refused everywhere
+    assert cli.main(["fold", str(path), "-o", str(tmp_path / "f.onnx")]) == 2
+    assert "m.onnx.data' for tensor 'W' is missing" in capsys.readouterr().err
+    outside = onnx.load(str(path), load_external_data=False)
+    outside.graph.initializer[0].external_data[0].value = "../m.onnx.data"
+    (tmp_path / "out.onnx").write_bytes(outside.SerializeToString())
+    assert cli.main(["inspect", str(tmp_path / "out.onnx")]) == 2
+    assert "invalid external data location" in capsys.readouterr().err
+
+
 def test_to_json_keys_and_values() -> None:
     data = summarize(_rich_model()).to_json()
     for key in (

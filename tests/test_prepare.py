@@ -566,3 +566,206 @@ def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypa
     assert "step 'fold'" in line and "unexpected ValueError: graphsurgeon could not do it" in line
     assert "--debug" in line and "second line" not in err
     assert json.loads((out / "report.json").read_text())["steps"][-1]["status"] == "failed"
+
+
+# ---- "validated" describes the written model or nothing (issue 22) -----------------------------------------
+
+EDIT_ALPHA = "  - edit: {set_attrs: {/fc1/Gemm: {alpha: 5.0}}}\n"
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        f"steps:\n  - validate\n{EDIT_ALPHA}",
+        "steps:\n  - validate\n  - convert: {fp16: true}\n",
+        "steps:\n  - validate\n  - isolate: {inputs: [x], outputs: [/fc1/Gemm_output_0]}\n",
+    ],
+    ids=["edit", "convert", "isolate"],
+)
+def test_a_change_after_validate_stops_before_any_step(tmp_path: Path, capsys, steps: str) -> None:
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", _recipe(tmp_path, steps)]) == 2
+    line = _one_line_error(capsys, "recipe.yaml:3: step '", "after step 'validate' (line 2)")
+    assert "validation passed" not in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["recipe", "skip"])
+def test_a_run_without_validation_says_not_validated_everywhere(tmp_path: Path, capsys, how: str) -> None:
+    from gskit.compare.outputs import compare
+
+    out = tmp_path / "out"
+    if how == "recipe":  # a change that validation would catch: no run may call it validated
+        argv = ["--recipe", _recipe(tmp_path, f"steps:\n{EDIT_ALPHA}")]
+    else:
+        argv = ["--skip", "validate", "--skip", "build"]
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), *argv]) == 0
+    printed = capsys.readouterr().out
+    assert "not validated" in printed and "validation passed" not in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["validated"] is False and report["passed"] is None and report["comparison"] is None
+    page = (out / "report.html").read_text()
+    assert 'id="verdict">Not validated' in page and "PASSED" not in page
+    if how == "recipe":
+        assert not compare(EXAMPLE, out / "model.onnx").passed
+
+
+def test_a_validated_run_says_validated(tmp_path: Path) -> None:
+    from conftest import parse_model
+
+    model, out = tmp_path / "relu.onnx", tmp_path / "out"
+    onnx.save(parse_model(SMALL_FLOAT), model)
+    assert (
+        main(["prepare", str(model), "-o", str(out), "--recipe", _recipe(tmp_path, "steps: [validate]")]) == 0
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["validated"] is True and report["passed"] is True
+
+
+SMALL_FLOAT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 8] x) => (float[2, 8] y) {
+  k = Constant<value = float {0.5}>()
+  m = Mul(x, k)
+  y = Relu(m)
+}
+"""
+
+
+def test_an_output_dtype_the_convert_step_changed_is_named(tmp_path: Path, capsys) -> None:
+    """keep_io_fp32: false makes the output float16: expected (the report says by what), not a failure."""
+    from conftest import parse_model
+
+    model, out = tmp_path / "relu.onnx", tmp_path / "out"
+    onnx.save(parse_model(SMALL_FLOAT), model)
+    recipe = _recipe(
+        tmp_path,
+        "steps:\n  - convert: {fp16: true, keep_io_fp32: false}\n"
+        "  - validate: {atol: 1.0e-2, rtol: 1.0e-2}\n",
+    )
+    assert main(["prepare", str(model), "-o", str(out), "--recipe", recipe]) == 0
+    report = json.loads((out / "report.json").read_text())
+    (y,) = report["comparison"]["outputs"]
+    assert (y["dtype"], y["dtype_under_test"]) == ("float32", "float16")
+    assert y["note"] == "dtype changed float32 -> float16, made by the recipe's convert step"
+    assert y["note"] in report["steps"][-1]["summary"]
+    page = (out / "report.html").read_text()
+    assert "float32 -&gt; float16, made by the recipe&#x27;s convert step" in page
+
+
+def test_an_original_that_onnxruntime_cannot_load_is_said_once(tmp_path: Path, capsys) -> None:
+    """DeformConv at opset 18 (it exists from 19): no input size can help, so none is tried or suggested."""
+    from conftest import parse_model
+
+    proto = parse_model(
+        """
+        <ir_version: 9, opset_import: ["" : 19]>
+        g (float[1, 1, 4, 4] x, float[1, 1, 3, 3] w, float[1, 18, 2, 2] off) => (float[1, 1, 2, 2] y) {
+            y = DeformConv(x, w, off)
+        }
+        """
+    )
+    proto.opset_import[0].version = 18
+    model, out = tmp_path / "deform.onnx", tmp_path / "out"
+    onnx.save(proto, model)
+    assert main(["prepare", str(model), "-o", str(out)]) == 2
+    line = _one_line_error(capsys, "the original model does not load on onnxruntime", "DeformConv")
+    assert "--shape" not in line and "size(s)" not in line
+
+
+# ---- plugin code that raises (issue 22: the plugin author's first run) -------------------------------------
+
+
+def _raising_clamp_swish(tmp_path: Path, raised: str) -> Path:
+    """The shipped ClampSwish folder with a reference that raises (it overrides the shipped one)."""
+    plugins = tmp_path / "plugins"
+    shutil.copytree(
+        REPO / "plugins" / "clamp_swish",
+        plugins / "clamp_swish",
+        ignore=shutil.ignore_patterns("__pycache__", "test_*.py"),
+    )
+    (plugins / "clamp_swish" / "reference.py").write_text(f"def clamp_swish(x):\n    raise {raised}\n")
+    return plugins
+
+
+def _gskit(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real command in its own process: an abort (exit 134) must not take pytest with it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "gskit.cli", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (
+            'NotImplementedError("ClampSwish reference: write it")',
+            "NotImplementedError: ClampSwish reference",
+        ),
+        ("ZeroDivisionError('boom')", "ZeroDivisionError: boom"),
+    ],
+    ids=["stub", "other"],
+)
+def test_a_raising_plugin_reference_is_one_line_and_the_report_keeps_the_steps(
+    tmp_path: Path, raised: str, said: str
+) -> None:
+    plugins, out = _raising_clamp_swish(tmp_path, raised), tmp_path / "out"
+    done = _gskit("prepare", str(EXAMPLE), "-o", str(out), "--plugins", str(plugins), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr and "terminate" not in done.stderr
+    assert "plugin gskit::ClampSwish v1, node '" in errors[0] and said in errors[0]
+    assert str(plugins / "clamp_swish" / "reference.py") in errors[0]
+    # OUTDIR: the reports of this run, no work folder, no lock
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False and report["validated"] is False and said in report["error"]
+    # what the steps before the failure did stays in the report, as its steps table says
+    replace = next(s for s in report["steps"] if s["name"] == "replace")
+    assert replace["summary"].startswith("3 replaced")
+    assert report["plugins_inserted"] == {"gskit::ClampSwish v1": 2, "gskit::LayerNorm v1": 1}
+    assert len(report["regions"]) == 3 and report["tensorrt"] is not None
+    page = (out / "report.html").read_text()
+    assert "TensorRT check</td><td>not run" not in page and "Replaced regions (3)" in page
+    if "boom" in said:
+        return
+    # compare of the written model (made with the good references) says the same, in one line
+    good = tmp_path / "good"
+    assert (
+        _gskit("prepare", str(EXAMPLE), "-o", str(good), "--skip", "validate", cwd=tmp_path).returncode == 0
+    )
+    done = _gskit("compare", str(EXAMPLE), str(good / "model.onnx"), "--plugins", str(plugins), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and said in done.stderr
+    done = _gskit(
+        "compare",
+        str(EXAMPLE),
+        str(good / "model.onnx"),
+        "--layerwise",
+        "--plugins",
+        str(plugins),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and "plugin gskit::ClampSwish v1, node '" in done.stderr
+
+
+def test_a_failing_plugin_pattern_names_the_plugin(tmp_path: Path, capsys) -> None:
+    plugins = _raising_clamp_swish(tmp_path, "ValueError('unused')")
+    patterns = plugins / "clamp_swish" / "patterns.py"
+    patterns.write_text(
+        "from gskit.passes.patterns import OpPattern\n\n"
+        "def _check(node):\n    raise KeyError('my check')\n\n"
+        "PATTERNS = (OpPattern('Clip', check=_check, name='broken'),)\n"
+    )
+    out = tmp_path / "out"
+    assert (
+        main(["prepare", str(EXAMPLE), "-o", str(out), "--plugins", str(plugins), "--skip", "validate"]) == 2
+    )
+    line = _one_line_error(capsys, "plugin gskit::ClampSwish v1: pattern 'broken' raised KeyError")
+    assert "a gskit bug" not in line and str(patterns) in line

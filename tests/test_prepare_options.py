@@ -186,7 +186,9 @@ def test_verbose_after_prepare_is_the_global_flag(capsys) -> None:
 @pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT takes no compute capability"
 )
-def test_compute_capability_flag_reaches_the_build_step(tmp_path: Path) -> None:
+def test_compute_capability_flag_reaches_the_build_step(tmp_path: Path, capsys) -> None:
+    """A build asked for with --compute-capability and not done is an error (exit 2): TensorRT-RTX cannot
+    build the example's plugin nodes, said once, without asking for the flag that was given."""
     out = tmp_path / "out"
     argv = [
         "prepare",
@@ -199,8 +201,19 @@ def test_compute_capability_flag_reaches_the_build_step(tmp_path: Path) -> None:
         "--compute-capability",
         "8.9",
     ]
-    assert main(argv) == 0
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
     build = json.loads((out / "report.json").read_text())["steps"][-1]
-    assert (build["name"], build["options"]["compute_capability"]) == ("build", "8.9")
-    # not "give --compute-capability": the flag was seen; the example's plugin nodes are what stops the build
+    assert (build["name"], build["options"]["compute_capability"], build["status"]) == (
+        "build",
+        "8.9",
+        "failed",
+    )
     assert "--compute-capability" not in build["summary"]
+    if importlib.util.find_spec("tensorrt_rtx") is not None:
+        assert "TensorRT-RTX has no custom plugins and the model has plugin nodes" in error
+        assert "gskit::ClampSwish v1, gskit::LayerNorm v1" in error
+    # without the flag the build step is skipped with the same reason, not "give --compute-capability"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--json", "--skip", "check_trt"]) == 0
+    build = json.loads((out / "report.json").read_text())["steps"][-1]
+    assert build["status"] == "skipped" and "--compute-capability" not in build["summary"]

@@ -214,3 +214,51 @@ def test_file_options_resolve_against_the_recipe_folder(tmp_path: Path) -> None:
     # Text without a file keeps paths as written (the caller's working directory decides).
     parsed = parse_recipe("steps:\n  - validate: {inputs: data/feeds.npz}\n")
     assert parsed.steps[0].options.inputs == "data/feeds.npz"
+
+
+# ---- validation describes the written model ----------------------------------------------------------------
+
+CHANGING_STEPS = {
+    "edit": "{set_attrs: {/fc1/Gemm: {alpha: 5.0}}}",
+    "convert": "{fp16: true}",
+    "isolate": "{inputs: [x], outputs: [y]}",
+    "replace": "",
+    "fold": "",
+    "sanitize": "",
+    "infer_shapes": "",
+}
+
+
+@pytest.mark.parametrize("step", sorted(CHANGING_STEPS))
+def test_a_changing_step_after_validate_is_refused_naming_both_lines(step: str) -> None:
+    options = f": {CHANGING_STEPS[step]}" if CHANGING_STEPS[step] else ""
+    text = f"steps:\n  - fold\n  - validate: {{atol: 1.0e-3}}\n  - check_trt\n  - {step}{options}\n"
+    with pytest.raises(GskitError) as caught:
+        parse_recipe(text, source="r.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"r.yaml:5: step '{step}' changes the model after step 'validate' (line 3)")
+    assert "\n" not in message
+
+
+def test_checks_after_validate_and_a_second_validate_are_allowed() -> None:
+    parse_recipe("steps:\n  - validate\n  - check_trt\n  - build\n")
+    parse_recipe("steps:\n  - fold\n  - validate\n  - convert: {fp16: true}\n  - validate: {atol: 1.0e-2}\n")
+    parse_recipe("steps:\n  - fold\n")  # no validation at all: allowed, and said so by prepare
+
+
+def test_the_order_is_checked_for_recipes_made_in_python_too() -> None:
+    from gskit.pipeline.prepare import default_recipe, recipe_with_overrides
+    from gskit.pipeline.recipe import check_validation_order
+
+    with pytest.raises(GskitError, match=r"<python>:3: step 'fold' changes the model .*\(line 2\)"):
+        make_recipe([("validate", {}), ("fold", {})])
+    built = Recipe(
+        steps=(RecipeStep("validate", STEP_OPTIONS["validate"]()), RecipeStep("fold", FoldOptions()))
+    )
+    with pytest.raises(GskitError, match=r"<default>: step 2: step 'fold' changes .* \(step 1\)"):
+        check_validation_order(built)
+    # the default recipe, and --fp16 adding its convert step, keep validate after every change
+    fp16 = recipe_with_overrides(default_recipe(), fp16=True)
+    names = [s.name for s in fp16.steps]
+    assert names.index("convert") < names.index("validate")
+    check_validation_order(fp16)

@@ -274,7 +274,8 @@ def test_prepare_replaces_links_in_outdir(tmp_path) -> None:
     recipe.write_text("steps: [sanitize]\n")
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", str(recipe)]) == 0
     assert outside.read_text() == "keep me"
-    assert json.loads((out / "report.json").read_text())["passed"] is True
+    report = json.loads((out / "report.json").read_text())
+    assert report["validated"] is False and report["passed"] is None  # no validate step: "not validated"
 
 
 # ---------------------------------------------------------------------------------- 10. OUTDIR state

@@ -25,6 +25,8 @@ import json
 import logging
 import os
 import tempfile
+import traceback
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,7 +38,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from gskit.errors import GskitError, PluginError
+from gskit.errors import GskitError, ModelLoadError, PluginError
 from gskit.io import model as gsmodel
 from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
 from gskit.plugin.spec import PluginRegistry, PluginSpec, attribute_value
@@ -45,8 +47,9 @@ log = logging.getLogger(__name__)
 
 #: The domain of onnxruntime-extensions' Python custom ops (fixed by that package).
 PYOP_DOMAIN = "ai.onnx.contrib"
-#: The one attribute of a rewritten plugin node: the original attributes as JSON.
+#: The attributes of a rewritten plugin node: the original attributes as JSON, and the node's name.
 PYOP_ATTRS = "gskit_attrs"
+PYOP_NODE = "gskit_node"
 
 
 def session(
@@ -64,8 +67,11 @@ def session(
             model as written, not onnxruntime's rewrite of it.
         plugins: specs of the plugin nodes in the model; their numpy references run inside the session.
 
+    The session's ``run`` raises a :class:`PluginError` naming the plugin, the node and the exception when a
+    plugin reference raised inside it (see :func:`_guarded`).
+
     Raises:
-        GskitError: onnxruntime rejects the model (the message names the first problem it reports), or
+        ModelLoadError: onnxruntime rejects the model (the message names the first problem it reports), or
             a node of a custom domain has neither a plugin spec nor a model-local function.
     """
     custom = _custom_nodes(model) if not isinstance(model, gs.Graph) else None
@@ -74,7 +80,7 @@ def session(
         plugin_nodes = _plugin_nodes(proto, plugins)
         if plugin_nodes:
             with _pyop_model(proto, plugin_nodes, plugins) as rewritten:
-                return _session(rewritten, optimize=optimize, extensions=True)
+                return _guarded(_session(rewritten, optimize=optimize, extensions=True))
         model = proto
     return _session(model, optimize=optimize, extensions=_uses_domain(model, PYOP_DOMAIN))
 
@@ -116,8 +122,7 @@ def _session(
         ort.capi.onnxruntime_pybind11_state.NotImplemented,
         ort.capi.onnxruntime_pybind11_state.InvalidArgument,
     ) as err:
-        first = str(err).strip().splitlines()[0]
-        raise GskitError(f"onnxruntime cannot load the model: {first}") from err
+        raise ModelLoadError(f"onnxruntime cannot load the model: {short_error(err)}") from err
 
 
 #: The level the command line asked for (--verbose, --debug); None: follow the "gskit" logger.
@@ -197,6 +202,8 @@ def run(
     names = outputs or [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, dict(feeds))
+    except PluginError:
+        raise  # a plugin reference raised: it names the plugin and the node
     except Exception as err:  # onnxruntime raises its own pybind types; keep one line of it
         raise GskitError(f"onnxruntime failed to run the model: {short_error(err)}") from err
     return dict(zip(names, values, strict=True))
@@ -273,7 +280,7 @@ def _plugin_nodes(
                 continue
             spec = plugins.for_node(node) if plugins is not None else None
             if spec is None:
-                raise GskitError(
+                raise ModelLoadError(
                     f"node '{node.name}' ({node.domain}::{node.op_type}) has no plugin spec and no "
                     f"model-local function, onnxruntime cannot run it; pass its plugin folder with --plugins"
                 )
@@ -347,6 +354,7 @@ def _rewrite(node: onnx.NodeProto, spec: PluginSpec, dtypes: Mapping[str, int]) 
     attrs = {a.name: _jsonable(attribute_value(a)) for a in node.attribute}
     del node.attribute[:]
     node.attribute.append(onnx.helper.make_attribute(PYOP_ATTRS, json.dumps(attrs, sort_keys=True)))
+    node.attribute.append(onnx.helper.make_attribute(PYOP_NODE, node.name or f"producing {node.output[0]}"))
     del node.input[:]
     node.input.extend(inputs)
     del node.output[:]
@@ -384,28 +392,109 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
 
     def body(*arrays: np.ndarray, **attrs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         current = _TARGETS[op_type]
-        values = iter(np.asarray(a, dtype=t) for a, t in zip(arrays, current.input_dtypes, strict=True))
-        inputs = [next(values) if present else None for present in current.present]
-        outputs = current.spec.run_reference(inputs, _decode_attrs(attrs.get(PYOP_ATTRS, "{}")))
-        if len(outputs) < len(current.output_dtypes):
-            raise PluginError(
-                f"{current.spec.qualified_name}: reference returned {len(outputs)} output(s), "
-                f"the node has {len(current.output_dtypes)}"
-            )
-        cast = [
-            _to_pyop(np.asarray(out, dtype=dtype))
-            for out, dtype in zip(outputs, current.output_dtypes, strict=False)
-        ]
-        return tuple(cast) if len(cast) > 1 else cast[0]
+        if _FAILURES:  # an earlier node failed in this run: the run is void, end it fast
+            return _void_outputs(current)
+        try:
+            return _run_target(current, arrays, attrs)
+        except BaseException as err:  # noqa: BLE001  # must not reach C++: pybind11 would terminate
+            # Plugin code raising (NotImplementedError from a scaffolded stub, anything else, Ctrl-C) is
+            # described and raised by the session's run() once onnxruntime returns (_guarded). The exception
+            # itself is not kept: its traceback holds this call's frames and the arrays onnxruntime lends
+            # to it only for the call.
+            _FAILURES.append(_Failure.of(err, current.spec, str(attrs.get(PYOP_NODE, "?"))))
+            return _void_outputs(current)
 
     onnx_op(
         op_type=op_type,
         inputs=[_pyop_type(PyCustomOpDef, t) for t in in_types],
         outputs=[_pyop_type(PyCustomOpDef, t) for t in out_types],
-        attrs={PYOP_ATTRS: PyCustomOpDef.dt_string},
+        attrs={PYOP_ATTRS: PyCustomOpDef.dt_string, PYOP_NODE: PyCustomOpDef.dt_string},
     )(body)
     _REGISTERED_PYOPS.add(op_type)
     log.debug("registered PyOp %s for %s", op_type, target.spec.qualified_name)
+
+
+def _run_target(
+    target: _PyOpTarget, arrays: tuple[np.ndarray, ...], attrs: Mapping[str, Any]
+) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Run the spec's reference on a PyOp's inputs; its outputs as the PyOp returns them."""
+    values = iter(np.asarray(a, dtype=t) for a, t in zip(arrays, target.input_dtypes, strict=True))
+    inputs = [next(values) if present else None for present in target.present]
+    outputs = target.spec.run_reference(inputs, _decode_attrs(attrs.get(PYOP_ATTRS, "{}")))
+    if len(outputs) < len(target.output_dtypes):
+        raise PluginError(
+            f"{target.spec.qualified_name}: reference returned {len(outputs)} output(s), "
+            f"the node has {len(target.output_dtypes)}"
+        )
+    dtypes = target.output_dtypes
+    cast = [_to_pyop(np.asarray(out, dtype=dtype)) for out, dtype in zip(outputs, dtypes, strict=False)]
+    return tuple(cast) if len(cast) > 1 else cast[0]
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A plugin reference's exception, described (type, first line, the traceback as text for --debug)."""
+
+    kind: type[BaseException]
+    text: str
+    trace: str
+    spec: PluginSpec
+    node: str
+
+    @classmethod
+    def of(cls, err: BaseException, spec: PluginSpec, node: str) -> _Failure:
+        lines = str(err).strip().splitlines()
+        return cls(type(err), lines[0] if lines else "", traceback.format_exc(), spec, node)
+
+
+#: What plugin references raised during the session run under way. A PyOp body must not raise
+#: (onnxruntime-extensions calls it from C++, where a Python exception terminates the process with
+#: "pybind11::error_already_set"), so it records the failure here and returns void outputs.
+_FAILURES: list[_Failure] = []
+
+
+def _void_outputs(target: _PyOpTarget) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Empty outputs of the PyOp's dtypes: any op after a failed plugin node sees no data, and the run's
+    result is discarded by ``_guarded``."""
+    void = [_to_pyop(np.zeros(0, dtype=dtype)) for dtype in target.output_dtypes]
+    return tuple(void) if len(void) > 1 else void[0]
+
+
+def _guarded(sess: ort.InferenceSession) -> ort.InferenceSession:
+    """``sess`` whose ``run`` raises what a plugin reference raised inside it (as a ``PluginError`` naming the
+    plugin, the node and the exception; ``KeyboardInterrupt`` and other ``BaseException`` as they were),
+    also when an op after the failed node then failed on its void output."""
+    session_run = type(sess).run
+    owner = weakref.ref(sess)  # a bound method here would make a cycle: the session freed only by the GC
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _FAILURES.clear()
+        try:
+            values = session_run(owner(), *args, **kwargs)
+        except Exception:
+            _raise_plugin_failure()
+            raise
+        _raise_plugin_failure()
+        return values
+
+    sess.run = run  # type: ignore[method-assign]  # Polygraphy's runner and run() both call sess.run
+    return sess
+
+
+def _raise_plugin_failure() -> None:
+    if not _FAILURES:
+        return
+    failure = _FAILURES[0]
+    _FAILURES.clear()
+    if not issubclass(failure.kind, Exception):
+        raise failure.kind()  # Ctrl-C (KeyboardInterrupt), SystemExit: as they were raised
+    log.debug("plugin reference failed:\n%s", failure.trace)
+    code = getattr(failure.spec.reference, "__code__", None)
+    where = f" (reference in {code.co_filename})" if code is not None else ""
+    raise PluginError(
+        f"plugin {failure.spec.qualified_name}, node '{failure.node}': the reference raised "
+        f"{failure.kind.__name__}{': ' + failure.text if failure.text else ''}{where}"
+    )
 
 
 def _to_pyop(array: np.ndarray) -> np.ndarray:

@@ -53,6 +53,7 @@ from gskit.plugin.spec import (
     implementation_paths,
     load_plugins,
 )
+from gskit.plugin.stubs import describe_stubs, stub_parts
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +234,11 @@ def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) ->
             spec.node_attrs({k: attribute_value(v) for k, v in values.items()})
         except PluginError as err:
             problems.append(str(err))
+        stubs = stub_parts(spec)
+        if stubs:
+            known += f"; {describe_stubs(spec)}"
+        if "trt_plugin" in stubs:  # TensorRT would load the plugin and run a kernel that raises
+            problems.append("TensorRT would run its stub kernel: write kernel.py")
     reason = f"needs plugin {namespace}::{name} v{version} ({known})"
     if problems:
         reason += ": " + "; ".join(problems)

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+from rich.text import Text
+
 from gskit.cli import add_plugins_option
 from gskit.compare.layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
-from gskit.compare.outputs import COMPARE_BACKENDS, CompareReport, check_tolerances, compare
+from gskit.compare.outputs import (
+    COMPARE_BACKENDS,
+    CompareReport,
+    DtypeChange,
+    check_tolerances,
+    compare,
+)
 from gskit.compare.plugins import PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
 from gskit.io import report
@@ -67,6 +76,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME:DIMS",
         help="input shape for random inputs: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable)",
     )
+    parser.add_argument(
+        "--allow-dtype-change",
+        action="append",
+        default=[],
+        metavar="FROM:TO",
+        help="an output dtype change that is intended, e.g. float32:float16 after `gskit convert --fp16 "
+        "--no-keep-io-fp32` (repeatable); any other dtype change fails its output",
+    )
     add_plugins_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -101,9 +118,30 @@ def run(args: argparse.Namespace) -> int:
         per_plugin = compare_plugins(args.original, args.prepared, backend=args.backend, **common)
         print_plugins(per_plugin, as_json=args.json)
         return 0 if per_plugin.passed else 1
-    result = compare(args.original, args.prepared, backend=args.backend, engine=args.engine, **common)
+    result = compare(
+        args.original,
+        args.prepared,
+        backend=args.backend,
+        engine=args.engine,
+        dtype_changes=[_dtype_change(text) for text in args.allow_dtype_change],
+        **common,
+    )
     print_report(result, as_json=args.json)
     return 0 if result.passed else 1
+
+
+def _dtype_change(text: str) -> DtypeChange:
+    """``float32:float16`` -> the change it allows, for any output."""
+    before, sep, after = text.partition(":")
+    try:
+        if not sep:
+            raise TypeError
+        before, after = np.dtype(before.strip()).name, np.dtype(after.strip()).name
+    except TypeError as err:
+        raise GskitError(
+            f"--allow-dtype-change {text}: give FROM:TO as numpy dtype names, e.g. float32:float16"
+        ) from err
+    return DtypeChange(before, after, by="--allow-dtype-change")
 
 
 def _trt_plugins(args: argparse.Namespace) -> list[str]:
@@ -122,7 +160,7 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
         (
             o.name,
             format_shape(o.shape),
-            o.dtype,
+            o.dtypes,
             f"{o.max_abs_err:.3g}",
             f"{o.max_rel_err:.3g}",
             report.verdict(o.passed),
@@ -138,6 +176,9 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     title = f"{result.reference} vs {result.under_test} ({tolerances}; inputs {inputs})"
     out = report.console()
     out.print(report.table(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows))
+    for o in result.outputs:
+        if o.note:
+            out.print(Text(f"output '{o.name}': {o.note}", style="" if o.passed else "red"))
     verdict = (
         "all outputs match"
         if result.passed

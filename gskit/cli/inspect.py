@@ -78,6 +78,13 @@ def print_tables(summary: ModelSummary) -> None:
     ]
     if summary.shape_inference_error:
         overview.append(("shape inference failed", summary.shape_inference_error))
+    if summary.missing_data_files:
+        overview.append(
+            (
+                "external data missing",
+                f"{', '.join(summary.missing_data_files)} (inspect reads no weights; other commands need it)",
+            )
+        )
     out.print(table("Model", ("field", "value"), overview))
 
     io_rows = [("input", t.name, t.dtype, t.shape_text()) for t in summary.inputs]
@@ -119,7 +126,7 @@ def print_tables(summary: ModelSummary) -> None:
 
 
 def _run_listing(args: argparse.Namespace) -> int:
-    model = load(args.model, load_weights=False)
+    model = load(args.model, load_weights=False, allow_missing_data=True)  # names and types only
     tensors = list_tensors(model, infer_shapes=args.infer_shapes) if args.tensors else None
     nodes = list_nodes(model) if args.nodes else None
     if args.json:

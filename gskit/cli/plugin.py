@@ -13,6 +13,7 @@ from pathlib import Path
 from gskit.cli import add_plugins_option
 from gskit.io import report
 from gskit.plugin.spec import LOCAL_PLUGINS, REQUIRED, load_plugins, plugin_files
+from gskit.plugin.stubs import stub_parts
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class PluginRow:
     implementations: list[str]
     source: str | None
     origin: str
+    #: implementations that are still the stubs ``gskit plugin new`` wrote (raise NotImplementedError)
+    stubs: list[str]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
                 found,
                 str(spec.source) if spec.source else None,
                 registry.origin(spec),
+                list(stub_parts(spec)),
             )
         )
     if args.json:
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             r.version,
             "\n".join(r.attributes) or "-",
             r.patterns,
-            ", ".join(r.implementations) or "-",
+            ", ".join(f"{kind} (stub)" if kind in r.stubs else kind for kind in r.implementations) or "-",
             r.origin or "-",
         )
         for r in rows

@@ -23,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "prepare",
         help="replace plugin patterns, infer shapes, fold, check with TensorRT, validate, build",
         description="Run a recipe (default: sanitize, replace, infer_shapes, fold, infer_shapes, check_trt, "
-        "validate, build) and write OUTDIR/model.onnx, report.json and report.html. Exit code 0 only when "
-        "validation passes.",
+        "validate, build) and write OUTDIR/model.onnx, report.json and report.html. Exit code 0 when "
+        "validation passes (or the recipe has no validate step: the run then says 'not validated'), 1 when "
+        "it fails, 2 on an error.",
     )
     p.add_argument("model", nargs="?", help="the ONNX model to prepare")
     p.add_argument("-o", "--output", metavar="OUTDIR", help="output folder")
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(report)
     else:
         _print_summary(report)
-    return 0 if report.passed else 1
+    return 1 if report.passed is False else 0
 
 
 def _recipe(args: argparse.Namespace) -> Recipe:
@@ -168,7 +169,7 @@ def _print_summary(report: PrepareReport) -> None:
                         o.shape,
                         f"{o.max_abs_err:.3g}",
                         f"{o.max_rel_err:.3g}",
-                        "pass" if o.passed else "FAIL",
+                        ("pass" if o.passed else "FAIL") + (f": {o.note}" if o.note else ""),
                     )
                     for o in report.comparison.outputs
                 ],
@@ -179,4 +180,10 @@ def _print_summary(report: PrepareReport) -> None:
     out.print(
         f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html"
     )
-    out.print("[green]validation passed[/]" if report.passed else "[red]validation FAILED[/]")
+    if report.passed is None:
+        out.print(
+            "[yellow]not validated[/]: the recipe has no validate step, so the written model was not "
+            "compared with the original (run `gskit compare` on it, or keep the validate step)"
+        )
+    else:
+        out.print("[green]validation passed[/]" if report.passed else "[red]validation FAILED[/]")

@@ -13,12 +13,18 @@ units in the last place; bfloat16: 3e-2, likewise). The original rounds to float
 LayerNormalization differs from an exact one by up to three units on BERT), a plugin rounds once: that is then
 not reported as a failure, while a real error (a wrong epsilon, a lost bias) still is.
 
+Integer, bool and string outputs are compared exactly (never through float64, which cannot tell
+``2**60`` from ``2**60 + 100``), and an output of :func:`compare` whose dtype changed is a failure of its own
+unless the caller names that change as expected (:class:`DtypeChange`, e.g. the fp16 outputs that a
+recipe's ``convert`` step made).
+
 gskit adds what Polygraphy leaves to the caller: inputs from gskit's feeds, outputs matched by name with
 an error when the prepared model lacks one, and a typed report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -34,7 +40,7 @@ import onnx
 
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
-from gskit.errors import GskitError
+from gskit.errors import GskitError, ModelLoadError, PluginError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes, resolve_feeds
 from gskit.plugin.spec import PluginRegistry
@@ -64,11 +70,39 @@ def check_tolerances(atol: float, rtol: float) -> None:
 
 
 def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:
-    """``(atol, rtol)`` for an output of ``dtype``: the given ones, raised to the dtype's floor."""
+    """``(atol, rtol)`` for an output of ``dtype``: the given ones, raised to the dtype's floor; ``(0, 0)``
+    for integers and bools, which are compared exactly."""
+    if _exact(dtype):
+        return 0.0, 0.0
     floor_atol, floor_rtol = DTYPE_TOLERANCE.get(
         str(np.dtype(dtype)) if dtype is not None else "", (0.0, 0.0)
     )
     return max(atol, floor_atol), max(rtol, floor_rtol)
+
+
+def _exact(dtype: Any) -> bool:
+    """Integers, bools and strings are compared for equality; a tolerance means nothing for them."""
+    return dtype is not None and np.dtype(dtype).kind not in "fc"
+
+
+@dataclass(frozen=True)
+class DtypeChange:
+    """An output dtype change that is expected, so not a failure (the report still names it).
+
+    Attributes:
+        before: the original's dtype (numpy name, e.g. ``float32``).
+        after: the prepared model's dtype (``float16``).
+        by: what made it, for the report ("the recipe's convert step").
+        output: the output it applies to; None: any output.
+    """
+
+    before: str
+    after: str
+    by: str
+    output: str | None = None
+
+    def allows(self, name: str, before: str, after: str) -> bool:
+        return (self.before, self.after) == (before, after) and self.output in (None, name)
 
 
 @dataclass(frozen=True)
@@ -84,8 +118,10 @@ class OutputComparison:
         passed: every element within ``atol`` or ``rtol``, and the shapes are equal.
         shape_under_test: shape in the run under test.
         atol: absolute tolerance this output was compared with (follows its dtype, see
-            :func:`tolerance_for`).
+            :func:`tolerance_for`; 0 for integers and bools, compared exactly).
         rtol: relative tolerance this output was compared with.
+        dtype_under_test: numpy dtype name in the run under test.
+        note: what else to know: a dtype change (a failure, or expected and by what).
     """
 
     name: str
@@ -97,6 +133,14 @@ class OutputComparison:
     shape_under_test: tuple[int, ...] = ()
     atol: float = 1e-5
     rtol: float = 1e-5
+    dtype_under_test: str = ""
+    note: str = ""
+
+    @property
+    def dtypes(self) -> str:
+        """``float32``, or ``int64 -> float32`` when the run under test gave another dtype."""
+        changed = self.dtype_under_test and self.dtype_under_test != self.dtype
+        return f"{self.dtype} -> {self.dtype_under_test}" if changed else self.dtype
 
 
 @dataclass(frozen=True)
@@ -140,6 +184,7 @@ def compare(
     backend: str = "onnxruntime",
     engine: str | os.PathLike | None = None,
     trt_plugins: Sequence[str | os.PathLike] = (),
+    dtype_changes: Sequence[DtypeChange] = (),
 ) -> CompareReport:
     """Run the original on onnxruntime and the prepared model on ``backend``; compare outputs by name.
 
@@ -158,10 +203,13 @@ def compare(
             through Polygraphy's ``TrtRunner``; the original still runs on onnxruntime).
         engine: a serialized TensorRT engine to run instead of building ``prepared`` (implies ``"trt"``).
         trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
+        dtype_changes: output dtype changes that are expected; any other change fails its output.
 
     Raises:
-        GskitError: a model cannot be loaded or run, ``prepared`` lacks an output of ``original``, or
-            ``"trt"`` is asked for without full TensorRT and a GPU.
+        GskitError: a model cannot be loaded or run (a model that onnxruntime cannot load at all is said
+            once, never retried: ``ModelLoadError``), the models' inputs differ (names, dtype kinds, ranks
+            or fixed dims), ``prepared`` lacks an output of ``original``, or ``"trt"`` is asked for without
+            full TensorRT and a GPU.
     """
     check_tolerances(atol, rtol)
     backend = check_backend(backend, engine)
@@ -179,8 +227,11 @@ def compare(
             f"{source_label(prepared)} lacks output(s) {missing} of {source_label(original)}; "
             "outputs are matched by name"
         )
+    if prepared_proto is not None:
+        check_same_inputs(original_proto, prepared_proto, source_label(original), source_label(prepared))
     generated = feeds is None
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
+    judged: dict[str, Any] = dict(outputs=expected, atol=atol, rtol=rtol, dtype_changes=tuple(dtype_changes))
     reference = ort_backend.runner(
         original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
     )
@@ -189,7 +240,7 @@ def compare(
             prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
         )
         try:
-            return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+            return compare_runners(reference, under_test, feeds, **judged)
         except ReferenceRunError as err:
             if not generated:
                 raise
@@ -200,7 +251,83 @@ def compare(
             ) from err
     with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
         under_test = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
-        return compare_runners(reference, under_test, feeds, outputs=expected, atol=atol, rtol=rtol)
+        return compare_runners(reference, under_test, feeds, **judged)
+
+
+def check_same_inputs(
+    original: onnx.ModelProto, prepared: onnx.ModelProto, original_label: str, prepared_label: str
+) -> None:
+    """Refuse two models that cannot take the same inputs, before running either.
+
+    The prepared model may drop an input the original has (an unused one) and may narrow or widen an input
+    within its kind (``convert --fp16``: float32 -> float16; ``--int32``: int64 -> int32): the same values are
+    cast to it. Anything else would feed it values it does not take and report a meaningless ``inf``: an input
+    only the prepared model has, an input of another kind (float, integer, bool, string), another rank, or
+    a fixed dim of another size.
+
+    Raises:
+        GskitError: one line naming each input that differs, as each model declares it.
+    """
+    ours, theirs = _declared_inputs(original), _declared_inputs(prepared)
+    differ = []
+    for name, (dtype, dims) in theirs.items():
+        if name not in ours:
+            differ.append(f"'{name}' only in {prepared_label} ({_declared(dtype, dims)})")
+            continue
+        other_dtype, other_dims = ours[name]
+        if _kind(dtype) != _kind(other_dtype) or not _dims_fit(dims, other_dims):
+            differ.append(
+                f"'{name}' is {_declared(other_dtype, other_dims)} in {original_label}, "
+                f"{_declared(dtype, dims)} in {prepared_label}"
+            )
+    if differ:
+        raise GskitError(
+            f"the models' inputs differ, so the same inputs cannot feed both: {'; '.join(differ)}; compare "
+            f"a model with its own prepared copy (inputs named and typed alike), or isolate the same part"
+        )
+
+
+def _declared_inputs(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int | str | None, ...] | None]]:
+    """Each graph input that is no initializer: (element type, dims as int, symbol or None; None: no rank)."""
+    initializers = {t.name for t in model.graph.initializer}
+    found = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dims = None
+        if tensor.HasField("shape"):
+            dims = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+            )
+        found[value.name] = (tensor.elem_type, dims)
+    return found
+
+
+def _kind(elem_type: int) -> str:
+    """float, int, bool, string, or "" when unknown (a non-tensor input, an undefined type)."""
+    if not elem_type:
+        return ""
+    kind = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).kind
+    return {"f": "float", "c": "float", "i": "int", "u": "int", "b": "bool"}.get(kind, "string")
+
+
+def _dims_fit(a: tuple | None, b: tuple | None) -> bool:
+    """The same rank, and no dim fixed to two different sizes (symbols and unknown dims fit anything)."""
+    if a is None or b is None:
+        return True
+    if len(a) != len(b):
+        return False
+    return all(not (isinstance(x, int) and isinstance(y, int) and x != y) for x, y in zip(a, b, strict=True))
+
+
+def _declared(elem_type: int, dims: tuple | None) -> str:
+    """``float32[2x4x8x8]``, ``float32[batch,16]`` (as a model declares an input)."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type else "?"
+    if dims is None:
+        return f"{dtype}[?]"
+    sep = "x" if all(isinstance(d, int) for d in dims) else ","
+    return f"{dtype}[{sep.join('?' if d is None else str(d) for d in dims)}]"
 
 
 def compare_runners(
@@ -211,8 +338,12 @@ def compare_runners(
     outputs: Sequence[str] | None = None,
     atol: float = 1e-5,
     rtol: float = 1e-5,
+    dtype_changes: Sequence[DtypeChange] | None = None,
 ) -> CompareReport:
     """Run two Polygraphy runners on ``feeds`` and compare the named outputs (all of the reference's if None).
+
+    ``dtype_changes``: None compares values whatever the dtypes; a sequence (:func:`compare` gives one) makes
+    every dtype change a failure except those it lists.
 
     Raises:
         GskitError: a runner fails, or the runner under test lacks one of the outputs.
@@ -246,6 +377,8 @@ def compare_runners(
         )
     verdicts = _verdicts(accuracy)
     rows = [_row(name, ref_out[name], test_out[name], verdicts.get(name), atols, rtols) for name in names]
+    if dtype_changes is not None:
+        rows = [_judge_dtype(row, dtype_changes) for row in rows]
     return CompareReport(
         outputs=rows,
         passed=all(r.passed for r in rows),
@@ -281,6 +414,14 @@ def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitErr
     try:
         with quiet_polygraphy():
             return Comparator.run([runner], data_loader=[feeds])
+    except ModelLoadError as err:
+        # Said once: other inputs or shapes cannot make a model load, so this is never a ReferenceRunError.
+        detail = str(err).removeprefix("onnxruntime cannot load the model: ")
+        raise ModelLoadError(
+            f"the {runner.name} model does not load on onnxruntime, so no input can run it: {detail}"
+        ) from err
+    except PluginError:
+        raise  # plugin code failed (it names the plugin and the node); other inputs would not help
     except GskitError as err:
         if error is GskitError or isinstance(err, error):
             raise
@@ -494,7 +635,7 @@ def _row(
         passed = False
     else:
         abs_err, rel_err = _errors(expected, actual)
-        if expected.dtype.kind not in "biufc":  # strings: equal or not
+        if _exact(expected.dtype) or _exact(actual.dtype):  # integers, bools, strings: equal or not
             passed = bool(np.array_equal(expected, actual))
         else:
             passed = bool(verdict) and _same_nans(expected, actual) if verdict is not None else False
@@ -508,7 +649,19 @@ def _row(
         shape_under_test=tuple(int(d) for d in actual.shape),
         atol=atols.get(name, atols[""]),
         rtol=rtols.get(name, rtols[""]),
+        dtype_under_test=str(actual.dtype),
     )
+
+
+def _judge_dtype(row: OutputComparison, expected_changes: Sequence[DtypeChange]) -> OutputComparison:
+    """A row whose dtype changed fails, unless the change is expected; either way its note says so."""
+    if row.dtype == row.dtype_under_test:
+        return row
+    change = f"dtype changed {row.dtype} -> {row.dtype_under_test}"
+    allowed = next((c for c in expected_changes if c.allows(row.name, row.dtype, row.dtype_under_test)), None)
+    if allowed is not None:
+        return dataclasses.replace(row, note=f"{change}, made by {allowed.by}")
+    return dataclasses.replace(row, passed=False, note=f"{change}: an output must keep its dtype")
 
 
 def _same_nans(expected: np.ndarray, actual: np.ndarray) -> bool:
@@ -521,9 +674,12 @@ def _same_nans(expected: np.ndarray, actual: np.ndarray) -> bool:
 def _errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
     if expected.size == 0:
         return 0.0, 0.0
-    if expected.dtype == np.bool_ or not np.issubdtype(expected.dtype, np.number):
+    kinds = {expected.dtype.kind, actual.dtype.kind}
+    if not kinds <= set("iufc"):  # bools, strings: 1 where they differ
         diff = (expected != actual).astype(np.float64)
         return float(diff.max()), float(diff.max())
+    if kinds <= set("iu"):
+        return _integer_errors(expected, actual)
     a = expected.astype(np.float64)
     b = actual.astype(np.float64)
     absdiff = np.abs(a - b)
@@ -535,6 +691,24 @@ def _errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
     return float(np.nan_to_num(absdiff, nan=math.inf).max()), float(
         np.nan_to_num(reldiff, nan=math.inf).max()
     )
+
+
+def _integer_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
+    """Largest absolute and relative difference of integer arrays, the difference taken exactly.
+
+    float64 holds 53 bits: ``2**60`` and ``2**60 + 100`` would be equal there. The difference of two int64
+    values always fits in uint64, and modular uint64 arithmetic gives it exactly.
+    """
+    wide = np.uint64 if expected.dtype.kind == actual.dtype.kind == "u" else np.int64
+    a, b = expected.astype(wide), actual.astype(wide)
+    high, low = np.maximum(a, b), np.minimum(a, b)
+    absdiff = high.astype(np.uint64) - low.astype(np.uint64)
+    worst = int(absdiff.max())
+    if worst == 0:
+        return 0.0, 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reldiff = absdiff.astype(np.float64) / np.abs(a.astype(np.float64))
+    return float(worst), float(np.nan_to_num(reldiff, nan=math.inf).max())
 
 
 def source_model(model: ModelSource) -> onnx.ModelProto:

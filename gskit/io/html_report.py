@@ -50,7 +50,7 @@ class Page:
 
     Attributes:
         title: the page's heading.
-        passed: the verdict at the top.
+        passed: the verdict at the top; None: nothing was validated (no validate step), said as such.
         summary: (label, value) rows: files, sizes, recipe, plugins, TensorRT, engine.
         steps: one row per step (step, time, nodes before, nodes after, result).
         comparison: one row per output (output, shape, dtype, max abs err, max rel err, atol, rtol, result).
@@ -63,7 +63,7 @@ class Page:
     """
 
     title: str
-    passed: bool
+    passed: bool | None
     summary: Sequence[tuple[str, str]]
     steps: Sequence[Sequence[str]]
     comparison: Sequence[Sequence[str]]
@@ -158,7 +158,7 @@ def render_svg(dot: str) -> str | None:
 
 def render_page(page: Page) -> str:
     """The whole HTML document as a string."""
-    verdict = "PASSED" if page.passed else "FAILED"
+    verdict = {True: "PASSED", False: "FAILED", None: "not validated"}[page.passed]
     comparison_columns = ("output", "shape", "dtype", "max abs err", "max rel err", "atol", "rtol", "result")
     parts = [
         "<!DOCTYPE html>",
@@ -166,7 +166,13 @@ def render_page(page: Page) -> str:
         f"<title>{html.escape(page.title)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(page.title)}</h1>",
-        f'<p class="verdict {verdict.lower()}" id="verdict">Validation {verdict}</p>',
+        f'<p class="verdict {verdict.lower().replace(" ", "-")}" id="verdict">'
+        + (
+            f"Validation {verdict}</p>"
+            if page.passed is not None
+            else "Not validated: the recipe has no validate step, so the written model was not compared "
+            "with the original</p>"
+        ),
         "<h2>Summary</h2>",
         _table(("", ""), page.summary, table_id="summary", header=False),
         "<h2>Steps</h2>",
@@ -234,6 +240,7 @@ th, td { border: 1px solid #ccc; padding: 4px 10px; text-align: left; font-varia
 th { background: #f0f0f0; }
 .verdict { font-size: 1.3em; font-weight: bold; }
 .verdict.passed { color: #17753a; } .verdict.failed { color: #b3261e; }
+.verdict.not-validated { color: #8a5a00; }
 .pair { display: flex; gap: 2em; align-items: flex-start; flex-wrap: wrap; }
 figure { margin: 0; border: 1px solid #ddd; padding: 0.5em; }
 figure svg { max-width: 600px; height: auto; }

@@ -65,7 +65,9 @@ _INPUT_FILES: ContextVar[dict[Path, Path] | None] = ContextVar("gskit_input_file
 ModelLike = onnx.ModelProto | gs.Graph
 
 
-def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelProto:
+def load(
+    path: str | os.PathLike, *, load_weights: bool = True, allow_missing_data: bool = False
+) -> onnx.ModelProto:
     """Load an ONNX model from ``path``.
 
     Args:
@@ -73,6 +75,9 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
         load_weights: read external weights into memory. With ``False`` they stay on disk and are read
             only when needed (``gs.Constant.values``, ``save``); use it for inspection and for editing
             models larger than memory allows.
+        allow_missing_data: with ``load_weights=False``, an external data file that does not exist is no
+            error (``gskit inspect`` reads no weights; :func:`missing_data_files` names them). Locations
+            are still checked.
 
     Raises:
         GskitError: the file is missing, is not an ONNX model, or names an external data file that is
@@ -92,6 +97,8 @@ def load(path: str | os.PathLike, *, load_weights: bool = True) -> onnx.ModelPro
     base_dir = str(path.resolve().parent)
     _remember_input(path, path)
     for tensor in _external_tensors(model):
+        if allow_missing_data and not load_weights and _missing_data(tensor, base_dir, path):
+            continue
         _check_external_data(tensor, base_dir, path)
         _remember_input(_data_file(tensor, base_dir), path)
         if load_weights:
@@ -523,6 +530,21 @@ def _set_entry(tensor: TensorProto, key: str, value: str) -> None:
 
 def _data_file(tensor: TensorProto, base_dir: str) -> Path:
     return Path(base_dir) / (_entry(tensor, "location") or "")
+
+
+def missing_data_files(model: onnx.ModelProto, path: str | os.PathLike) -> list[str]:
+    """The external data files the model at ``path`` names that do not exist beside it."""
+    folder = Path(path).parent
+    return [location for location in data_locations(model) if not (folder / location).is_file()]
+
+
+def _missing_data(tensor: TensorProto, base_dir: str, model_path: Path) -> bool:
+    """True when the tensor's data file does not exist (its location checked first)."""
+    location = _entry(tensor, "location")
+    if not location or os.path.isabs(location) or ".." in Path(location).parts:
+        return False  # _check_external_data refuses it
+    data = _data_file(tensor, base_dir)
+    return not data.exists() and not data.is_symlink()  # a dangling link is refused, not skipped
 
 
 def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -> None:

@@ -12,6 +12,7 @@ functions (with the subgraphs inside them).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -24,7 +25,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 from onnx.external_data_helper import uses_external_data
 
-from gskit.io.model import load, tensor_nbytes
+from gskit.io.model import load, missing_data_files, tensor_nbytes
 from gskit.io.report import to_jsonable
 from gskit.plugin.ops import ONNX_DOMAINS
 
@@ -165,6 +166,8 @@ class ModelSummary:
         missing_shapes: main-graph node outputs whose rank is unknown after shape inference.
         shape_inference_error: onnx's message when shape inference failed (then ``missing_shapes`` is
             computed from the value_info already in the model); None when it ran.
+        missing_data_files: external data files the model names that are not beside it (no weight is
+            read to summarize, so that is no error here; other commands need them).
         tensorrt: the TensorRT parser check, filled by the TensorRT backend when asked for; None here.
     """
 
@@ -184,6 +187,7 @@ class ModelSummary:
     functions: tuple[FunctionSummary, ...]
     missing_shapes: tuple[str, ...]
     shape_inference_error: str | None = None
+    missing_data_files: tuple[str, ...] = ()
     tensorrt: Any | None = field(default=None)
 
     def to_json(self) -> dict[str, Any]:
@@ -284,9 +288,12 @@ def summarize_file(path: str | os.PathLike, *, infer_shapes: bool = True) -> Mod
     """Load ``path`` without its weights and summarize it (see ``summarize``).
 
     Raises:
-        GskitError: the file is missing or not a readable ONNX model, or its external data is missing.
+        GskitError: the file is missing or not a readable ONNX model (missing external data is noted in
+            ``missing_data_files``, not raised).
     """
-    return summarize(load(path, load_weights=False), path=str(path), infer_shapes=infer_shapes)
+    model = load(path, load_weights=False, allow_missing_data=True)
+    summary = summarize(model, path=str(path), infer_shapes=infer_shapes)
+    return dataclasses.replace(summary, missing_data_files=tuple(missing_data_files(model, path)))
 
 
 def summarize(model: onnx.ModelProto, path: str | None = None, *, infer_shapes: bool = True) -> ModelSummary:

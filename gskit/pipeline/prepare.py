@@ -31,7 +31,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
 from gskit.io.report import dumps
-from gskit.pipeline.recipe import Recipe, RecipeStep, make_recipe
+from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin.ops import op_label
 from gskit.plugin.spec import load_plugins
@@ -76,7 +76,12 @@ class PrepareReport:
     comparison: Any = None
     tensorrt: Any = None
     engine: Any = None
-    passed: bool = False
+    #: True when a validate step compared the written model with the original (the recipe puts it after
+    #: every step that changes the model); False: the run says "not validated"
+    validated: bool = False
+    #: True only when validated and every output within tolerance; False when validation or a step failed;
+    #: None when nothing was validated and nothing failed
+    passed: bool | None = False
     error: str | None = None
 
 
@@ -194,7 +199,8 @@ def prepare(
 
     Returns:
         The report (also written as report.json and report.html). ``passed`` is True when every step
-        succeeded and the prepared model matched the original within the validation tolerances.
+        succeeded and the written model matched the original within the validation tolerances; None when
+        the recipe has no validate step (``validated`` is False then).
 
     Raises:
         GskitError: the model cannot be read or has no outputs, OUTDIR would overwrite the input or is not
@@ -203,6 +209,7 @@ def prepare(
     """
     model_path, out_dir = Path(model_path), Path(out_dir)
     recipe = recipe or default_recipe()
+    check_validation_order(recipe)
     final_model = out_dir / MODEL_NAME
     if final_model.resolve() == model_path.resolve():
         raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
@@ -232,11 +239,22 @@ def prepare(
                 _write_reports(report, original, state, out_dir, recipe)
                 raise
             _move_engine(state, out_dir, report)
-            report.passed = all(s.status != "failed" for s in report.steps) and (
-                state.comparison is None or state.comparison.passed
-            )
+            report.validated, report.passed = _verdict(report, state)
             _write_reports(report, original, state, out_dir, recipe)
     return report
+
+
+def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]:
+    """``(validated, passed)`` of a run that wrote its model.
+
+    The recipe puts every validate step after the steps that change the model (``check_validation_order``),
+    so a comparison describes the written model. Without one nothing was judged: ``passed`` is None, never
+    True, unless a step failed.
+    """
+    failed = any(s.status == "failed" for s in report.steps)
+    if state.comparison is None:
+        return False, False if failed else None
+    return True, not failed and state.comparison.passed
 
 
 def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
@@ -332,20 +350,22 @@ def _remove_stale(out_dir: Path, names: Sequence[str], why: str) -> None:
 
 def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
     total = len(recipe.steps)
-    for index, step in enumerate(recipe.steps):
-        if listener:
-            listener.started(step.name, index, total)
-        result, error = _timed_step(step, state)
-        report.steps.append(result)
-        if listener:
-            listener.finished(result)
-        if error is not None:
-            where = f" (recipe line {step.line})" if step.line else ""
-            raise GskitError(f"step '{step.name}'{where} failed: {error}") from error
-    report.regions = list(state.replaced)
-    report.comparison = state.comparison
-    report.tensorrt = state.trt_report
-    report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+    try:
+        for index, step in enumerate(recipe.steps):
+            if listener:
+                listener.started(step.name, index, total)
+            result, error = _timed_step(step, state)
+            report.steps.append(result)
+            if listener:
+                listener.finished(result)
+            if error is not None:
+                where = f" (recipe line {step.line})" if step.line else ""
+                raise GskitError(f"step '{step.name}'{where} failed: {error}") from error
+    finally:  # a failed run's report keeps what the steps before the failure did
+        report.regions = list(state.replaced)
+        report.comparison = state.comparison
+        report.tensorrt = state.trt_report
+        report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
 
 
 def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
@@ -418,6 +438,9 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         ("TensorRT check", _trt_line(report.tensorrt)),
         ("engine", (report.engine or {}).get("engine", "not built")),
     ]
+    stubs = _stub_lines(state)
+    if stubs:
+        summary.append(("plugin stubs", "; ".join(stubs)))
     if report.error:
         summary.append(("error", report.error))
     steps = [
@@ -430,18 +453,18 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
             (
                 o.name,
                 "x".join(str(d) for d in o.shape),
-                o.dtype,
+                o.dtypes,
                 f"{o.max_abs_err:.3g}",
                 f"{o.max_rel_err:.3g}",
                 f"{o.atol:g}",
                 f"{o.rtol:g}",
-                "pass" if o.passed else "FAIL",
+                ("pass" if o.passed else "FAIL") + (f": {o.note}" if o.note else ""),
             )
             for o in comparison.outputs
         ]
     page = Page(
         title=f"gskit prepare: {Path(report.model).name}",
-        passed=report.passed and report.error is None,
+        passed=None if report.passed is None else report.passed and report.error is None,
         summary=summary,
         steps=steps,
         comparison=rows,
@@ -451,6 +474,15 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         environment=environment_rows(),
     )
     return render_page(page)
+
+
+def _stub_lines(state: RunState) -> list[str]:
+    """``my.ns::MyOp v1: reference and kernel are stubs (...)`` for each plugin of the model's nodes."""
+    from gskit.plugin.stubs import describe_stubs
+
+    specs = {spec.key: spec for node in state.graph.nodes if (spec := state.registry.for_node(node))}
+    lines = [(spec.qualified_name, describe_stubs(spec)) for spec in specs.values()]
+    return [f"{name}: {text}" for name, text in sorted(lines) if text]
 
 
 def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recipe) -> str:

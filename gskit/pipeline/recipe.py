@@ -185,7 +185,44 @@ def parse_recipe(
         raise GskitError(f"{_where(source, steps_node)}: 'steps' is empty; list at least one step")
     base = Path(base_dir) if base_dir is not None else None
     steps = tuple(_parse_step(node, source, registry, base) for node in steps_node.value)
-    return Recipe(steps=steps, source=source)
+    recipe = Recipe(steps=steps, source=source)
+    check_validation_order(recipe)
+    return recipe
+
+
+def check_validation_order(recipe: Recipe) -> None:
+    """Refuse a step that changes the model after the last ``validate``: a validation describes the model
+    that is written, or nothing.
+
+    Refused rather than validated again at the end: a silent second validation would hide that the recipe
+    says something else than what runs, and its tolerances, inputs and seed would have to be guessed.
+    A recipe without ``validate`` is allowed; ``gskit prepare`` then says "not validated".
+
+    Raises:
+        GskitError: naming the changing step and the validate step, with their lines.
+    """
+    from gskit.pipeline.steps import PASSES
+
+    last = max((i for i, step in enumerate(recipe.steps) if step.name == "validate"), default=None)
+    if last is None:
+        return
+    for index in range(last + 1, len(recipe.steps)):
+        step = recipe.steps[index]
+        if step.name in PASSES and PASSES[step.name].effect != "check":
+            raise GskitError(
+                f"{_step_where(recipe, index)}: step '{step.name}' changes the model after step 'validate' "
+                f"({_step_where(recipe, last, line_only=True)}), so the validation would not describe the "
+                f"written model; put 'validate' after '{step.name}'"
+            )
+
+
+def _step_where(recipe: Recipe, index: int, *, line_only: bool = False) -> str:
+    """``recipe.yaml:4`` (or ``line 4``); ``step 3`` for a step that was not read from text."""
+    line = recipe.steps[index].line
+    where = f"line {line}" if line is not None else f"step {index + 1}"
+    if line_only:
+        return where
+    return f"{recipe.source}:{line}" if line is not None else f"{recipe.source}: {where}"
 
 
 def make_recipe(entries: list[tuple[str, dict[str, Any]]], registry: dict[str, type] | None = None) -> Recipe:

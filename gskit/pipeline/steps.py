@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
@@ -117,6 +118,8 @@ class RunState:
     #: (plugin, Skip) for each match replace found and did not replace, with the reason (report.html)
     skipped: list[tuple[str, Any]] = field(default_factory=list)
     comparison: Any = None
+    #: output dtype changes that convert steps made (``gskit.compare.outputs.DtypeChange``): not failures
+    dtype_changes: list[Any] = field(default_factory=list)
     trt_report: Any = None
     engine: Any = None
     _snapshot: Path | None = field(default=None, repr=False)
@@ -269,6 +272,24 @@ class Fold(_Transform[FoldOptions]):
 class Convert(_Transform[ConvertOptions]):
     core = CONVERT
 
+    def call(self, state: RunState, options: ConvertOptions) -> PassResult:
+        """Also records the output dtypes it changed (``keep_io_fp32: false``), so validation expects them."""
+        from gskit.compare.outputs import DtypeChange
+
+        before = _output_dtypes(state.graph)
+        result = super().call(state, options)
+        for name, (old, new) in _changed(before, _output_dtypes(state.graph)).items():
+            state.dtype_changes.append(DtypeChange(old, new, by="the recipe's convert step", output=name))
+        return result
+
+
+def _output_dtypes(graph: gs.Graph) -> dict[str, str]:
+    return {t.name: np.dtype(t.dtype).name for t in graph.outputs if t.dtype is not None}
+
+
+def _changed(before: dict[str, str], after: dict[str, str]) -> dict[str, tuple[str, str]]:
+    return {name: (before[name], dtype) for name, dtype in after.items() if before.get(name, dtype) != dtype}
+
 
 class CheckTrt(Pass[CheckTrtOptions]):
     name, options, effect = "check_trt", CheckTrtOptions, "check"
@@ -307,7 +328,9 @@ class Validate(Pass[ValidateOptions]):
         from gskit.io.feeds import load_feeds, random_feeds
 
         prepared = state.snapshot()
-        common = dict(atol=options.atol, rtol=options.rtol, plugins=state.registry)
+        common = dict(
+            atol=options.atol, rtol=options.rtol, plugins=state.registry, dtype_changes=state.dtype_changes
+        )
         if options.inputs:
             feeds = load_feeds(options.inputs)
             try:
@@ -365,8 +388,9 @@ def _validated(state: RunState, report: Any, note: str) -> PassResult:
     state.comparison = report
     worst = max((o.max_abs_err for o in report.outputs), default=0.0)
     verdict = "passed" if report.passed else f"FAILED on {[o.name for o in report.failed]}"
+    notes = "".join(f"; output {o.name}: {o.note}" for o in report.outputs if o.note)
     return PassResult(
-        summary=f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}",
+        summary=f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}{notes}",
         report=report,
         status="ok" if report.passed else "failed",
     )
@@ -388,12 +412,20 @@ class Build(Pass[BuildOptions]):
         reason = None
         if flavour == "static":
             reason = "no TensorRT installed"
+        elif not full_tensorrt_available() and has_plugins:
+            # Said first: giving --compute-capability would not help, TensorRT-RTX cannot build them at all.
+            plugins = sorted(
+                {spec.qualified_name for n in state.graph.nodes if (spec := state.registry.for_node(n))}
+            )
+            reason = (
+                f"TensorRT-RTX has no custom plugins and the model has plugin nodes ({', '.join(plugins)}); "
+                "build with full TensorRT (docker/)"
+            )
         elif not full_tensorrt_available() and options.compute_capability is None:
             reason = "TensorRT-RTX only: give --compute-capability X.Y for an AOT build"
-        elif not full_tensorrt_available() and has_plugins:
-            reason = "TensorRT-RTX has no custom plugins; build with full TensorRT (docker/)"
         if reason:
-            if options.required:
+            # A build asked for (required, or a compute capability given for it) and not done is an error.
+            if options.required or options.compute_capability is not None:
                 raise StepError(f"build: {reason}")
             return PassResult(summary=reason, status="skipped")
         shapes = {name: tuple(tuple(s) for s in dims) for name, dims in options.shapes.items()} or None

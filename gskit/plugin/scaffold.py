@@ -40,6 +40,8 @@ FILES: Mapping[str, str] = {
     "trt_plugin.py": "trt_plugin.py.tmpl",
     "README.md": "README.md.tmpl",
     "test_reference.py": "test_reference.py.tmpl",
+    # registers the test's `gpu` mark, so pytest knows it outside gskit's repository too
+    "conftest.py": "conftest.py.tmpl",
 }
 #: Size given to symbolic or unknown dims in the generated tests' example shapes.
 EXAMPLE_DIM = 3
@@ -164,7 +166,7 @@ def new_plugin(
         signature = read_node(model_path, node_name)
     else:
         signature = NodeSignature(_op_name(name), "", "", ((("float32", EXAMPLE_SHAPE)),), ("float32",), ())
-    values = _template_values(signature, folder_name, namespace, from_node)
+    values = _template_values(signature, folder_name, namespace, from_node, str(target))
     target.mkdir(parents=True)
     written = []
     for file_name, template in FILES.items():
@@ -179,8 +181,10 @@ def new_plugin(
 
 
 def _template_values(
-    sig: NodeSignature, folder: str, namespace: str, from_node: str | None
+    sig: NodeSignature, folder: str, namespace: str, from_node: str | None, path: str
 ) -> dict[str, str]:
+    """Template values; ``path`` is the new folder as the user named it (``plugins/my_op``), so the hints it
+    appears in (``pytest plugins/my_op``) work from the folder where ``gskit plugin new`` ran."""
     inputs = _tensor_names(len(sig.inputs), "x")
     inputs = [f"{n}?" if info is None else n for n, info in zip(inputs, sig.inputs, strict=True)]
     outputs = _tensor_names(len(sig.outputs), "y")
@@ -205,7 +209,9 @@ def _template_values(
         "name": _escaped(sig.op_type),
         "namespace": _escaped(sig.domain or namespace),
         "folder": folder,
+        "path": _escaped(path),
         "function": function,
+        "typing_import": "\nfrom typing import Any\n" if "**attrs: Any" in signature else "",
         "summary": _escaped(summary),
         "origin": _escaped(origin),
         "dtype_origin": " (read from the model)" if from_node else " (edit)",

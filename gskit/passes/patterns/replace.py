@@ -225,13 +225,27 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     for gi, index in enumerate(indexes):
         for si, (spec, preport) in enumerate(zip(specs, report.plugins, strict=True)):
             for ri, rule in enumerate(spec.patterns):
-                candidates.extend(_find(spec, preport, rule, (si, ri, gi), index, explain, report))
+                try:
+                    candidates.extend(_find(spec, preport, rule, (si, ri, gi), index, explain, report))
+                except GskitError:
+                    raise
+                except Exception as err:  # the plugin's own pattern code (a check, an attribute function)
+                    raise _pattern_error(spec, rule, err) from err
     accepted = _resolve_overlaps(candidates)
     if accepted:
         _apply(graph, indexes, accepted, keep_function, report)
     report.norm_like_left = norm_like_left(graphs)
     log.info("replaced %d region(s) with plugin nodes", report.replaced)
     return report
+
+
+def _pattern_error(spec: PluginSpec, rule: Any, err: Exception) -> PluginError:
+    text = str(err).strip().splitlines()
+    where = spec.source.parent / "patterns.py" if spec.source is not None else "its patterns"
+    return PluginError(
+        f"plugin {spec.qualified_name}: pattern '{getattr(rule, 'name', rule)}' raised {type(err).__name__}"
+        f"{': ' + text[0] if text else ''} while matching; check {where} (--debug shows where)"
+    )
 
 
 #: ONNX's own normalization ops; left in the graph they are norms no pattern took.
