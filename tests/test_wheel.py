@@ -32,7 +32,13 @@ import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = {"gskit::ClampSwish v1", "gskit::DeformConv2d v1", "gskit::LayerNorm v1", "gskit::RMSNorm v1"}
+SHIPPED = {
+    "TRT::EfficientNMS_TRT v1",
+    "gskit::ClampSwish v1",
+    "gskit::DeformConv2d v1",
+    "gskit::LayerNorm v1",
+    "gskit::RMSNorm v1",
+}
 EXTRAS = {"trt", "rtx", "torch", "gpu", "bench"}
 #: What a build needs from the tree (MANIFEST.in and setup.py say what goes into the sdist and the wheel).
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gskit", "plugins")

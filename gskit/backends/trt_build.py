@@ -36,7 +36,7 @@ from gskit.backends.trt import (
     resolve_backend,
     run_worker,
 )
-from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
+from gskit.backends.trt_check import node_label, plugin_key, plugin_label, plugin_nodes, shipped_plugin_of
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.plugin.spec import PluginSpec, load_spec_file
@@ -168,6 +168,7 @@ def build_engine(
                 "compute_capability": list(capability) if capability else None,
                 "plugin_libraries": [str(p) for p in files.libraries],
                 "plugin_modules": [str(p) for p in files.modules],
+                "tensorrt_plugins": needs_tensorrt_plugins(model),
             },
         )
         if tmp_engine.stat().st_size == 0:
@@ -285,7 +286,12 @@ def check_python_plugin_inputs(model: onnx.ModelProto, modules: Sequence[Path]) 
 
 def _plugin_names(model: onnx.ModelProto) -> list[str]:
     keys = {plugin_key(node) for _, node in plugin_nodes(model)}
-    return sorted(f"{ns}::{name} v{version}" for ns, name, version in keys)
+    return sorted(plugin_label(ns, name, version) for ns, name, version in keys)
+
+
+def needs_tensorrt_plugins(model: onnx.ModelProto) -> bool:
+    """The model has nodes of TensorRT's own plugins (``libnvinfer_plugin``), which the build registers."""
+    return any(shipped_plugin_of(node) is not None for _, node in plugin_nodes(model))
 
 
 def _parse_capability(text: str | None, flavour: str) -> tuple[int, int] | None:

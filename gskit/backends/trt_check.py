@@ -41,7 +41,17 @@ from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, s
 from gskit.backends.trt_support import RESTRICTED, UNSUPPORTED, UNSUPPORTED_OPS, check_node
 from gskit.errors import GskitError, PluginError
 from gskit.io import model as gsmodel
-from gskit.plugin.ops import ONNX_DOMAINS, ONNX_OP_TYPES, has_namespace_attr, is_default_domain
+from gskit.plugin import libnvinfer
+from gskit.plugin.libnvinfer import ShippedPlugin
+from gskit.plugin.ops import (
+    DEFAULT_VERSION,
+    NAMESPACE_ATTR,
+    ONNX_DOMAINS,
+    ONNX_OP_TYPES,
+    VERSION_ATTR,
+    has_namespace_attr,
+    is_default_domain,
+)
 from gskit.plugin.spec import (
     INT32_MAX,
     INT32_MIN,
@@ -170,7 +180,9 @@ def check_trt(
         raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")
     registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
     nodes = list(model.graph.node)
-    plugin_issues = {i: _plugin_issue(i, node, registry) for i, node in plugin_nodes(model)}
+    # The release whose libnvinfer_plugin is asked about: the installed full TensorRT's, else none known.
+    tensorrt = _package_version("tensorrt") if flavour == "tensorrt" else None
+    plugin_issues = {i: _plugin_issue(i, node, registry, tensorrt) for i, node in plugin_nodes(model)}
     if flavour == "static":
         issues = _static_issues(model, plugin_issues)
         return TrtSupportReport(path, STATIC_SOURCE, len(nodes), tuple(issues))
@@ -214,21 +226,48 @@ def plugin_key(node: onnx.NodeProto) -> tuple[str, str, str]:
     )
 
 
-def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) -> NodeIssue:
+def plugin_label(namespace: str, name: str, version: str) -> str:
+    """``NS::NAME vN``, or ``NAME vN`` for TensorRT's namespace ""."""
+    return f"{namespace}::{name} v{version}" if namespace else f"{name} v{version}"
+
+
+def shipped_plugin_of(node: onnx.NodeProto) -> ShippedPlugin | None:
+    """The ``libnvinfer_plugin`` creator TensorRT's parser finds for this node (op type, ``plugin_version``,
+    ``plugin_namespace`` "" or absent: the parser looks in namespace "" first), or None."""
+    attrs = {a.name: attribute_value(a) for a in node.attribute if a.name in (NAMESPACE_ATTR, VERSION_ATTR)}
+    if str(attrs.get(NAMESPACE_ATTR, libnvinfer.NAMESPACE)) != libnvinfer.NAMESPACE:
+        return None
+    return libnvinfer.shipped_plugin(node.op_type, str(attrs.get(VERSION_ATTR, DEFAULT_VERSION)))
+
+
+def _plugin_issue(
+    index: int, node: onnx.NodeProto, registry: PluginRegistry, tensorrt: str | None = None
+) -> NodeIssue:
     namespace, name, version = plugin_key(node)
     problems = list(_unpassable_attributes(node))
     spec = registry.for_node(node)
-    if spec is None and not has_namespace_attr(node):
+    shipped = shipped_plugin_of(node)
+    if shipped is not None:
+        namespace = libnvinfer.NAMESPACE
+        trouble = shipped.problem(tensorrt)
+        if trouble:
+            problems.append(trouble)
+    if spec is None and shipped is not None:
+        known = f"TensorRT's own plugin: {shipped.life()}; no gskit spec, so no reference for onnxruntime"
+    elif spec is None and not has_namespace_attr(node):
         # Nothing says this node is meant as a plugin: no loaded spec, no plugin_namespace attribute.
         reason = (
             f"op '{node.op_type}' of unknown domain '{node.domain}': neither an ONNX op nor a loaded "
-            f"plugin; TensorRT would need a plugin {namespace}::{name} v{version} (load it with --plugins)"
+            f"plugin; TensorRT would need a plugin {plugin_label(namespace, name, version)} (load it with "
+            "--plugins)"
         )
         return NodeIssue(index, node_label(index, node), node.domain, node.op_type, NEEDS_PLUGIN, reason)
-    if spec is None:
+    elif spec is None:
         known = "not a gskit plugin"
     else:
         known = f"gskit plugin from {spec.source or '?'}"
+        if shipped is not None and spec.library is not None:
+            known = f"TensorRT's own plugin: {shipped.life()}; gskit spec from {spec.source or '?'}"
         values = {a.name: a for a in node.attribute if a.name not in ROUTING_ATTRIBUTES}
         try:
             spec.node_attrs({k: attribute_value(v) for k, v in values.items()})
@@ -239,7 +278,7 @@ def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) ->
             known += f"; {describe_stubs(spec)}"
         if "trt_plugin" in stubs:  # TensorRT would load the plugin and run a kernel that raises
             problems.append("TensorRT would run its stub kernel: write kernel.py")
-    reason = f"needs plugin {namespace}::{name} v{version} ({known})"
+    reason = f"needs plugin {plugin_label(namespace, name, version)} ({known})"
     if problems:
         reason += ": " + "; ".join(problems)
     return NodeIssue(
@@ -370,14 +409,18 @@ def _parser_report(
     else:
         parsed, kept = model, list(range(len(nodes)))
         files = find_plugin_files(implementation_paths(registry, plugins or ()))
+        shipped = sorted({p.label for _, node in plugin_nodes(model) if (p := shipped_plugin_of(node))})
         request = {
             "plugin_libraries": [str(p) for p in files.libraries],
             "plugin_modules": [str(p) for p in files.modules],
+            "tensorrt_plugins": bool(shipped),
         }
         if files:
             notes.append(
                 f"loaded {len(files.libraries)} plugin libraries, {len(files.modules)} Python plugin modules"
             )
+        if shipped:
+            notes.append(f"loaded TensorRT's own plugins ({libnvinfer.LIBRARY}) for {', '.join(shipped)}")
     with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
         parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
         answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
@@ -461,7 +504,9 @@ def _cut_plugin_nodes(
         if not _give_output_types(node, registry):
             continue
         feeding.extend(t for t in node.inputs if isinstance(t, gs.Variable) and t.inputs)
-        for tensor in node.outputs:
+        # A copy: clearing a tensor's producer also drops it from node.outputs (graphsurgeon keeps both
+        # lists in step), which skipped every second output of a multi-output plugin.
+        for tensor in list(node.outputs):
             tensor.inputs.clear()
             if tensor in graph.outputs:
                 graph.outputs.remove(tensor)

@@ -30,6 +30,8 @@ class PluginRow:
     origin: str
     #: implementations that are still the stubs ``gskit plugin new`` wrote (raise NotImplementedError)
     stubs: list[str]
+    #: the ONNX domain of its nodes (the namespace, except for TensorRT's own plugins: namespace "")
+    domain: str = ""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             for a in spec.attributes
         ]
         found = [kind for kind, path in plugin_files(spec).items() if path is not None]
+        if spec.shipped is not None:  # TensorRT implements it: no kernel, no trt_plugin.py
+            found.append(spec.shipped.life())
         rows.append(
             PluginRow(
                 spec.namespace,
@@ -62,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
                 str(spec.source) if spec.source else None,
                 registry.origin(spec),
                 list(stub_parts(spec)),
+                spec.domain,
             )
         )
     if args.json:
@@ -70,18 +75,26 @@ def run(args: argparse.Namespace) -> int:
     columns = ("namespace", "name", "version", "attributes", "patterns", "implementations", "from")
     table_rows = [
         (
-            r.namespace,
+            # TensorRT's own plugins: namespace "" and their nodes' domain
+            r.namespace if r.namespace == r.domain else f'"{r.namespace}" ({r.domain})',
             r.name,
             r.version,
             "\n".join(r.attributes) or "-",
             r.patterns,
-            ", ".join(f"{kind} (stub)" if kind in r.stubs else kind for kind in r.implementations) or "-",
+            "\n".join(_short_kind(kind, r) for kind in r.implementations) or "-",
             r.origin or "-",
         )
         for r in rows
     ]
     report.console().print(report.table(f"{len(rows)} plugin(s)", columns, table_rows))
     return 0
+
+
+def _short_kind(kind: str, row: PluginRow) -> str:
+    """An implementation as the table shows it: stubs marked, TensorRT's library by name (JSON: the rest)."""
+    if kind in row.stubs:
+        return f"{kind} (stub)"
+    return kind.split(" since ")[0]
 
 
 def _short(value: object) -> str:

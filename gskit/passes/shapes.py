@@ -102,7 +102,7 @@ _REGISTERED: dict[tuple[str, str], _Registered] = {}
 
 
 def register_schemas(registry: PluginRegistry) -> None:
-    """Register one onnx OpSchema per plugin ``(namespace, name)`` (idempotent; reloads replace specs).
+    """Register one onnx OpSchema per plugin ``(domain, name)`` (idempotent; reloads replace specs).
 
     Raises:
         GskitError: onnx already has a schema of that name and domain that gskit did not register.
@@ -113,7 +113,7 @@ def register_schemas(registry: PluginRegistry) -> None:
 
     by_op: dict[tuple[str, str], list[PluginSpec]] = {}
     for spec in registry:
-        by_op.setdefault((spec.namespace, spec.name), []).append(spec)
+        by_op.setdefault((spec.domain, spec.name), []).append(spec)
     for (domain, op), specs in by_op.items():
         signature = _signature(specs)
         entry = _REGISTERED.get((domain, op))

@@ -4,7 +4,10 @@ A plugin lives in ``plugins/<name>/`` and its ``spec.py`` defines ``SPEC``, a :c
 The spec is the single source of truth: the ONNX node gskit writes, the onnx shape-inference schema,
 the numpy reference used on onnxruntime, and the TensorRT plugin registration are all derived from it.
 
-Identity of a plugin is ``(namespace, name, version)``; the node's domain is the namespace.
+Identity of a plugin is ``(domain, name, version)``: the node's ONNX domain, op type and ``plugin_version``.
+For gskit's own plugins the domain is the TensorRT namespace. TensorRT's own plugins (``library=LIBRARY``, see
+``gskit.plugin.libnvinfer``) live in TensorRT's namespace ``""``, which cannot be an ONNX domain for an op
+onnx does not know, so their nodes are written in ``node_domain`` (``TRT``) with ``plugin_namespace=""``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
-from gskit.plugin.ops import node_key
+from gskit.plugin import libnvinfer
+from gskit.plugin.ops import ORT_DOMAINS, node_key
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +141,8 @@ class PluginSpec:
 
     Attributes:
         name: op type of the plugin node and the TensorRT plugin name.
-        namespace: TensorRT plugin namespace; also the node's ONNX domain.
+        namespace: TensorRT plugin namespace (the ``plugin_namespace`` attribute); also the node's ONNX
+            domain unless ``node_domain`` is given.
         version: TensorRT plugin version (the ``plugin_version`` attribute, a string).
         inputs: input names in order; a name ending in ``?`` is optional (may be the empty name).
         outputs: output names in order.
@@ -149,6 +154,11 @@ class PluginSpec:
         source: file the spec was loaded from (set by the loader).
         supports_fp16: the plugin takes float16 inputs; otherwise ``gskit convert --fp16`` keeps its node in
             float32 with Casts around it.
+        node_domain: the node's ONNX domain when it is not the namespace: required for TensorRT's own
+            plugins, whose namespace ``""`` is ONNX's default domain (``libnvinfer.DOMAIN``).
+        library: the shared library that implements the plugin and ships with TensorRT
+            (``libnvinfer.LIBRARY``: TensorRT's own plugins, registered by ``initLibNvInferPlugins``; the
+            folder then has no kernel and no ``trt_plugin.py``). None: the plugin folder brings it.
     """
 
     name: str
@@ -163,19 +173,30 @@ class PluginSpec:
     doc: str = ""
     source: Path | None = None
     supports_fp16: bool = False
+    node_domain: str | None = None
+    library: str | None = None
 
     @property
     def domain(self) -> str:
-        return self.namespace
+        """The ONNX domain of the plugin's nodes: ``node_domain``, else the namespace."""
+        return self.namespace if self.node_domain is None else self.node_domain
 
     @property
     def key(self) -> tuple[str, str, str]:
-        """``(namespace, name, version)``: the identity used everywhere."""
-        return (self.namespace, self.name, self.version)
+        """``(domain, name, version)``: the identity used everywhere (``gskit.plugin.ops.node_key`` of its
+        nodes)."""
+        return (self.domain, self.name, self.version)
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.namespace}::{self.name} v{self.version}"
+        return f"{self.domain}::{self.name} v{self.version}"
+
+    @property
+    def shipped(self) -> libnvinfer.ShippedPlugin | None:
+        """What ``libnvinfer_plugin`` says of this plugin, for one TensorRT implements (``library``)."""
+        if self.library != libnvinfer.LIBRARY:
+            return None
+        return libnvinfer.shipped_plugin(self.name, self.version)
 
     def attribute(self, name: str) -> Attribute:
         for attr in self.attributes:
@@ -382,7 +403,7 @@ class PluginRegistry:
 
     def domains(self) -> set[str]:
         """ONNX domains used by the plugins."""
-        return {s.namespace for s in self._specs.values()}
+        return {s.domain for s in self._specs.values()}
 
 
 # Where plugins come from, lowest precedence first. A plugin (namespace, name, version) found again in a
@@ -596,11 +617,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
     if source is not None and spec.source is None:
         spec = dataclasses.replace(spec, source=source)
     where = str(spec.source or spec.qualified_name)
-    for label, value in (("name", spec.name), ("namespace", spec.namespace)):
-        if not isinstance(value, str) or not value or any(c in value for c in " :\t\n"):
-            raise PluginError(
-                f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
-            )
+    _check_identity(spec, where)
     if not isinstance(spec.version, str) or not spec.version:
         raise PluginError(f'{where}: version must be a non-empty string like "1", got {spec.version!r}')
     for label, names in (("inputs", spec.inputs), ("outputs", spec.outputs)):
@@ -634,6 +651,37 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
             spec.name,
         )
     return spec
+
+
+def _check_identity(spec: PluginSpec, where: str) -> None:
+    """Name, namespace and node domain are names; a TensorRT-implemented plugin is one gskit knows."""
+    names = [("name", spec.name), ("namespace", spec.namespace)]
+    if spec.node_domain is not None:
+        names.append(("node_domain", spec.node_domain))
+    for label, value in names:
+        empty_ok = label == "namespace" and spec.node_domain is not None
+        if not isinstance(value, str) or (not value and not empty_ok) or any(c in value for c in " :\t\n"):
+            raise PluginError(
+                f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
+                + (' (TensorRT\'s namespace "" needs a node_domain)' if label == "namespace" else "")
+            )
+    if spec.domain in ORT_DOMAINS:
+        raise PluginError(
+            f"{where}: the node domain {spec.domain!r} is one onnx or onnxruntime implements; a plugin node "
+            f"needs a domain of its own (TensorRT's own plugins use {libnvinfer.DOMAIN!r})"
+        )
+    if spec.library is None:
+        return
+    if spec.library != libnvinfer.LIBRARY:
+        raise PluginError(
+            f"{where}: library must be {libnvinfer.LIBRARY!r} (a plugin TensorRT implements) or None, "
+            f"got {spec.library!r}"
+        )
+    if spec.shipped is None:
+        raise PluginError(
+            f"{where}: {spec.name} v{spec.version} is not a {libnvinfer.LIBRARY} creator gskit knows; add it "
+            "to gskit/plugin/libnvinfer.py with the TensorRT releases that ship it"
+        )
 
 
 def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:
