@@ -31,6 +31,16 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
     },
     "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
     "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True},
+    "nms": {
+        "score_threshold": 0.3,
+        "iou_threshold": 0.5,
+        "max_output_boxes": 100,
+        "class_agnostic": True,
+        "best_class_only": False,
+        "head": "yolov5",
+        "box_format": "xyxy",
+        "tensor": "output0",
+    },
     "infer_shapes": {"strict": False},
     "fold": {"max_passes": 3, "fold_shapes": False, "size_threshold": 1024, "allow_partial": True},
     "convert": {

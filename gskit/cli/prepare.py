@@ -63,6 +63,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "validation then needs looser tolerances, e.g. --atol 1e-2 --rtol 1e-2",
     )
     flags.add_argument(
+        "--nms",
+        action="store_true",
+        help="add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the "
+        "model's (an nms step after sanitize when the recipe has none; recipe: nms: {score_threshold, "
+        "iou_threshold, max_output_boxes, class_agnostic})",
+    )
+    flags.add_argument(
         "--only",
         action="append",
         metavar="PLUGIN",
@@ -140,6 +147,7 @@ def _recipe(args: argparse.Namespace) -> Recipe:
         rtol=args.rtol,
         seed=args.seed,
         fp16=args.fp16,
+        nms=args.nms,
         only=args.only,
         skip=args.skip or (),
         compute_capability=args.compute_capability,

@@ -31,6 +31,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
 from gskit.io.report import dumps
+from gskit.passes.nms import PLUGIN_KEY
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin.ops import op_label
@@ -112,6 +113,7 @@ def recipe_with_overrides(
     rtol: float | None = None,
     seed: int | None = None,
     fp16: bool = False,
+    nms: bool = False,
     only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
     compute_capability: str | None = None,
@@ -122,6 +124,8 @@ def recipe_with_overrides(
     step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
     convert step, adding one (before check_trt/validate/build) when the recipe has none. ``skip`` drops
     every step of each name, first. ``inputs`` is relative to the working directory and kept absolute.
+    ``nms`` adds an nms step with its defaults after the first sanitize step (first when there is none) unless
+    the recipe has one.
 
     Raises:
         GskitError: ``skip`` names a step the recipe does not have, every step is skipped, an option is
@@ -143,6 +147,12 @@ def recipe_with_overrides(
         "build": {"compute_capability": compute_capability},
         "convert": {"fp16": True if fp16 else None},
     }
+    if nms and "nms" in skip:
+        raise GskitError("--nms needs the nms step, which --skip nms drops; give one of them")
+    if nms and not any(step.name == "nms" for step in steps):
+        at = next((i + 1 for i, step in enumerate(steps) if step.name == "sanitize"), 0)
+        steps.insert(at, RecipeStep("nms", PASSES["nms"].options()))
+        flags.append("--nms")
     if fp16 and not any(step.name == "convert" for step in steps):
         at = next((i for i, step in enumerate(steps) if step.name in _CONVERT_BEFORE), len(steps))
         steps.insert(at, RecipeStep("convert", PASSES["convert"].options()))
@@ -366,6 +376,11 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         report.comparison = state.comparison
         report.tensorrt = state.trt_report
         report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+        if state.nms is not None:  # the nms step's node is a plugin node too
+            label = (
+                state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
+            )
+            report.plugins_inserted[label] = report.plugins_inserted.get(label, 0) + 1
 
 
 def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:

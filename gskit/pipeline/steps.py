@@ -33,6 +33,7 @@ from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
 from gskit.passes.fold import FOLD, FoldOptions
 from gskit.passes.isolate import ISOLATE, IsolateOptions
+from gskit.passes.nms import NMS, NmsOptions
 from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
 from gskit.passes.sanitize import SANITIZE, SanitizeOptions
 from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
@@ -120,6 +121,8 @@ class RunState:
     comparison: Any = None
     #: output dtype changes that convert steps made (``gskit.compare.outputs.DtypeChange``): not failures
     dtype_changes: list[Any] = field(default_factory=list)
+    #: what an nms step did (``gskit.passes.nms.NmsReport``): validation then compares detections
+    nms: Any = None
     trt_report: Any = None
     engine: Any = None
     _snapshot: Path | None = field(default=None, repr=False)
@@ -245,6 +248,21 @@ class Replace(_Transform[ReplaceOptions]):
         return result
 
 
+class Nms(_Transform[NmsOptions]):
+    """EfficientNMS_TRT behind the detection head; the model's outputs become the plugin's four."""
+
+    core = NMS
+
+    def requires(self, state: RunState, options: NmsOptions) -> None:
+        if state.nms is not None:
+            raise StepError("nms: the recipe has a second nms step; the model has its NMS already")
+
+    def call(self, state: RunState, options: NmsOptions) -> PassResult:
+        result = super().call(state, options)
+        state.nms = result.report
+        return result
+
+
 class InferShapes(_Transform[InferShapesOptions]):
     core = INFER_SHAPES
 
@@ -331,6 +349,12 @@ class Validate(Pass[ValidateOptions]):
         common = dict(
             atol=options.atol, rtol=options.rtol, plugins=state.registry, dtype_changes=state.dtype_changes
         )
+        if state.nms is not None:  # the outputs changed: detections are compared (gskit.compare.detections)
+            from functools import partial
+
+            from gskit.compare.detections import compare_detections
+
+            compare = partial(compare_detections, nms=state.nms)
         if options.inputs:
             feeds = load_feeds(options.inputs)
             try:
@@ -451,6 +475,7 @@ PASSES: Mapping[str, Pass] = {
         Edit(),
         Isolate(),
         Replace(),
+        Nms(),
         InferShapes(),
         Fold(),
         Convert(),
