@@ -290,7 +290,7 @@ class _Nms(GraphPass[NmsOptions]):
         summary = (
             f"EfficientNMS_TRT after {report.layout} head '{report.head}' ({report.box_format} boxes){own}; "
             f"{removed} node(s) removed; {settings}; outputs {', '.join(report.outputs)} (the plugin is "
-            "deprecated since TensorRT 10.12; TensorRT's alternative is INMSLayer, from ONNX NonMaxSuppression)"
+            "deprecated since TensorRT 10.12; TensorRT's alternative: INMSLayer, from ONNX NonMaxSuppression)"
         )
         return PassResult(model, modified=True, report=report, summary=summary)
 
