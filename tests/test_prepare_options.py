@@ -59,6 +59,7 @@ def test_skip_drops_steps_and_fp16_adds_a_convert_step() -> None:
     recipe = recipe_with_overrides(default_recipe(), skip=["infer_shapes", "build"], fp16=True)
     assert [s.name for s in recipe.steps] == [
         "sanitize",
+        "lower",
         "replace",
         "fold",
         "convert",
@@ -76,7 +77,10 @@ def test_skip_drops_steps_and_fp16_adds_a_convert_step() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"skip": ["bild"]}, "--skip bild: the recipe has no step 'bild'; its steps: sanitize, replace"),
+        (
+            {"skip": ["bild"]},
+            "--skip bild: the recipe has no step 'bild'; its steps: sanitize, lower, replace",
+        ),
         (
             {"skip": ["build"], "compute_capability": "8.9"},
             "--compute-capability: the recipe has no build step",
@@ -139,6 +143,7 @@ def test_flags_show_in_the_report(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     assert [s["name"] for s in report["steps"]] == [
         "sanitize",
+        "lower",
         "replace",
         "infer_shapes",
         "fold",

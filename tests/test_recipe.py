@@ -30,6 +30,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "drop_initializer_inputs": True,
     },
     "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
+    "lower": {"only": ("Col2Im",)},
     "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True},
     "nms": {
         "score_threshold": 0.3,

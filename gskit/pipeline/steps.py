@@ -33,6 +33,7 @@ from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
 from gskit.passes.fold import FOLD, FoldOptions
 from gskit.passes.isolate import ISOLATE, IsolateOptions
+from gskit.passes.lower import LOWER, LowerOptions
 from gskit.passes.nms import NMS, NmsOptions
 from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
 from gskit.passes.sanitize import SANITIZE, SanitizeOptions
@@ -89,6 +90,7 @@ class BuildOptions:
 
 DEFAULT_STEPS: tuple[str, ...] = (
     "sanitize",
+    "lower",
     "replace",
     "infer_shapes",
     "fold",
@@ -232,6 +234,10 @@ class Isolate(_Transform[IsolateOptions]):
     def requires(self, state: RunState, options: IsolateOptions) -> None:
         if not options.inputs or not options.outputs:
             raise StepError("isolate: the step needs both 'inputs' and 'outputs' tensor names")
+
+
+class Lower(_Transform[LowerOptions]):
+    core = LOWER
 
 
 class Replace(_Transform[ReplaceOptions]):
@@ -474,6 +480,7 @@ PASSES: Mapping[str, Pass] = {
         Sanitize(),
         Edit(),
         Isolate(),
+        Lower(),
         Replace(),
         Nms(),
         InferShapes(),
