@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from conftest import run_subcommand
+from conftest import parse_model, run_subcommand
 from plugin_folders import REPO, example_inputs, load_plugin, one_node_model
 
 from gskit.backends import ort
@@ -40,6 +40,13 @@ CREATOR_FIELDS = {
         "score_activation": onnx.AttributeProto.INT,
         "class_agnostic": onnx.AttributeProto.INT,
         "box_coding": onnx.AttributeProto.INT,
+    },
+    "modulated_deform_conv": {
+        "stride": onnx.AttributeProto.INTS,
+        "padding": onnx.AttributeProto.INTS,
+        "dilation": onnx.AttributeProto.INTS,
+        "group": onnx.AttributeProto.INT,
+        "deformable_group": onnx.AttributeProto.INT,
     },
 }
 
@@ -183,3 +190,62 @@ def test_plugin_list_says_tensorrt_implements_it(capsys: pytest.CaptureFixture[s
         "(use INMSLayer (ONNX NonMaxSuppression))",
     ]
     assert rows["LayerNorm"]["domain"] == "gskit"
+
+
+DEFORM_CONV = """
+<ir_version: 9, opset_import: ["" : 19]>
+g (float[N,4,8,9] x, float[N,18,8,9] offset, float[N,9,8,9] mask) => (float[N,6,8,9] y) {{
+    w = Constant<value = float[6,4,3,3] {{{weights}}}>()
+    b = Constant<value = float[6] {{0.5, -1, 2, 0, 1, -0.25}}>()
+    y = DeformConv<pads = {pads}>(x, w, offset, b{mask})
+}}"""
+
+
+def _deform_conv(rng, pads=(1, 1, 1, 1), mask: bool = True) -> onnx.ModelProto:
+    weights = ", ".join(f"{v:.4f}" for v in rng.standard_normal(6 * 4 * 9))
+    return parse_model(DEFORM_CONV.format(weights=weights, pads=list(pads), mask=", mask" if mask else ""))
+
+
+def test_dcnv2_target_is_the_users_choice(rng) -> None:
+    """gskit's DeformConv2d by default; ``only`` picks TensorRT's ModulatedDeformConv2d; both validate."""
+    from gskit.passes.patterns import replace
+    from gskit.plugin import load_plugins
+
+    registry = load_plugins()
+    model = _deform_conv(rng)
+    feeds = {
+        "x": rng.standard_normal((2, 4, 8, 9)).astype(np.float32),
+        "offset": rng.uniform(-3, 3, (2, 18, 8, 9)).astype(np.float32),
+        "mask": rng.random((2, 9, 8, 9)).astype(np.float32),
+    }
+    want = ort.run(model, feeds)["y"]
+    default = gsmodel.to_graph(model)
+    report = replace(default, list(registry))
+    assert [r.plugin for r in report.regions] == ["gskit::DeformConv2d v1"]
+    (mdc,) = [p for p in report.plugins if p.plugin == "TRT::ModulatedDeformConv2d v2"]
+    assert "overlaps the DeformConv2d match" in mdc.skipped[0].reason
+    chosen = gsmodel.to_graph(model)
+    report = replace(chosen, list(registry), only=["ModulatedDeformConv2d"])
+    assert [r.plugin for r in report.regions] == ["TRT::ModulatedDeformConv2d v2"]
+    (node,) = [n for n in chosen.nodes if n.op == "ModulatedDeformConv2d"]
+    assert [t.name for t in node.inputs] == ["x", "offset", "mask", "w", "b"]
+    assert (node.attrs["padding"], node.attrs["stride"], node.attrs["deformable_group"]) == (
+        [1, 1],
+        [1, 1],
+        1,
+    )
+    got = ort.run(gsmodel.to_model(chosen), feeds, plugins=registry)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("pads", "mask", "reason"),
+    [((1, 1, 1, 1), False, "has no mask (DCNv1)"), ((1, 0, 1, 2), True, "pads both sides alike")],
+)
+def test_dcn_forms_tensorrt_plugin_cannot_take(rng, pads, mask, reason) -> None:
+    from gskit.passes.patterns import replace
+    from gskit.plugin import load_plugins
+
+    graph = gsmodel.to_graph(_deform_conv(rng, pads, mask))
+    report = replace(graph, list(load_plugins()), only=["ModulatedDeformConv2d"])
+    assert not report.regions and reason in report.plugins[0].skipped[0].reason

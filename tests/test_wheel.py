@@ -34,6 +34,7 @@ from packaging.requirements import Requirement
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = {
     "TRT::EfficientNMS_TRT v1",
+    "TRT::ModulatedDeformConv2d v2",
     "gskit::ClampSwish v1",
     "gskit::DeformConv2d v1",
     "gskit::LayerNorm v1",
