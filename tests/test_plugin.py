@@ -135,6 +135,7 @@ def test_missing_explicit_folder_is_an_error(tmp_path):
 SHIPPED_NAMES = [
     "TRT::EfficientNMS_TRT v1",
     "TRT::ModulatedDeformConv2d v2",
+    "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
     "gskit::ClampSwish v1",
     "gskit::DeformConv2d v1",
     "gskit::LayerNorm v1",

@@ -41,6 +41,7 @@ CREATOR_FIELDS = {
         "class_agnostic": onnx.AttributeProto.INT,
         "box_coding": onnx.AttributeProto.INT,
     },
+    "multiscale_deformable_attn": {},
     "modulated_deform_conv": {
         "stride": onnx.AttributeProto.INTS,
         "padding": onnx.AttributeProto.INTS,

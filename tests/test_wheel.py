@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = {
     "TRT::EfficientNMS_TRT v1",
     "TRT::ModulatedDeformConv2d v2",
+    "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
     "gskit::ClampSwish v1",
     "gskit::DeformConv2d v1",
     "gskit::LayerNorm v1",

@@ -92,6 +92,11 @@ def _print(report: ReplaceReport, written: str) -> None:
             f"{len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
             f"{' ...' if len(left) > 3 else ''}); --explain says which check failed"
         )
+    for rule, nodes in report.watched_left.items():
+        out.print(
+            f"{len(nodes)} node(s) of what '{rule}' replaces left (at {', '.join(nodes[:3])}"
+            f"{' ...' if len(nodes) > 3 else ''}); --explain says which check failed"
+        )
     if report.explanations:
         ranked = sorted(report.explanations, key=lambda e: -e.depth)
         shown = ranked[:MAX_EXPLAIN_ROWS]

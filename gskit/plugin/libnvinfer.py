@@ -25,6 +25,9 @@ NAMESPACE = ""
 #: op type, ``plugin_version`` and ``plugin_namespace``); onnx and onnxruntime need a domain other than the
 #: default one for an op they do not know. ``TRT`` is also what YOLOv7's ``--end2end`` export writes.
 DOMAIN = "TRT"
+#: The PluginSpec fields of a spec describing one of these plugins: ``PluginSpec(name=..., version=...,
+#: **libnvinfer.SPEC_FIELDS, ...)``.
+SPEC_FIELDS = {"namespace": NAMESPACE, "node_domain": DOMAIN, "library": LIBRARY}
 #: Where the facts below were read: NVIDIA/TensorRT at 11.1 (and earlier releases for removed plugins).
 SOURCE = (
     "NVIDIA/TensorRT@82d1dca801c8318a5605399d5240780d0679e4e1 (11.1 OSS release): CHANGELOG.md, "

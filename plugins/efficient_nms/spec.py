@@ -58,9 +58,7 @@ def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list
 
 SPEC = PluginSpec(
     name="EfficientNMS_TRT",
-    namespace=libnvinfer.NAMESPACE,
-    node_domain=libnvinfer.DOMAIN,
-    library=libnvinfer.LIBRARY,
+    **libnvinfer.SPEC_FIELDS,
     version="1",
     inputs=("boxes", "scores", "anchors?"),
     outputs=("num_detections", "detection_boxes", "detection_scores", "detection_classes"),

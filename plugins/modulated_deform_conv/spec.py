@@ -53,9 +53,7 @@ def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list
 
 SPEC = PluginSpec(
     name="ModulatedDeformConv2d",
-    namespace=libnvinfer.NAMESPACE,
-    node_domain=libnvinfer.DOMAIN,
-    library=libnvinfer.LIBRARY,
+    **libnvinfer.SPEC_FIELDS,
     version="2",
     inputs=("x", "offset", "mask", "weight", "bias?"),
     outputs=("y",),

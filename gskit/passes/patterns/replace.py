@@ -89,6 +89,8 @@ class ReplaceReport:
     functions_kept: list[str] = field(default_factory=list)
     #: norm-like computations still in the graph after replacement (see :func:`norm_like_left`)
     norm_like_left: list[str] = field(default_factory=list)
+    #: per rule with ``watches``: the nodes of those ops still in the graph (instances it did not take)
+    watched_left: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def replaced(self) -> int:
@@ -185,6 +187,9 @@ class _Replace(GraphPass[ReplaceOptions]):
         )
         summary = f"{report.replaced} replaced, {skipped} skipped"
         summary += f" ({per_plugin})" if per_plugin else ""
+        for rule, nodes in report.watched_left.items():
+            more = " ..." if len(nodes) > 3 else ""
+            missed += f"; {len(nodes)} node(s) of what '{rule}' replaces left ({', '.join(nodes[:3])}{more})"
         return PassResult(model, modified=report.replaced > 0, report=report, summary=summary + missed)
 
     def ensures(self, model: Any, options: ReplaceOptions, result: PassResult, before: Before) -> None:
@@ -235,6 +240,12 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     if accepted:
         _apply(graph, indexes, accepted, keep_function, report)
     report.norm_like_left = norm_like_left(graphs)
+    for spec in specs:
+        for rule in spec.patterns:
+            watched = set(getattr(rule, "watches", ()))
+            left = [label(n) for g in graphs for n in g.nodes if op_key(n) in watched]
+            if left:
+                report.watched_left[rule.name] = left
     log.info("replaced %d region(s) with plugin nodes", report.replaced)
     return report
 
@@ -422,6 +433,7 @@ def _apply(
     bodies: dict[tuple[str, str], tuple[Any, ...]] = {}
     calls_before = _local_calls(root)
     replacement: dict[int, gs.Node] = {}  # id(anchor) -> plugin node
+    added: dict[int, list[gs.Node]] = {}  # id(graph) -> Reshapes after plugin nodes (Rewrite.output_shapes)
     removed: set[int] = set()
     detached: dict[int, gs.Tensor] = {}
     changed: dict[int, gs.Graph] = {}
@@ -430,6 +442,16 @@ def _apply(
         spec, match, rewrite = cand.spec, cand.match, cand.rewrite
         index = indexes[cand.rank[3]]
         ordered = sorted(match.nodes, key=lambda n: index.position[id(n)])
+        if keep_function and any(s is not None for s in rewrite.output_shapes):
+            cand.report.skipped.append(
+                Skip(
+                    cand.rule.name,
+                    label(match.anchor),
+                    "keep_function cannot keep a function whose outputs the plugin gives in another layout",
+                    label(match.anchor),
+                )
+            )
+            continue
         if keep_function:
             body = _function_body(spec, match, rewrite, ordered)
             key = (spec.domain, spec.name)
@@ -467,13 +489,15 @@ def _apply(
         inputs = list(rewrite.inputs)
         while inputs and inputs[-1] is None:
             inputs.pop()
+        outputs, reshapes = _plugin_outputs(name, match.outputs, rewrite.output_shapes, taken)
         plugin = spec.make_node(
             [t if t is not None else gs.Variable.empty() for t in inputs],
-            list(match.outputs),
+            outputs,
             rewrite.attrs,
             name=name,
         )
         replacement[id(ordered[-1])] = plugin
+        added.setdefault(id(match.graph), []).extend(reshapes)
         _drop_dead_constants(match, index, removed, detached)
         changed[id(match.graph)] = match.graph
         cand.report.replaced += 1
@@ -482,11 +506,58 @@ def _apply(
         kept = [c for c in tensor.outputs if id(c) not in removed]
         list.clear(tensor.outputs)
         list.extend(tensor.outputs, kept)
+    for index in indexes:
+        if id(index.graph) in changed:
+            _drop_dead_producers(index, detached, removed)
     for g in changed.values():
         g.nodes = [replacement.get(id(n), n) for n in g.nodes if id(n) not in removed or id(n) in replacement]
+        g.nodes.extend(added.get(id(g), []))
         g.toposort(recurse_subgraphs=False, recurse_functions=False)
     _ensure_domains(root, {c.spec.domain for c in accepted})
     _remove_unused_functions(root, calls_before, report)
+
+
+def _plugin_outputs(
+    name: str, outputs: Sequence[gs.Tensor], shapes: Sequence[np.ndarray | None], taken: set[str]
+) -> tuple[list[gs.Tensor], list[gs.Node]]:
+    """The plugin node's outputs: the match's own, or new tensors that a Reshape turns into them."""
+    tensors: list[gs.Tensor] = []
+    reshapes: list[gs.Node] = []
+    for i, out in enumerate(outputs):
+        shape = shapes[i] if i < len(shapes) else None
+        if shape is None:
+            tensors.append(out)
+            continue
+        raw = gs.Variable(f"{out.name}__{name}", dtype=out.dtype)
+        target = gs.Constant(f"{out.name}__{name}_shape", np.asarray(shape, dtype=np.int64))
+        reshape_name = unique_name(f"{name}_reshape_{i}", taken)
+        reshapes.append(gs.Node("Reshape", name=reshape_name, inputs=[raw, target], outputs=[out]))
+        tensors.append(raw)
+    return tensors, reshapes
+
+
+def _drop_dead_producers(index: GraphIndex, detached: dict[int, gs.Tensor], removed: set[int]) -> None:
+    """Remove nodes of ``index``'s graph that fed only replaced nodes and now feed nothing.
+
+    A match may leave out nodes that another instance also reads (TorchScript shares a computation two
+    attention calls make alike); once both instances are replaced, such nodes are dead.
+    """
+    own = {id(n) for n in index.graph.nodes}
+    frontier = list(detached.values())
+    while frontier:
+        tensor = frontier.pop()
+        node = tensor.inputs[0] if tensor.inputs else None
+        if node is None or id(node) in removed or id(node) not in own:
+            continue
+        if any(t.outputs or index.external_use(t, set()) for t in node.outputs):
+            continue
+        removed.add(id(node))
+        for source in node.inputs:
+            kept = [c for c in source.outputs if c is not node]
+            list.clear(source.outputs)
+            list.extend(source.outputs, kept)
+            frontier.append(source)
+        node.outputs.clear()
 
 
 def _drop_dead_constants(
