@@ -39,13 +39,18 @@ B, M, D, LQ, P = 2, 4, 8, 10, 4
 PLUGIN = "TRT::MultiscaleDeformableAttnPlugin_TRT v2"
 
 
-def _msda(value, locations, weights, levels):
-    """The grid-sample form (transformers' PyTorch MultiScaleDeformableAttention, written again)."""
+def _msda(value, locations, weights, levels, *, sliced: bool = False):
+    """The grid-sample form (transformers' PyTorch MultiScaleDeformableAttention, written again); ``sliced``
+    takes each level's rows with a slice, as TorchScript writes a split whose sizes it computed."""
     import torch
 
     batch, _, heads, dim = value.shape
     queries, points = locations.shape[1], locations.shape[4]
-    parts = value.split([h * w for h, w in levels], dim=1)
+    starts = [sum(h * w for h, w in levels[:i]) for i in range(len(levels) + 1)]
+    if sliced:
+        parts = [value[:, starts[i] : starts[i + 1]] for i in range(len(levels))]
+    else:
+        parts = value.split([h * w for h, w in levels], dim=1)
     grids = 2 * locations - 1
     samples = []
     for level, (h, w) in enumerate(levels):
@@ -85,7 +90,11 @@ def _module(kind: str):
             starts = torch.cat((shapes.new_zeros((1,)), shapes.prod(1).cumsum(0)[:-1]))
             return self.attn(value, shapes, LEVELS, starts, locations, weights, 64)
 
-    return {"twice": Twice, "transformers": Transformers}[kind]().eval()
+    class Sliced(torch.nn.Module):
+        def forward(self, value, locations, weights):
+            return _msda(value, locations, weights, LEVELS, sliced=True)
+
+    return {"twice": Twice, "transformers": Transformers, "sliced": Sliced}[kind]().eval()
 
 
 def _export(module, path: Path, dynamo: bool) -> Path:
@@ -116,7 +125,7 @@ def _feeds(rng) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-@pytest.mark.parametrize("kind", ["twice", "transformers"])
+@pytest.mark.parametrize("kind", ["twice", "sliced", "transformers"])
 def test_every_instance_becomes_the_plugin(tmp_path: Path, rng, kind: str, dynamo: bool) -> None:
     if kind == "transformers":
         pytest.importorskip("transformers")
@@ -154,7 +163,7 @@ def test_split_that_disagrees_with_the_levels_is_skipped_with_the_reason(tmp_pat
     report = replace(graph, [REGISTRY.get("TRT", "MultiscaleDeformableAttnPlugin_TRT", "2")], explain=True)
     (plugin,) = report.plugins
     assert plugin.replaced == 1  # the second call splits the projected values, untouched
-    assert any("Split sizes [60, 24, 6] are not the levels'" in e.reason for e in report.explanations)
+    assert any("values' parts [60, 24, 6] are not the levels' sizes" in e.reason for e in report.explanations)
     assert len(report.watched_left["multi_scale_deformable_attention (grid_sample form)"]) == 3
 
 
@@ -199,3 +208,13 @@ def test_deformable_detr_attention_layer_prepares_and_validates(tmp_path: Path, 
     report = prepare(path, tmp_path / "out", plugin_dirs=None)
     assert report.passed, report.comparison
     assert report.plugins_inserted == {PLUGIN: 1}
+
+
+def test_sampling_locations_of_another_float_type_are_refused(tmp_path: Path) -> None:
+    """The plugin takes one float type (TorchScript exports of whole DETR models have float64 locations)."""
+    graph = gsmodel.to_graph(onnx.load(_export(_module("sliced"), tmp_path / "msda.onnx", True)))
+    (locations,) = [t for t in graph.inputs if t.name == "loc"]
+    locations.dtype = np.float64
+    report = replace(graph, [REGISTRY.get("TRT", "MultiscaleDeformableAttnPlugin_TRT", "2")], explain=True)
+    assert not report.regions
+    assert any("sampling locations are DOUBLE and the values FLOAT" in e.reason for e in report.explanations)

@@ -23,14 +23,21 @@ constants in the graph (a fixed input size, as DETR exports are).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.passes.patterns import GraphIndex, Match, Rewrite, Rule, Tracer, constant_value
-from gskit.passes.patterns.match import NULL_TRACER, label, op_key, through_noop_casts
+from gskit.passes.patterns.match import (
+    NULL_TRACER,
+    elem_type,
+    elem_type_name,
+    label,
+    op_key,
+    through_noop_casts,
+)
 
 #: Ops that compute reshape targets from shapes (TorchScript's dynamic-shape arithmetic).
 SHAPE_OPS = frozenset(
@@ -52,6 +59,8 @@ class _Walk:
 
     nodes: list[gs.Node]
     reshapes: list[gs.Node]
+    #: the first row of each level's Slice, where the values are sliced rather than split
+    slices: list[int] = field(default_factory=list)
 
     def take(self, tensor: gs.Tensor, op: str, **attrs: Any) -> gs.Node:
         """The producer of ``tensor``, which must be ``op`` with these attribute values."""
@@ -94,6 +103,7 @@ class MsdaPattern(Rule):
     anchor = ("", "Transpose")
     check = None
     watches = (("", "GridSample"),)
+    needs_shapes_of = (("", "GridSample"),)
 
     def __repr__(self) -> str:
         return f"MsdaPattern({self.name!r})"
@@ -129,7 +139,9 @@ class MsdaPattern(Rule):
             raise _NoMatch(product, f"node '{label(product)}' does not multiply stacked samples by weights")
         stacked = walk.take(walk.take(samples, "Reshape").inputs[0], "Concat")
         weight_moved = walk.take(walk.take(weights, "Reshape").inputs[0], "Transpose", perm=[0, 2, 1, 3, 4])
-        levels, grid, value, sizes = [], None, None, []
+        levels: list[tuple[int, int]] = []
+        sizes: list[int | None] = []
+        grid = value = None
         for level, tensor in enumerate(stacked.inputs):
             unsqueeze = walk.take(tensor, "Unsqueeze")
             sampler = walk.take(
@@ -144,17 +156,17 @@ class MsdaPattern(Rule):
             grid = level_grid if grid is None else grid
             if level_grid is not grid:
                 raise _NoMatch(sampler, f"level {level} samples another grid than level 0")
-            split = walk.take(split_out, "Split", axis=1)
-            if value is None:
-                value = split.inputs[0]
-            if split.inputs[0] is not value or list(split.outputs).index(split_out) != level:
-                raise _NoMatch(
-                    split, f"level {level}'s values are not part {level} of one Split of the values"
-                )
+            part, rows = self._level_rows(split_out, level, walk)
+            value = part if value is None else value
+            if part is not value:
+                raise _NoMatch(split_out.inputs[0], f"level {level}'s values are not part of the same values")
             levels.append((height, width))
-            sizes = _int_constant(split.inputs[1]) if len(split.inputs) > 1 else split.attrs.get("split")
-        if sizes is not None and list(sizes) != [h * w for h, w in levels]:
-            raise _NoMatch(stacked, f"the Split sizes {list(sizes)} are not the levels' {levels}")
+            sizes.append(rows)
+        if any(rows is not None for rows in sizes) and sizes != [h * w for h, w in levels]:
+            raise _NoMatch(stacked, f"the values' parts {sizes} are not the levels' sizes {levels}")
+        starts = [sum(h * w for h, w in levels[:i]) for i in range(len(levels))]
+        if walk.slices and walk.slices != starts:
+            raise _NoMatch(stacked, f"the levels' values start at rows {walk.slices}, not {starts}")
         centered = walk.take(grid, "Sub")
         if _int_constant(centered.inputs[1]) != [1]:
             raise _NoMatch(
@@ -165,6 +177,13 @@ class MsdaPattern(Rule):
         if [2] not in factors:
             raise _NoMatch(doubled, f"node '{label(doubled)}' does not double the sampling locations")
         locations = doubled.inputs[1 - factors.index([2])]
+        kinds = elem_type(value.dtype), elem_type(locations.dtype)
+        if None not in kinds and kinds[0] != kinds[1]:
+            raise _NoMatch(
+                doubled,
+                f"the sampling locations are {elem_type_name(locations.dtype)} and the values "
+                f"{elem_type_name(value.dtype)}; the plugin takes one float type for both",
+            )
         inputs = {
             "value": through_noop_casts(value),
             "sampling_locations": locations,
@@ -189,6 +208,26 @@ class MsdaPattern(Rule):
         moved = walk.take(maps.inputs[0], "Transpose", perm=[0, 2, 1])
         flat = walk.take(moved.inputs[0], "Reshape")
         return height, width, flat.inputs[0]
+
+    @staticmethod
+    def _level_rows(part: gs.Tensor, level: int, walk: _Walk) -> tuple[gs.Tensor, int | None]:
+        """The values and the rows of level ``level``: output ``level`` of a ``Split(axis=1)`` (the dynamo
+        exporter, TorchScript on a constant size list) or a ``Slice`` of axis 1 (TorchScript on sizes it
+        computed), checked to follow the previous level's rows."""
+        node = part.inputs[0] if part.inputs else None
+        if node is not None and op_key(node) == ("", "Slice"):
+            walk.take(part, "Slice")
+            starts, ends = (_int_constant(t) for t in node.inputs[1:3])
+            axes = _int_constant(node.inputs[3]) if len(node.inputs) > 3 else [0]
+            if starts is None or ends is None or axes != [1] or len(starts) != 1:
+                raise _NoMatch(node, f"node '{label(node)}' is not a Slice of constant rows of axis 1")
+            walk.slices.append(starts[0])
+            return node.inputs[0], ends[0] - starts[0]
+        split = walk.take(part, "Split", axis=1)
+        if list(split.outputs).index(part) != level:
+            raise _NoMatch(split, f"level {level}'s values are not part {level} of the Split of the values")
+        sizes = _int_constant(split.inputs[1]) if len(split.inputs) > 1 else split.attrs.get("split")
+        return split.inputs[0], None if sizes is None else int(sizes[level])
 
     @staticmethod
     def _level_grid(tensor: gs.Tensor, level: int, walk: _Walk) -> gs.Tensor:

@@ -222,7 +222,8 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
         specs = [s for s in specs if s.name in set(only)]
     report = ReplaceReport(plugins=[PluginReport(s.qualified_name) for s in specs])
     graphs = [graph, *graph.subgraphs(recursive=True)]
-    _infer_cast_dtypes(graph, graphs)
+    shaped = {key for spec in specs for rule in spec.patterns for key in getattr(rule, "needs_shapes_of", ())}
+    _infer_cast_dtypes(graph, graphs, shaped)
     functions = {(f.domain or "", f.name): f for f in graph.functions}
     indexes = [GraphIndex.build(g, functions) for g in graphs]
 
@@ -296,18 +297,22 @@ def _reads_a_mean(node: gs.Node) -> bool:
     return False
 
 
-def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
+def _infer_cast_dtypes(
+    graph: gs.Graph, graphs: Sequence[gs.Graph], shaped: set[tuple[str, str]] = frozenset()
+) -> None:
     """Give Cast inputs their dtypes when some are unknown, so the matcher can tell no-op Casts.
 
     Exports without value_info (TorchScript's) leave intermediate dtypes unknown. One best-effort onnx
     inference fills dtypes only, and only when some Cast needs it; shapes too when a ``GlobalAveragePool``
-    (a mean over the last axis only for a 3-D input) reads a tensor of unknown rank.
+    (a mean over the last axis only for a 3-D input) reads a tensor of unknown rank, or a node of an op some
+    rule needs shapes around (``Rule.needs_shapes_of``: the level sizes of deformable attention) has an input
+    of unknown shape.
     """
     nodes = [n for g in graphs for n in g.nodes]
     casts = any(op_key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None for n in nodes)
     pools = any(
         op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
-    )
+    ) or any(op_key(n) in shaped and any(t.shape is None for t in n.inputs) for n in nodes)
     if casts or pools:
         from gskit.passes.tensor_types import (
             infer_tensor_types,  # imports onnxruntime's inference: only when needed

@@ -109,6 +109,9 @@ class Rule:
     #: ``(domain, op_type)`` of ops the rule's instances are made of, whose nodes left after replacement the
     #: report lists (an instance the rule did not recognise), e.g. GridSample for deformable attention
     watches: tuple[tuple[str, str], ...] = ()
+    #: ``(domain, op_type)`` of ops around which the rule reads tensor shapes: replace infers shapes first
+    #: when a node of one of them has an input of unknown shape (TorchScript exports record none)
+    needs_shapes_of: tuple[tuple[str, str], ...] = ()
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         raise NotImplementedError
