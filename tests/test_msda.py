@@ -218,3 +218,16 @@ def test_sampling_locations_of_another_float_type_are_refused(tmp_path: Path) ->
     report = replace(graph, [REGISTRY.get("TRT", "MultiscaleDeformableAttnPlugin_TRT", "2")], explain=True)
     assert not report.regions
     assert any("sampling locations are DOUBLE and the values FLOAT" in e.reason for e in report.explanations)
+
+
+def test_per_plugin_comparison_ends_after_the_layout_reshape(tmp_path: Path, rng) -> None:
+    """``gskit compare --per-plugin``: the plugin's [N, Lq, M, D] is not in the original; the unit compared is
+    the plugin node and the Reshape to the model's [N, Lq, M * D]."""
+    from gskit.compare.plugins import compare_plugins
+
+    original = onnx.load(_export(_module("twice"), tmp_path / "msda.onnx", True))
+    graph = gsmodel.to_graph(original)
+    replace(graph, list(REGISTRY))
+    report = compare_plugins(original, gsmodel.to_model(graph), feeds=_feeds(rng), plugins=REGISTRY)
+    assert report.passed and len(report.plugins) == 2
+    assert all(len(check.original_nodes) > 10 for check in report.plugins)

@@ -139,7 +139,7 @@ def compare_plugins(
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
     original_graph = gsmodel.to_graph(original_proto)
     original_tensors = original_graph.tensors()
-    boundaries = {id(n): _boundary(n) for n in nodes}
+    boundaries = {id(n): _boundary(n, original_tensors) for n in nodes}
     wanted = [
         name
         for ins, outs in boundaries.values()
@@ -247,10 +247,20 @@ def _run_unit(
         return {name: np.array(value) for name, value in values.items()}
 
 
-def _boundary(node: gs.Node) -> tuple[list[str], list[str]]:
-    """Names of the node's computed inputs (constants come along with the region) and of its outputs."""
+def _boundary(node: gs.Node, original: Mapping[str, gs.Tensor]) -> tuple[list[str], list[str]]:
+    """Names of the node's computed inputs (constants come along with the region) and of its outputs.
+
+    An output the original does not have, read only by a ``Reshape``, is the plugin's own layout that
+    replace reshapes into the model's (``Rewrite.output_shapes``): the unit ends after that Reshape.
+    """
     inputs = [t.name for t in node.inputs if isinstance(t, gs.Variable) and t.name]
-    outputs = [t.name for t in node.outputs if t.name]
+    outputs = []
+    for tensor in node.outputs:
+        if not tensor.name:
+            continue
+        readers = tensor.outputs
+        layout = len(readers) == 1 and readers[0].op == "Reshape" and is_default_domain(readers[0].domain)
+        outputs.append(readers[0].outputs[0].name if layout and tensor.name not in original else tensor.name)
     return list(dict.fromkeys(inputs)), outputs
 
 
