@@ -147,9 +147,11 @@ def test_wrong_constant_is_explained() -> None:
     report = replace(graph, [LAYER_NORM], explain=True)
     assert report.replaced == 0
     deepest = max(report.explanations, key=lambda e: e.depth)
-    assert deepest.rule == "layer_norm[pow,div]" and deepest.depth == 9
-    assert deepest.reason == "constant 'two' is 3.0, pattern wants 2.0"
+    assert deepest.depth == 9 and deepest.reason == "constant 'two' is 3.0, pattern wants 2.0"
     assert deepest.node == "Constant(two)" and deepest.anchor == "Add(y)"
+    # the hand-written rule and the one derived from the same PyTorch decomposition stop at the same place
+    same = {e.rule for e in report.explanations if e.depth == 9 and e.reason == deepest.reason}
+    assert "layer_norm[pow,div]" in same and any(r.startswith("layer_norm[torchscript-") for r in same)
 
 
 def test_axes_other_than_last_are_not_matched() -> None:

@@ -293,6 +293,8 @@ def _rank(tensor: gs.Tensor) -> int | None:
 
 def _same_value(name: str, want: Any, have: Any, rank: int | None) -> bool:
     want, have = _plain(want), _plain(have)
+    if name == "axis" and isinstance(want, int) and isinstance(have, int) and want != have:
+        return rank is not None and rank > 0 and want % rank == have % rank  # -1 is the last axis
     if name == "axes" and isinstance(want, list) and isinstance(have, list):
         if len(want) != len(have):
             return False
@@ -506,9 +508,10 @@ class Matcher:
         if pv.capture is not None:
             yield b.with_capture(pv.capture, value).with_constant(tensor)
             return
-        if value.size == 0 or value.size > MAX_LITERAL_ELEMENTS or not _all_equal(value, pv.value):
+        if not literal_matches(value, pv.value, pv.dtype):
             shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
-            self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {pv.value}")
+            want = pv.value.tolist() if isinstance(pv.value, np.ndarray) else pv.value
+            self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {want}")
             return
         yield b.with_constant(tensor)
 
@@ -524,7 +527,46 @@ def _wrong_op(node: gs.Node, want: str) -> str:
     return f"node '{label(node)}' is {node.op}, pattern wants {want}"
 
 
-def _all_equal(value: np.ndarray, want: float | int) -> bool:
-    if value.dtype.kind in "fc":
-        return bool(np.allclose(value.astype(np.float64), float(want), rtol=1e-6, atol=0))
-    return bool(np.all(value == want))
+#: Relative tolerance of a float literal against a float32 (or wider) constant.
+LITERAL_RTOL = 1e-6
+#: Machine epsilon of the narrow float types, whose constants hold a literal only to that precision.
+_NARROW_EPS = {"float16": float(np.finfo(np.float16).eps), "bfloat16": 2.0**-7}
+
+
+def literal_tolerance(*dtypes: Any) -> float:
+    """Relative tolerance between a literal and a constant: :data:`LITERAL_RTOL`, or the machine epsilon
+    of the narrowest float dtype among ``dtypes`` (numpy dtypes, their names, onnx enums; None skipped)."""
+    rtol = LITERAL_RTOL
+    for dtype in dtypes:
+        if dtype is None:
+            continue
+        name = elem_type_name(dtype).lower() if isinstance(dtype, (int, np.integer)) else str(dtype)
+        rtol = max(rtol, _NARROW_EPS.get(name, LITERAL_RTOL))
+    return rtol
+
+
+def literal_matches(value: np.ndarray, want: Any, want_dtype: str | None = None) -> bool:
+    """Whether constant ``value`` is the literal ``want``: a number (every element equal to it) or an array
+    (the same values, leading 1-dims aside). Floats compare within :func:`literal_tolerance` of the two
+    dtypes, integers exactly."""
+    if value.size == 0 or value.size > MAX_LITERAL_ELEMENTS:
+        return False
+    target = np.asarray(want)
+    if target.ndim:
+        if _squeezed(value.shape) != _squeezed(target.shape):
+            return False
+        value, target = value.reshape(target.shape), target
+    if value.dtype.kind in "fc" or target.dtype.kind in "fc":
+        rtol = literal_tolerance(value.dtype, want_dtype)
+        try:
+            return bool(np.allclose(value.astype(np.float64), target.astype(np.float64), rtol=rtol, atol=0))
+        except (TypeError, ValueError):
+            return False
+    return bool(np.all(value == target))
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)

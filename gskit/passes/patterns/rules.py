@@ -107,6 +107,15 @@ class Rule:
     def rewrite(self, match: Match) -> Rewrite:
         raise NotImplementedError
 
+    def ops(self) -> set[tuple[str, str]]:
+        """``(domain, op_type)`` of every op the rule names (checked when the plugin loads)."""
+        return {self.anchor}
+
+    @property
+    def size(self) -> int:
+        """Nodes of the pattern (1 for a single op or a function call)."""
+        return 1
+
     def validate(self, match: Match, index: GraphIndex) -> MatchResult:
         """Boundary rules, then the rule's own check.
 
@@ -177,6 +186,13 @@ class GraphPattern(Rule):
 
     def __repr__(self) -> str:
         return f"GraphPattern({self.name!r}, {len(self.graph.nodes)} nodes)"
+
+    def ops(self) -> set[tuple[str, str]]:
+        return {(n.domain, n.op_type) for n in self.graph.nodes}
+
+    @property
+    def size(self) -> int:
+        return len(self.graph.nodes)
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         binding = Matcher(self.graph, tracer).match(node)
@@ -302,6 +318,9 @@ class FunctionPattern(OpPattern):
             check=check,
             name=name or f"function {domain}::{function}",
         )
+
+    def ops(self) -> set[tuple[str, str]]:
+        return set()  # a model-local function, not an op
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         function = index.functions.get(self.anchor)
