@@ -104,12 +104,13 @@ def _print(report: ReplaceReport, written: str) -> None:
 
 
 def explain_table(report: ReplaceReport, title: str = "Rules: matches, and the best partial match") -> Any:
-    """One row per plugin and rule: its size, what it replaced, and where its furthest attempt stopped."""
+    """One row per plugin and rule: what it replaced, or where its furthest attempt stopped (the anchor it
+    started from, how many of its nodes matched, the node or constant where it stopped, and why)."""
     rows = []
     for r in report.rules:
         best = r.best
-        if best is None:
-            where, matched, failed_at, reason = "-", "-", "-", "-" if r.replaced else "no attempt failed"
+        if r.replaced or best is None:  # a rule that replaced instances: its other attempts are noise
+            where, matched, failed_at, reason = "-", "-", "-", "-"
         else:
             where = best.anchor or "-"
             matched = f"{best.depth} of {r.size}"

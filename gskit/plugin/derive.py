@@ -326,10 +326,17 @@ def _quiet_read(path: Path) -> list[CacheEntry]:
         return []
 
 
-def _derive_now(source: DerivedSource, torch: str, gskit: str) -> tuple[CacheEntry, float, int]:
+def _derive_now(
+    source: DerivedSource, torch: str, gskit: str, *, why: str = "no cached rules"
+) -> tuple[CacheEntry, float, int]:
     from gskit.torch_export import derive  # torch only when deriving
 
-    log.info("from_torch(%s): deriving rules with torch %s (once per torch version)", source.function, torch)
+    log.warning(
+        "from_torch(%s): %s for torch %s: exporting it now (once per torch and gskit version)",
+        source.function,
+        why,
+        torch,
+    )
     try:
         found = derive.derive_descriptions(
             source.fn,
@@ -419,7 +426,7 @@ def write_plugin_cache(sources: Sequence[DerivedSource], *, fresh: bool = False)
                 f"from_torch({source.function}): the function has no source file to cache beside"
             )
         cached = [] if fresh else [e for e in _quiet_read(_user_file(source, torch)) if e.key == source.key]
-        entry = cached[0] if cached else _derive_now(source, torch, gskit_version())[0]
+        entry = cached[0] if cached else _derive_now(source, torch, gskit_version(), why="deriving anew")[0]
         by_file.setdefault(source.shipped, []).append(entry)
     written = []
     for path, entries in by_file.items():

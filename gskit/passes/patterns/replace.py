@@ -295,11 +295,11 @@ def _size(rule: Any) -> int:
 
 
 def _origin(rule: Any) -> str:
-    source = getattr(rule, "source", "")
-    forms = getattr(rule, "forms", ())
-    if source:
-        return f"{source}: {', '.join(forms)}" if forms else str(source)
-    return "hand-written"
+    """``hand-written``, or ``from_torch(fn): torchscript-17:float32, ...`` for a derived rule."""
+    forms = getattr(rule, "forms", None)
+    if forms is None:
+        return "hand-written"
+    return f"{getattr(rule, 'source', '') or 'derived'}: {', '.join(forms)}"
 
 
 def _pattern_error(spec: PluginSpec, rule: Any, err: Exception) -> PluginError:
