@@ -1,5 +1,5 @@
 """Rules derived from exported graphs, without torch: an ONNX model read as a rule (normalized), attributes
-found by comparing two exports, duplicates dropped, the JSON round trip, and the rule replacing on onnxruntime.
+found by comparing two exports, duplicates dropped, the JSON round trip, the rule replacing on onnxruntime.
 
 The exports here are written in ONNX text as the exporters write them (TorchScript: Constant nodes, axes as an
 attribute, no-op Casts; dynamo: initializers, axes as an input), so these tests run on any CPU without torch.

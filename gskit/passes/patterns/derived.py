@@ -366,7 +366,8 @@ class DerivedPattern(GraphPattern):
             flat = captured.reshape(-1)
             if flat.size == 0 or not np.all(flat == flat[0]):
                 return MatchResult.fail(
-                    f"'{rule.name}' (attribute {rule.attribute}) is a tensor of {flat.size} values, not all equal",
+                    f"'{rule.name}' (attribute {rule.attribute}) is a tensor of {flat.size} values, "
+                    "not all equal",
                     match.anchor,
                 )
             value = float(rule.attribute_value(captured))
