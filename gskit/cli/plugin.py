@@ -33,6 +33,8 @@ class PluginRow:
     origin: str
     #: implementations that are still the stubs ``gskit plugin new`` wrote (raise NotImplementedError)
     stubs: list[str]
+    #: of ``patterns``, the rules derived from PyTorch code (``from_torch``)
+    derived: int = 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                 str(spec.source) if spec.source else None,
                 registry.origin(spec),
                 list(stub_parts(spec)),
+                sum(1 for rule in spec.patterns if hasattr(rule, "forms")),
             )
         )
     if args.json:
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             r.name,
             r.version,
             "\n".join(r.attributes) or "-",
-            r.patterns,
+            f"{r.patterns} ({r.derived} derived)" if r.derived else r.patterns,
             ", ".join(f"{kind} (stub)" if kind in r.stubs else kind for kind in r.implementations) or "-",
             r.origin or "-",
         )
