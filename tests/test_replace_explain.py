@@ -175,3 +175,39 @@ def test_a_plugin_whose_output_rule_gives_another_dtype_is_not_inserted() -> Non
     assert report.replaced == 0
     reasons = [s.reason for p in report.plugins for s in p.skipped]
     assert "the plugin's output rule gives FLOAT for 'y', which is FLOAT16 in the model" in reasons
+
+
+def test_a_pattern_cast_the_model_does_not_need_matches_no_node(rng) -> None:
+    """sanitize removes the no-op ``Cast(x, to=float)`` of a float32 x: the rule's Cast matches nothing."""
+    model = parse_model(FP16_LLAMA_NORM.replace("c = Cast <to = 1> (x)", "c = Identity (x)"))
+    for kind in ("hand-written", "derived"):
+        rules = tuple(r for r in RMS_NORM.patterns if hasattr(r, "forms") == (kind == "derived"))
+        graph = to_graph(model)
+        report = replace(graph, [dataclasses.replace(RMS_NORM, patterns=rules)])
+        assert report.replaced == 1, (kind, report.plugins)
+        assert [n.op for n in graph.nodes] == ["Identity", "RMSNorm"], kind
+    # a Cast to another dtype than the tensor has is still a real Cast the model must have
+    graph = to_graph(parse_model(FP16_LLAMA_NORM.replace("c = Cast <to = 1> (x)", "c = Cast <to = 11> (x)")))
+    assert replace(graph, [RMS_NORM]).replaced == 0
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_fp16_torchscript_llama_has_every_rms_norm_replaced_by_prepare(tmp_path: Path, capsys) -> None:
+    """transformers' LLaMA in float16, TorchScript opset 17: the residual stream stays float32 and each
+    norm's result is cast to float16. prepare (sanitize removes the no-op Casts first) replaces all 5 and
+    validates."""
+    pytest.importorskip("transformers", reason="the corpus extra: pip install -e '.[corpus]'")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import real_models
+
+    build = dict((name, b) for name, _, b in real_models._architectures())["llama"]
+    module, args = build()
+    path = tmp_path / "llama.fp16.torchscript-17.onnx"
+    real_models._export(module.half(), args, path, 17, False)
+    code = main(["prepare", str(path), "-o", str(tmp_path / "out"), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["passed"] is True
+    assert report["plugins_inserted"] == {"gskit::RMSNorm v1": 5}

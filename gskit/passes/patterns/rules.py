@@ -198,7 +198,8 @@ class GraphPattern(Rule):
         binding = Matcher(self.graph, tracer).match(node)
         if binding is None:
             return None
-        nodes = (*(binding.nodes[id(p)] for p in self.graph.nodes), *binding.casts)
+        # pattern Casts the model does not need (binding.virtual) have no node to replace
+        nodes = (*(binding.nodes[id(p)] for p in self.graph.nodes if id(p) in binding.nodes), *binding.casts)
         outputs = tuple(binding.nodes[id(o.node)].outputs[o.index] for o in self.graph.outputs)
         return Match(
             self,
