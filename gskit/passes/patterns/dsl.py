@@ -27,6 +27,8 @@ pattern's output value(s)::
   1e-6. Attributes the pattern does not name are not checked, except the attribute-or-input ones, which
   must then be absent.
 * Add, Mul, Max, Min, Sum, And, Or, Xor, Equal match their two inputs in either order.
+* A ``Cast`` to the dtype its input already has is looked through in the model; a ``Cast`` the pattern
+  wants may be missing from the model where it would be such a no-op (see ``gskit.passes.patterns.match``).
 """
 
 from __future__ import annotations
