@@ -23,6 +23,7 @@ dtypes and exporters are: the cache key hashes them (a helper the function calls
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -30,6 +31,7 @@ import inspect
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -221,6 +223,7 @@ def _describe_example(value: Any) -> Any:
     return ["tensor", list(shape) if shape is not None else None, str(dtype)]
 
 
+@functools.lru_cache(maxsize=1)
 def torch_version() -> str | None:
     """The installed torch's version (without its build tag), found without importing torch; None when it is
     not installed."""
@@ -266,16 +269,26 @@ def read_cache_file(path: Path) -> list[CacheEntry]:
     Raises:
         PluginError: the file is not a cache file of this format (names the file).
     """
+    try:
+        info = path.stat()
+    except OSError:
+        return []
+    if not stat.S_ISREG(info.st_mode):
+        return []
+    return list(_read_cache_file(path, info.st_mtime_ns, info.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_cache_file(path: Path, mtime_ns: int, size: int) -> tuple[CacheEntry, ...]:
+    """One parse per file version: a plugin's functions share its file (``mtime_ns`` and ``size`` key it)."""
     from gskit.passes.patterns.derived import FORMAT
 
-    if not path.is_file():
-        return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != FORMAT:
             log.info("%s: cache format %s, not %s: not used", path, data.get("format"), FORMAT)
-            return []
-        return [CacheEntry.from_json(e) for e in data["entries"]]
+            return ()
+        return tuple(CacheEntry.from_json(e) for e in data["entries"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise PluginError(
             f"{path}: not a derived-pattern cache ({type(err).__name__}: {err}); delete it or write it again "
