@@ -40,8 +40,10 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 try:
     import tomllib
@@ -558,59 +560,65 @@ def fold_vs_polygraphy(entries: list[Entry], json_path: str | None) -> int:
     """The fold comparison (scripts/corpus_fold.py) on every entry that could be fetched or exported."""
     from corpus_fold import compare_fold, fold_problems, print_fold_table
 
-    rows, skipped = [], []
-    for entry in entries:
-        label = f"{entry.name} {entry.exporter}".strip()
-        if entry.path is None:
-            skipped.append(f"{label}: {entry.error or 'no model'}")
-            continue
-        row = compare_fold(entry.name, entry.exporter, entry.path, _env())
-        rows.append(row)
-        print(f"{label}: {row.nodes_in} -> {row.nodes} {row.errors or ''}", flush=True)
-    print()
-    print_fold_table(rows)
-    found = fold_problems(rows) + [s for s in skipped if "fetch failed" in s]  # a failed export: a finding
-    if json_path:
-        Path(json_path).write_text(
-            json.dumps(
-                {"fold_rows": [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1
-            )
-        )
-    for line in skipped:
-        print(f"SKIPPED {line}")
-    for line in found:
-        print(f"PROBLEM {line}")
-    print(f"{len(rows)} models folded, {len(found)} problem(s)")
-    return 1 if found else 0
+    return _each_model(
+        entries,
+        lambda entry: compare_fold(entry.name, entry.exporter, entry.path, _env()),
+        lambda row: f"{row.nodes_in} -> {row.nodes} {row.errors or ''}",
+        print_fold_table,
+        fold_problems,
+        ("fold_rows", "models folded"),
+        json_path,
+    )
 
 
 def derived_vs_hand_written(entries: list[Entry], json_path: str | None) -> int:
     """Derived rules against hand-written ones (scripts/corpus_patterns.py) on every model at hand."""
     from corpus_patterns import compare_rules, patterns_problems, print_patterns_table
 
+    return _each_model(
+        entries,
+        lambda entry: compare_rules(entry.name, entry.exporter, entry.path, _env()),
+        lambda row: f"hand-written {row.hand_written} derived {row.derived} {row.error}",
+        print_patterns_table,
+        patterns_problems,
+        ("pattern_rows", "models"),
+        json_path,
+    )
+
+
+def _each_model(
+    entries: list[Entry],
+    compare: Callable[[Entry], Any],
+    progress: Callable[[Any], str],
+    print_table: Callable[[list[Any]], None],
+    problems: Callable[[list[Any]], list[str]],
+    names: tuple[str, str],
+    json_path: str | None,
+) -> int:
+    """Run ``compare`` on every entry that could be fetched or exported, print the table and the problems
+    (a third-party file that could not be fetched is one; a failed export is a finding), write the JSON."""
+    rows_key, noun = names
     rows, skipped = [], []
     for entry in entries:
         label = f"{entry.name} {entry.exporter}".strip()
         if entry.path is None:
             skipped.append(f"{label}: {entry.error or 'no model'}")
             continue
-        row = compare_rules(entry.name, entry.exporter, entry.path, _env())
+        row = compare(entry)
         rows.append(row)
-        print(f"{label}: hand-written {row.hand_written} derived {row.derived} {row.error}", flush=True)
+        print(f"{label}: {progress(row)}", flush=True)
     print()
-    print_patterns_table(rows)
-    found = patterns_problems(rows) + [s for s in skipped if "fetch failed" in s]
+    print_table(rows)
+    found = problems(rows) + [s for s in skipped if "fetch failed" in s]
     if json_path:
         Path(json_path).write_text(
-            json.dumps(
-                {"pattern_rows": [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1
-            )
+            json.dumps({rows_key: [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1)
         )
     for line in skipped:
         print(f"SKIPPED {line}")
     for line in found:
         print(f"PROBLEM {line}")
-    print(f"{len(rows)} models, {len(found)} problem(s)")
+    print(f"{len(rows)} {noun}, {len(found)} problem(s)")
     return 1 if found else 0
 
 

@@ -299,6 +299,7 @@ def _dynamo_export(
 ) -> onnx.ModelProto:
     """``torch.onnx.export(..., dynamo=True)``, with the op registry kept between calls where this torch's
     exporter has the internals it had in torch 2.6-2.13 (else the public call)."""
+    kwargs = {"dynamic_shapes": shapes, "input_names": names, "verbose": False, "opset_version": opset}
     try:
         from torch.onnx import _constants
         from torch.onnx._internal.exporter import _constants as exporter_constants
@@ -313,27 +314,10 @@ def _dynamo_export(
             _REGISTRIES[opset] = registry
         export = _core.export
     except (ImportError, AttributeError, TypeError):
-        program = torch.onnx.export(
-            module,
-            args,
-            dynamo=True,
-            opset_version=opset,
-            input_names=names,
-            dynamic_shapes=shapes,
-            verbose=False,
-        )
-        return program.model_proto
-    program = export(
-        module,
-        args,
-        registry=registry,
-        dynamic_shapes=shapes,
-        input_names=names,
-        verbose=False,
-        optimize=True,
-        opset_version=opset,
-    )
-    return program.model_proto
+        return torch.onnx.export(module, args, dynamo=True, **kwargs).model_proto
+    return export(
+        module, args, registry=registry, optimize=True, **{**kwargs, "opset_version": opset}
+    ).model_proto
 
 
 def _module(

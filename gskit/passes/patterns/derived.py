@@ -22,7 +22,7 @@ import numpy as np
 from gskit.errors import PluginError
 from gskit.passes.patterns.dsl import COMMUTATIVE, ConstValue
 from gskit.passes.patterns.match import MatchResult, elem_type, literal_tolerance
-from gskit.passes.patterns.rules import CheckFn, GraphPattern, Match
+from gskit.passes.patterns.rules import CheckFn, GraphPattern, Match, run_check
 
 #: Version of the JSON layout; a cache of another version is derived again.
 FORMAT = 1
@@ -384,16 +384,7 @@ class DerivedPattern(GraphPattern):
         dtype_check = self._dtypes_known(match)
         if not dtype_check:
             return dtype_check
-        if self.extra_check is None:
-            return MatchResult.success()
-        result = self.extra_check(match)
-        if isinstance(result, MatchResult):
-            return result
-        return (
-            MatchResult.success()
-            if result
-            else MatchResult.fail(f"check of '{self.name}' failed", match.anchor)
-        )
+        return run_check(self.extra_check, match)
 
     def _dtypes_known(self, match: Match) -> MatchResult:
         """A rule whose Cast follows the input dtype needs the outputs' dtypes, which replace checks against

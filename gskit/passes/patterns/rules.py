@@ -134,16 +134,21 @@ class Rule:
         for name, tensor in match.inputs.items():
             if tensor.inputs and id(tensor.inputs[0]) in inside:
                 return MatchResult.fail(f"input '{name}' is computed inside the match", tensor.inputs[0])
-        if self.check is None:
-            return MatchResult.success()
-        result = self.check(match)
-        if isinstance(result, MatchResult):
-            return result
-        return (
-            MatchResult.success()
-            if result
-            else MatchResult.fail(f"check of '{self.name}' failed", match.anchor)
-        )
+        return run_check(self.check, match)
+
+
+def run_check(check: CheckFn | None, match: Match) -> MatchResult:
+    """A rule's ``check`` on a match, as a MatchResult (a check may return a bool)."""
+    if check is None:
+        return MatchResult.success()
+    result = check(match)
+    if isinstance(result, MatchResult):
+        return result
+    return (
+        MatchResult.success()
+        if result
+        else MatchResult.fail(f"check of '{match.rule.name}' failed", match.anchor)
+    )
 
 
 class GraphPattern(Rule):
