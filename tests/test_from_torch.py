@@ -67,6 +67,35 @@ def test_attributes_are_captured_with_the_relation_found_by_exporting_again(rng)
     assert node.attrs["scale"] == pytest.approx(3.5)
 
 
+class ScaledNorm(torch.nn.Module):
+    """A module class: built with the attributes, called with the inputs; its parameter is a pattern input."""
+
+    def __init__(self, *, epsilon: float) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 2.0, 16))
+        self.eps = epsilon
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def test_a_module_class_gives_rules_whose_inputs_are_the_examples_then_its_parameters() -> None:
+    import dataclasses
+
+    from plugins.rms_norm.spec import SPEC as RMS_NORM
+
+    rules = from_torch(ScaledNorm, [(2, 5, 16)], {"epsilon": 1e-5}, dtypes=("float32",))
+    assert {r.description.inputs for r in rules} == {("x", "weight")}
+    spec = dataclasses.replace(RMS_NORM, patterns=tuple(rules))
+    for dynamo in (False, True):
+        module = ScaledNorm(epsilon=3e-4).eval()
+        graph = to_graph(_export(module, (3, 7, 16), dynamo=dynamo, opset=18))
+        report = replace(graph, [spec])
+        assert report.replaced == 1, (dynamo, report.plugins)
+        (node,) = [n for n in graph.nodes if n.op == "RMSNorm"]
+        assert node.attrs["epsilon"] == pytest.approx(3e-4, rel=1e-5)
+
+
 def cubic(x, *, epsilon):
     return x + (epsilon**3 + 2 * epsilon)
 
@@ -233,10 +262,11 @@ def _export(fn, shape: tuple[int, ...], *, dynamo: bool, opset: int = 17):
             return fn(x)
 
     x = torch.randn(*shape)
+    model = fn if isinstance(fn, torch.nn.Module) else Call()
     if dynamo:
-        return torch.onnx.export(Call(), (x,), dynamo=True, opset_version=opset, verbose=False).model_proto
+        return torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, verbose=False).model_proto
     buffer = io.BytesIO()
-    torch.onnx.export(Call(), (x,), buffer, dynamo=False, opset_version=opset)
+    torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=opset)
     return onnx.load_from_string(buffer.getvalue())
 
 

@@ -332,11 +332,21 @@ def _module(
             **{k: v for k, v in inner.named_buffers() if v.is_floating_point()},
         }
         extra = [_as_dtype(torch, t.detach(), dtype) for t in tensors.values()]
+        # Each parameter becomes a plain attribute set from the inputs on every call, so both exporters see
+        # it as a graph input (torch.func.functional_call does the same, but not under TorchScript tracing).
+        owners = []
+        for name in tensors:
+            prefix, _, attr = name.rpartition(".")
+            owner = inner.get_submodule(prefix)
+            owner._parameters.pop(attr, None)
+            owner._buffers.pop(attr, None)
+            owners.append((owner, attr))
 
         class Call(torch.nn.Module):
             def forward(self, *args: Any) -> Any:
-                state = dict(zip(tensors, args[count:], strict=True))
-                return torch.func.functional_call(inner, state, tuple(args[:count]))
+                for (owner, attr), value in zip(owners, args[count:], strict=True):
+                    owner.__dict__[attr] = value
+                return inner(*args[:count])
 
         return Call(), (*inputs, *extra), [*names, *(python_name(k) for k in tensors)]
 
