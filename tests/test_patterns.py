@@ -548,8 +548,8 @@ def test_hugging_face_rms_norm_found_without_cleanup(dtype_name, dynamo, tmp_pat
 
 
 def test_explain_names_the_cast_that_blocks_a_match() -> None:
-    """A Cast that changes the dtype inside an RMSNorm is not looked through; --explain names it. (A float32
-    x normalized and cast to float16 before a float16 weight is one RMSNorm: tests/test_replace_explain.py.)"""
+    """A Cast that changes the dtype inside an RMSNorm is not looked through; --explain names it. (A
+    float32 x normalized and cast to float16 before a float16 weight is one RMSNorm: test_replace_explain.)"""
     model = parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[2,8] x) => (float[2,8] y) <float[8] w = {1,1,1,1,1,1,1,1}> {
