@@ -83,13 +83,16 @@ def run(args: argparse.Namespace) -> int:
             r.name,
             r.version,
             "\n".join(r.attributes) or "-",
-            f"{r.patterns} ({r.derived} derived)" if r.derived else r.patterns,
+            f"{r.patterns} ({r.derived})" if r.derived else r.patterns,
             ", ".join(f"{kind} (stub)" if kind in r.stubs else kind for kind in r.implementations) or "-",
             r.origin or "-",
         )
         for r in rows
     ]
-    report.console().print(report.table(f"{len(rows)} plugin(s)", columns, table_rows))
+    out = report.console()
+    out.print(report.table(f"{len(rows)} plugin(s)", columns, table_rows))
+    if any(r.derived for r in rows):
+        out.print("patterns: N (M): N rules, M of them derived from PyTorch code (from_torch)")
     return 0
 
 

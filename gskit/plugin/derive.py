@@ -36,11 +36,15 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gskit.errors import GskitError, PluginError
+
+if TYPE_CHECKING:  # the pattern package imports gskit.plugin.spec: imported inside the functions that need it
+    from gskit.passes.patterns.derived import DerivedRuleSet
+    from gskit.passes.patterns.rules import CheckFn
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +130,11 @@ def from_torch(
     attributes: Mapping[str, Any] | None = None,
     *,
     inputs: Sequence[str | None] | None = None,
-    check: Any = None,
+    check: CheckFn | None = None,
     dtypes: Sequence[str] = DEFAULT_DTYPES,
     exporters: Sequence[str] = EXPORTERS,
     cache: str | os.PathLike | None = None,
-) -> Any:
+) -> DerivedRuleSet:
     """The patterns of the computation ``fn`` describes, for ``PluginSpec(patterns=...)``.
 
     Args:
@@ -169,13 +173,13 @@ def from_torch(
                 d = RuleDescription.from_json(data)
                 descriptions.setdefault(d.canonical(), d)
         rules = [
-            DerivedPattern(d, inputs=inputs, check=check, source=f"from_torch({source.function})")
+            DerivedPattern(
+                d, inputs=inputs, check=check, source=f"from_torch({source.function})", derived_from=source
+            )
             for d in descriptions.values()
         ]
     except PluginError as err:
         raise PluginError(f"from_torch({source.function}): {err}") from err
-    for rule in rules:
-        rule.derived_from = source  # type: ignore[attr-defined]
     _STATUS[source.key] = status
     if not rules:
         log.warning("from_torch(%s): %s", source.function, status)

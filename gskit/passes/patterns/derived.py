@@ -319,6 +319,7 @@ class DerivedPattern(GraphPattern):
             description's inputs in order.
         check: extra conditions on the match, ``check(match) -> MatchResult``.
         source: where the rule came from, for reports (``from_torch(rms_norm)``).
+        derived_from: the ``from_torch`` call (``gskit.plugin.derive.DerivedSource``), to derive it again.
 
     Raises:
         PluginError: the description does not trace to a pattern (see ``gskit.passes.patterns.dsl.trace``).
@@ -331,9 +332,11 @@ class DerivedPattern(GraphPattern):
         inputs: Sequence[str | None] | None = None,
         check: CheckFn | None = None,
         source: str = "",
+        derived_from: Any = None,
     ) -> None:
         self.description = description
         self.source = source
+        self.derived_from = derived_from
         self.extra_check = check
         super().__init__(
             _replay(description),
