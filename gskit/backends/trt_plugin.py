@@ -174,6 +174,7 @@ def register_from_spec(
     aot_impl: AotImplFn | None = None,
     dtypes: Sequence[str] = DEFAULT_TYPES,
     formats: str = "LINEAR",
+    types: str | None = None,
 ) -> str:
     """Register ``spec``'s plugin with ``tensorrt.plugin``: register, impl, autotune and optional aot_impl.
 
@@ -184,6 +185,10 @@ def register_from_spec(
         aot_impl: the ahead-of-time implementation, or None (then engines need Python at run time).
         dtypes: TensorRT type names that every input and output take together, for autotune.
         formats: tensor formats for autotune.
+        types: the autotune type string itself, for plugins whose inputs and outputs differ in type (one
+            ``|``-separated list per input and output, paired position by position: ``"FP32|FP16|FP32,
+            FP32|FP16|FP16, FP32|FP16|FP16"`` adds a float32 x with a float16 weight and output); overrides
+            ``dtypes``.
 
     Returns:
         The plugin id (``namespace::name``). Registering an id again in the same process is a no-op
@@ -230,7 +235,7 @@ def register_from_spec(
 
     def tune(*args: Any, **kwargs: Any) -> list[Any]:
         tune_sig.bind(*args, **kwargs)
-        return [trtp.AutoTuneCombination(type_combination(spec, dtypes), formats)]
+        return [trtp.AutoTuneCombination(types or type_combination(spec, dtypes), formats)]
 
     for fn, sig in ((describe, reg_sig), (run, impl_sig), (tune, tune_sig)):
         fn.__signature__ = sig  # type: ignore[attr-defined]

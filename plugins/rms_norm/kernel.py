@@ -59,19 +59,23 @@ def epsilon_constant(epsilon: float) -> float:
 AOT_EXAMPLE: dict[str, Any] = {"cols": 4096}
 
 
-def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None) -> TritonPtx:
+def aot_kernel(
+    dtype: str, cols: int, epsilon: float, target: Any | None = None, *, weight_dtype: str | None = None
+) -> TritonPtx:
     """The kernel as PTX for the plugin's ``aot_impl``: parameters ``(x_ptr, w_ptr, cols, y_ptr)``.
 
     Args:
-        dtype: Triton type of every tensor (``fp32``, ``fp16``).
+        dtype: Triton type of x (``fp32``, ``fp16``), and of the weight and y unless ``weight_dtype``.
         cols: x's last dim, fixed at build time (it sets the chunk length).
         epsilon: the node's attribute.
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+        weight_dtype: Triton type of the weight and y when it differs from x's (float32 x, float16 weight).
 
     Raises:
         PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
     """
-    pointers = dict.fromkeys(("x_ptr", "w_ptr", "y_ptr"), dtype)
+    out = weight_dtype or dtype
+    pointers = {"x_ptr": dtype, "w_ptr": out, "y_ptr": out}
     constexprs = {"EPS": epsilon_constant(epsilon), "BLOCK": block_size(cols)}
     return triton_ptx(rms_norm_kernel, pointers, constexprs, target=target)
 
@@ -79,13 +83,15 @@ def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None)
 def rms_norm(x: Any, weight: Any, out: Any | None = None, *, epsilon: float = 1e-5) -> Any:
     """RMSNorm over the last axis of a contiguous float32/float16 torch tensor; ``weight`` is ``(C,)``.
 
+    The output has the weight's dtype (x's, or float16 for a float32 x with a float16 weight).
+
     Launches on the current stream (wrap in ``gskit.backends.trt_plugin.cuda_stream(handle)`` for another
     one).
 
     Raises:
         ValueError: non-contiguous tensors, a weight that is not ``(C,)``, or a mismatched ``out``.
     """
-    out = x.new_empty(x.shape) if out is None else out
+    out = x.new_empty(x.shape, dtype=weight.dtype) if out is None else out
     cols = x.shape[-1] if x.dim() else 1
     _check(x, weight, out, cols)
     rows = x.numel() // cols if cols else 0
@@ -99,5 +105,5 @@ def _check(x: Any, weight: Any, out: Any, cols: int) -> None:
         raise ValueError("rms_norm needs contiguous tensors")
     if weight.numel() != cols:
         raise ValueError(f"weight has {weight.numel()} elements, x's last axis {cols}")
-    if out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out is {tuple(out.shape)} {out.dtype}, expected {tuple(x.shape)} {x.dtype}")
+    if out.shape != x.shape or out.dtype != weight.dtype:
+        raise ValueError(f"out is {tuple(out.shape)} {out.dtype}, expected {tuple(x.shape)} {weight.dtype}")

@@ -51,6 +51,28 @@ def test_interpreter_matches_reference(shape: tuple[int, ...], epsilon: float, d
     _check("cpu", shape, epsilon, dtype)
 
 
+def _check_mixed(device: str) -> None:
+    """float32 x, float16 weight: the output is float16 (the fp16 TorchScript form of Hugging Face norms)."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 2051)) * 3 + 1).astype(np.float32)
+    w = rng.standard_normal(2051).astype(np.float16)
+    out = rms_norm(torch.from_numpy(x).to(device), torch.from_numpy(w).to(device), epsilon=1e-6)
+    want = reference(x, w, epsilon=1e-6)
+    assert out.dtype == torch.float16 and want.dtype == np.float16
+    np.testing.assert_allclose(out.cpu().numpy(), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED or not CUDA, reason="needs a CUDA GPU")
+def test_gpu_float32_input_float16_weight_writes_float16() -> None:
+    _check_mixed("cuda")
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (the default without a GPU)")
+def test_interpreter_float32_input_float16_weight_writes_float16() -> None:
+    _check_mixed("cpu")
+
+
 def test_wrong_weight_is_refused() -> None:
     with pytest.raises(ValueError, match="weight has 3 elements"):
         rms_norm(torch.zeros(2, 4), torch.zeros(3))
