@@ -17,8 +17,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu \
   --format=csv >"$out/nvidia-smi.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >>"$out/nvidia-smi.txt" 2>&1
+# TUNE_ARGS: more arguments, e.g. "--only dcn" for a short run of one phase.
 timeout "${TUNE_TIMEOUT:-300}" python3 bench/tune_kernels.py --out "$out" --workers "$workers" \
-  --budget "${TUNE_BUDGET:-270}" >"$out/tune.log" 2>&1
+  --budget "${TUNE_BUDGET:-270}" ${TUNE_ARGS:-} >"$out/tune.log" 2>&1
 echo "tune_kernels exit $?" >>"$out/tune.log"
 parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n "$workers")

@@ -49,6 +49,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+#: What ``--only`` chooses from (all by default).
+PHASES = ("norm", "clamp_swish", "dcn", "launch_overhead", "cpp", "aot")
 NORM_COLS = (768, 4096, 8192, 11008)
 NORM_ROWS = (1, 64, 16384)
 NORM_DTYPES = ("float32", "float16", "bfloat16")
@@ -705,7 +707,16 @@ def rule_picks(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     from plugins.deform_conv2d.kernel import dcn_launch
 
     def pick(configs: list[dict[str, Any]], rule: dict[str, Any]) -> dict[str, Any] | None:
-        return next((c for c in configs if "ms" in c and all(c.get(k) == v for k, v in rule.items())), None)
+        # A field added after the run (DcnLaunch.method) has its default value in the run's configurations.
+        defaults = {"method": "fused"}
+        return next(
+            (
+                c
+                for c in configs
+                if "ms" in c and all(c.get(k, defaults.get(k)) == v for k, v in rule.items())
+            ),
+            None,
+        )
 
     norms = []
     for r in data.get("norm", []):
@@ -774,7 +785,17 @@ def main(argv: list[str] | None = None) -> int:
         "--budget", type=float, default=330.0, help="seconds; late phases are skipped past it"
     )
     parser.add_argument("--smoke", action="store_true", help="check the script on a CPU (Triton interpreter)")
+    parser.add_argument(
+        "--only",
+        default=",".join(PHASES),
+        help=f"comma-separated phases to run (default: all of {','.join(PHASES)})",
+    )
     args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+    if only - set(PHASES):
+        parser.error(
+            f"--only: unknown phases {','.join(sorted(only - set(PHASES)))}; known: {','.join(PHASES)}"
+        )
     if args.summarize:
         print(json.dumps(rule_picks(json.loads(args.summarize.read_text())), indent=1))
         return 0
@@ -796,27 +817,33 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cpu (smoke run: times mean nothing)" if args.smoke else torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "triton": triton.__version__,
     })  # fmt: skip
-    build, exe = (None, args.out / "none") if args.smoke else start_cpp_build(args.out)
+    build, exe = (None, args.out / "none") if args.smoke or "cpp" not in only else start_cpp_build(args.out)
     bench = timer(args.smoke)
     run.data["copy_bytes_per_ms"] = copy_bandwidth(bench, device, 1 << 20 if args.smoke else 1 << 30)
     run.data["copy_GBps"] = run.data["copy_bytes_per_ms"] / 1e6
     log(f"{run.data['device']}: copy {run.data['copy_GBps']:.0f} GB/s")
-    jobs = norm_jobs(args.smoke) + dcn_jobs(args.smoke) + ([] if args.smoke else aot_jobs())
+    jobs = (norm_jobs(args.smoke) if "norm" in only else []) + (dcn_jobs(args.smoke) if "dcn" in only else [])
+    jobs += aot_jobs() if "aot" in only and not args.smoke else []
     started = time.perf_counter()
     checked = run_jobs(jobs, args.workers, args.smoke)
     run.data["checks"] = [{k: v for k, v in j.items() if k != "ptx"} for j in checked]
     run.data["check_phase_s"] = round(time.perf_counter() - started, 1)
     log(f"{len(checked)} configurations compiled and checked in {run.data['check_phase_s']} s")
     run.save()
-    time_norms(run, checked, bench, device)
-    time_clamp_swish(run, bench, device)
-    time_dcn(run, checked, bench, device)
+    if "norm" in only:
+        time_norms(run, checked, bench, device)
+    if "clamp_swish" in only:
+        time_clamp_swish(run, bench, device)
+    if "dcn" in only:
+        time_dcn(run, checked, bench, device)
     if not args.smoke:
         for label, phase in (
             ("launch_overhead", lambda: launch_overhead(run, device)),
             ("cpp", lambda: run_cpp(run, build, exe, device)),
             ("aot", lambda: time_aot(run, [j for j in checked if j["kind"] == "aot"], bench, device)),
         ):
+            if label not in only:
+                continue
             if run.left() < 15:
                 run.data[label] = {"skipped": "time"}
                 continue

@@ -14,6 +14,11 @@ of TensorRT's ahead-of-time Python plugins (:func:`aot_kernel` compiles it as th
 does, without TensorRT). Absent ``bias``/``mask`` are switched off by constexpr flags (any pointer may
 be passed in their place). The tile sizes come from :func:`dcn_launch`, tuned on an H100
 (``bench/tune_kernels.py``).
+
+The JIT wrapper can also run the two-step form of the fast implementations (``DcnLaunch(method="im2col")``):
+:func:`deform_im2col_kernel` writes the sample matrix, ``torch.matmul`` (cuBLAS) multiplies it by the weights.
+It is in the sweep's candidates but not yet timed on a GPU, so the rule does not pick it. Both kernels share
+the sampling code (:func:`_tap_corners`, :func:`_sample`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ class DcnLaunch:
         num_warps: warps per program.
         num_stages: software-pipelining depth of the channel loop (shared memory grows with it).
         precision: ``tl.dot`` input precision for float32 inputs (``ieee`` or ``tf32x3``).
+        method: ``fused`` (:func:`deform_conv2d_kernel`, the AOT kernel too) or ``im2col`` (JIT only:
+            :func:`deform_im2col_kernel` writes the sample matrix in ``BLOCK_C`` by ``BLOCK_P`` tiles, then
+            ``torch.matmul`` (cuBLAS) multiplies it by the weights; ``block_co`` and ``precision`` unused).
     """
 
     block_co: int
@@ -50,6 +58,55 @@ class DcnLaunch:
     num_warps: int
     num_stages: int = 2
     precision: str = "tf32x3"
+    method: str = "fused"
+
+
+@triton.jit
+def _tap_corners(
+    off_ptr, m_ptr, tap, npix, p, p_ok, oh, ow, u, v, H, W, SH, SW, PT, PL, DH, DW, HAS_MASK: tl.constexpr
+):  # fmt: skip
+    """Bilinear corners of one tap for a row of pixels: the top-left corner's index in the image, and per
+    corner the weight (mask and bounds folded in) and whether it lies inside the image."""
+    dy = tl.load(off_ptr + (tap * 2) * npix + p, mask=p_ok, other=0.0).to(tl.float32)
+    dx = tl.load(off_ptr + (tap * 2 + 1) * npix + p, mask=p_ok, other=0.0).to(tl.float32)
+    py = (oh * SH - PT + u * DH).to(tl.float32) + dy
+    px = (ow * SW - PL + v * DW).to(tl.float32) + dx
+    y0f = tl.floor(py)
+    x0f = tl.floor(px)
+    fy = py - y0f
+    fx = px - x0f
+    # Positions a pixel or more outside the image (and NaN) sample zero: clamp before the int conversion so
+    # that huge offsets cannot overflow it.
+    y0 = tl.minimum(tl.maximum(y0f, -2.0), H + 1.0).to(tl.int32)
+    x0 = tl.minimum(tl.maximum(x0f, -2.0), W + 1.0).to(tl.int32)
+    in_y0 = (y0 >= 0) & (y0 < H)
+    in_y1 = (y0 >= -1) & (y0 < H - 1)
+    in_x0 = (x0 >= 0) & (x0 < W)
+    in_x1 = (x0 >= -1) & (x0 < W - 1)
+    scale = tl.where(p_ok & (py == py) & (px == px), 1.0, 0.0)
+    if HAS_MASK:
+        scale *= tl.load(m_ptr + tap * npix + p, mask=p_ok, other=0.0).to(tl.float32)
+    w00 = tl.where(in_y0 & in_x0, (1.0 - fy) * (1.0 - fx) * scale, 0.0)
+    w01 = tl.where(in_y0 & in_x1, (1.0 - fy) * fx * scale, 0.0)
+    w10 = tl.where(in_y1 & in_x0, fy * (1.0 - fx) * scale, 0.0)
+    w11 = tl.where(in_y1 & in_x1, fy * fx * scale, 0.0)
+    ok00 = p_ok & in_y0 & in_x0
+    ok01 = p_ok & in_y0 & in_x1
+    ok10 = p_ok & in_y1 & in_x0
+    ok11 = p_ok & in_y1 & in_x1
+    return y0 * W + x0, w00, w01, w10, w11, ok00, ok01, ok10, ok11
+
+
+@triton.jit
+def _sample(x_ptr, n, C, H, W, ci, c_ok, corner, w00, w01, w10, w11, ok00, ok01, ok10, ok11):
+    """The (channels, pixels) tile of bilinear samples of image n at one tap's corners, in float32."""
+    image = x_ptr + ((n * C + ci) * H * W)[:, None] + corner[None, :]
+    c2 = c_ok[:, None]
+    sample = w00[None, :] * tl.load(image, mask=c2 & ok00[None, :], other=0.0).to(tl.float32)
+    sample += w01[None, :] * tl.load(image + 1, mask=c2 & ok01[None, :], other=0.0).to(tl.float32)
+    sample += w10[None, :] * tl.load(image + W, mask=c2 & ok10[None, :], other=0.0).to(tl.float32)
+    sample += w11[None, :] * tl.load(image + W + 1, mask=c2 & ok11[None, :], other=0.0).to(tl.float32)
+    return sample
 
 
 @triton.jit
@@ -87,47 +144,16 @@ def deform_conv2d_kernel(
         seg_hi = tl.minimum(c_hi, (og + 1) * c_per_offset_group)
         # A run-time loop over the taps: one tl.dot in the loop body keeps the code (and compile) small.
         for k in range(TAPS):
-            u = k // KW
-            v = k % KW
             tap = (n * OFFSET_GROUP + og) * TAPS + k
-            dy = tl.load(off_ptr + (tap * 2) * npix + p, mask=p_ok, other=0.0).to(tl.float32)
-            dx = tl.load(off_ptr + (tap * 2 + 1) * npix + p, mask=p_ok, other=0.0).to(tl.float32)
-            py = (oh * SH - PT + u * DH).to(tl.float32) + dy
-            px = (ow * SW - PL + v * DW).to(tl.float32) + dx
-            y0f = tl.floor(py)
-            x0f = tl.floor(px)
-            fy = py - y0f
-            fx = px - x0f
-            # Positions a pixel or more outside the image (and NaN) sample zero: clamp before the int
-            # conversion so that huge offsets cannot overflow it.
-            y0 = tl.minimum(tl.maximum(y0f, -2.0), H + 1.0).to(tl.int32)
-            x0 = tl.minimum(tl.maximum(x0f, -2.0), W + 1.0).to(tl.int32)
-            in_y0 = (y0 >= 0) & (y0 < H)
-            in_y1 = (y0 >= -1) & (y0 < H - 1)
-            in_x0 = (x0 >= 0) & (x0 < W)
-            in_x1 = (x0 >= -1) & (x0 < W - 1)
-            scale = tl.where(p_ok & (py == py) & (px == px), 1.0, 0.0)
-            if HAS_MASK:
-                scale *= tl.load(m_ptr + tap * npix + p, mask=p_ok, other=0.0).to(tl.float32)
-            w00 = tl.where(in_y0 & in_x0, (1.0 - fy) * (1.0 - fx) * scale, 0.0)
-            w01 = tl.where(in_y0 & in_x1, (1.0 - fy) * fx * scale, 0.0)
-            w10 = tl.where(in_y1 & in_x0, fy * (1.0 - fx) * scale, 0.0)
-            w11 = tl.where(in_y1 & in_x1, fy * fx * scale, 0.0)
-            ok00 = p_ok & in_y0 & in_x0
-            ok01 = p_ok & in_y0 & in_x1
-            ok10 = p_ok & in_y1 & in_x0
-            ok11 = p_ok & in_y1 & in_x1
-            corner = y0 * W + x0
+            corner, w00, w01, w10, w11, ok00, ok01, ok10, ok11 = _tap_corners(
+                off_ptr, m_ptr, tap, npix, p, p_ok, oh, ow, k // KW, k % KW, H, W, SH, SW, PT, PL, DH, DW,
+                HAS_MASK,
+            )  # fmt: skip
             for c0 in range(seg_lo, seg_hi, BLOCK_C):
                 ci = c0 + tl.arange(0, BLOCK_C)
                 c_ok = ci < seg_hi
-                image = x_ptr + ((n * C + ci) * H * W)[:, None] + corner[None, :]
-                c2 = c_ok[:, None]
-                sample = w00[None, :] * tl.load(image, mask=c2 & ok00[None, :], other=0.0).to(tl.float32)
-                sample += w01[None, :] * tl.load(image + 1, mask=c2 & ok01[None, :], other=0.0).to(tl.float32)
-                sample += w10[None, :] * tl.load(image + W, mask=c2 & ok10[None, :], other=0.0).to(tl.float32)
-                sample += w11[None, :] * tl.load(image + W + 1, mask=c2 & ok11[None, :], other=0.0).to(
-                    tl.float32
+                sample = _sample(
+                    x_ptr, n, C, H, W, ci, c_ok, corner, w00, w01, w10, w11, ok00, ok01, ok10, ok11
                 )
                 w_index = (co[:, None] * c_per_group + (ci - c_lo)[None, :]) * TAPS + k
                 w = tl.load(w_ptr + w_index, mask=co_ok[:, None] & c_ok[None, :], other=0.0)
@@ -136,6 +162,39 @@ def deform_conv2d_kernel(
         acc += tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
     y_index = (n * C_OUT + co[:, None]) * npix + p[None, :]
     tl.store(y_ptr + y_index, acc.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & p_ok[None, :])
+
+
+@triton.jit
+def deform_im2col_kernel(
+    x_ptr, off_ptr, m_ptr,
+    C, H, W, OH, OW,
+    col_ptr,
+    KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    PT: tl.constexpr, PL: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    OFFSET_GROUP: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """The im2col matrix ``col[n, ci * KH * KW + k, pixel]`` of the samples (mask applied), in x's dtype."""
+    TAPS = KH * KW
+    c_per_offset_group = C // OFFSET_GROUP
+    c_blocks = tl.cdiv(c_per_offset_group, BLOCK_C)
+    q = tl.program_id(0)  # images x offset groups x taps x channel blocks: can pass grid_y's 65535
+    c_local = (q % c_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k = (q // c_blocks) % TAPS
+    og = (q // (c_blocks * TAPS)) % OFFSET_GROUP
+    n = (q // (c_blocks * TAPS * OFFSET_GROUP)).to(tl.int64)
+    npix = OH * OW
+    p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = p < npix
+    tap = (n * OFFSET_GROUP + og) * TAPS + k
+    corner, w00, w01, w10, w11, ok00, ok01, ok10, ok11 = _tap_corners(
+        off_ptr, m_ptr, tap, npix, p, p_ok, p // OW, p % OW, k // KW, k % KW, H, W, SH, SW, PT, PL, DH, DW,
+        HAS_MASK,
+    )  # fmt: skip
+    c_ok = c_local < c_per_offset_group
+    ci = og * c_per_offset_group + c_local
+    sample = _sample(x_ptr, n, C, H, W, ci, c_ok, corner, w00, w01, w10, w11, ok00, ok01, ok10, ok11)
+    col_index = ((n * C + ci) * TAPS + k)[:, None] * npix + p[None, :]
+    tl.store(col_ptr + col_index, sample.to(col_ptr.dtype.element_ty), mask=c_ok[:, None] & p_ok[None, :])
 
 
 @dataclass(frozen=True)
@@ -174,7 +233,7 @@ def dcn_launch(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> Dcn
 
 
 def dcn_candidates(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> list[DcnLaunch]:
-    """Tile sizes the tuning sweep times (the rule's pick among them).
+    """Tile sizes the tuning sweep times (the rule's pick among them), and :data:`IM2COL_CANDIDATES`.
 
     Output-channel tiles from 32 (64 for groups of 128 or more channels) up to the group's channels (at most
     256) by 64 or 128 pixels by 16 or 32 channels; the rule's tile at other pipelining depths; for float32
@@ -194,9 +253,19 @@ def dcn_candidates(c_out_per_group: int, c_per_group: int, itemsize: int = 4) ->
         found |= {
             replace(c, precision="ieee") for c in found if c.block_co == rule.block_co and c.num_stages == 2
         }
+    found |= set(IM2COL_CANDIDATES)
     return sorted(
-        found, key=lambda c: (c.precision, c.block_co, c.block_p, c.block_c, c.num_warps, c.num_stages)
+        found,
+        key=lambda c: (c.method, c.precision, c.block_co, c.block_p, c.block_c, c.num_warps, c.num_stages),
     )
+
+
+#: The im2col + cuBLAS tilings the sweep times (JIT only; see :class:`DcnLaunch`).
+IM2COL_CANDIDATES = (
+    DcnLaunch(0, 64, 32, 4, 2, "tf32x3", "im2col"),
+    DcnLaunch(0, 128, 16, 4, 2, "tf32x3", "im2col"),
+    DcnLaunch(0, 128, 32, 8, 2, "tf32x3", "im2col"),
+)
 
 
 def _warps(block_co: int, block_p: int) -> int:
@@ -301,8 +370,12 @@ def deform_conv2d(
         raise ValueError(
             f"out is {tuple(out.shape)} {out.dtype}, expected {(geo.n, geo.c_out, geo.oh, geo.ow)}"
         )
-    if out.numel():
-        launch = launch or dcn_launch(geo.c_out // group, geo.c // group, x.element_size())
+    launch = launch or dcn_launch(geo.c_out // group, geo.c // group, x.element_size())
+    if out.numel() and launch.method == "im2col":
+        _im2col_matmul(
+            geo, x, weight, offset, bias, mask, out, strides, pads, dilations, group, offset_group, launch
+        )
+    elif out.numel():
         meta = constexprs(
             geo.kh, geo.kw, strides, pads, dilations, group, offset_group,
             bias is not None, mask is not None, launch, x.element_size(),
@@ -313,6 +386,45 @@ def deform_conv2d(
             num_warps=launch.num_warps, num_stages=launch.num_stages, **meta,
         )  # fmt: skip
     return out
+
+
+#: Most elements of the im2col matrix held at once: images are processed in chunks past it.
+IM2COL_MAX_ELEMENTS = 1 << 26
+
+
+def _im2col_matmul(
+    geo: Geometry, x: Any, weight: Any, offset: Any, bias: Any, mask: Any, out: Any,
+    strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int], group: int, offset_group: int,
+    launch: DcnLaunch,
+) -> None:  # fmt: skip
+    """``out = weight @ im2col(x) + bias`` per group, a chunk of images at a time (see :class:`DcnLaunch`)."""
+    import torch
+
+    taps = geo.kh * geo.kw
+    npix = geo.oh * geo.ow
+    rows = geo.c * taps
+    chunk = max(1, min(geo.n, IM2COL_MAX_ELEMENTS // max(rows * npix, 1)))
+    cols = x.new_empty((chunk, rows, npix))
+    meta = constexprs(
+        geo.kh, geo.kw, strides, pads, dilations, group, offset_group, False, mask is not None, launch, 4
+    )
+    for name in ("GROUP", "HAS_BIAS", "BLOCK_CO", "PRECISION"):
+        del meta[name]
+    weights = weight.reshape(group, geo.c_out // group, (geo.c // group) * taps)
+    c_blocks = triton.cdiv(geo.c // offset_group, launch.block_c)
+    for first in range(0, geo.n, chunk):
+        count = min(chunk, geo.n - first)
+        grid = (count * offset_group * taps * c_blocks, triton.cdiv(npix, launch.block_p))
+        deform_im2col_kernel[grid](
+            x[first : first + count], offset[first : first + count],
+            x if mask is None else mask[first : first + count],
+            geo.c, geo.h, geo.w, geo.oh, geo.ow, cols,
+            num_warps=launch.num_warps, num_stages=launch.num_stages, **meta,
+        )  # fmt: skip
+        products = out[first : first + count].view(count, group, geo.c_out // group, npix)
+        torch.matmul(weights, cols[:count].view(count, group, -1, npix), out=products)
+    if bias is not None:
+        out += bias.view(1, -1, 1, 1)
 
 
 def geometry(

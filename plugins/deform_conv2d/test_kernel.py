@@ -57,8 +57,8 @@ LAUNCHES = dcn_candidates(65, 20)
 
 def _launch_id(launch: DcnLaunch) -> str:
     return (
-        f"co{launch.block_co}-p{launch.block_p}-c{launch.block_c}-w{launch.num_warps}-s{launch.num_stages}-"
-        f"{launch.precision}"
+        f"{launch.method}-co{launch.block_co}-p{launch.block_p}-c{launch.block_c}-w{launch.num_warps}-"
+        f"s{launch.num_stages}-{launch.precision}"
     )
 
 
@@ -128,11 +128,23 @@ def test_gpu_launch_configurations(launch: DcnLaunch, dtype: type) -> None:
 @pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (the default without a GPU)")
 @pytest.mark.parametrize(
     "launch",
-    sorted({DcnLaunch(c.block_co, c.block_p, c.block_c, 4) for c in LAUNCHES}, key=_launch_id),
+    sorted(
+        {DcnLaunch(c.block_co, c.block_p, c.block_c, 4, method=c.method) for c in LAUNCHES}, key=_launch_id
+    ),
     ids=_launch_id,
 )
 def test_interpreter_launch_configurations(launch: DcnLaunch) -> None:
     _check("cpu", LAUNCH_CASE, np.float32, launch)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (the default without a GPU)")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_interpreter_im2col_one_image_at_a_time(monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
+    """The im2col path in chunks of one image (a limit of 1 element), with groups and offset groups."""
+    from . import kernel
+
+    monkeypatch.setattr(kernel, "IM2COL_MAX_ELEMENTS", 1)
+    _check("cpu", CASES[1], dtype, DcnLaunch(0, 64, 16, 4, method="im2col"))
 
 
 def test_mismatched_offset_is_refused() -> None:
