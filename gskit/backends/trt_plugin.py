@@ -359,6 +359,9 @@ def triton_ptx(
     pointer_types: Mapping[str, str],
     constexprs: Mapping[str, Any],
     target: Any | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    divisible_by_16: Sequence[str] = (),
 ) -> TritonPtx:
     """Compile a ``@triton.jit`` kernel to PTX for an ``aot_impl``; unnamed arguments are ``i32`` scalars.
 
@@ -371,6 +374,12 @@ def triton_ptx(
         pointer_types: pointer parameter -> element type (``fp32``, ``fp16``...).
         constexprs: compile-time parameter -> value.
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+        num_warps: warps per program (the launch's ``block_x`` is ``32 * num_warps``).
+        num_stages: software-pipelining depth of the kernel's loops; None: Triton's default.
+        divisible_by_16: arguments the caller promises are multiples of 16 (pointers: 16-byte aligned
+            addresses; ints: values), which lets Triton emit 16-byte loads as its JIT does when it sees
+            such values. A promise TensorRT breaks at run time gives wrong results: the shipped plugins
+            make none (``bench/tune_kernels.py`` measures what it would gain).
 
     Raises:
         PluginError: Triton is missing or fails to compile the kernel, the kernel needs scratch memory,
@@ -390,9 +399,18 @@ def triton_ptx(
         else "i32"
         for name in kernel.arg_names
     }
+    unknown = set(divisible_by_16) - set(kernel.arg_names)
+    if unknown:
+        raise PluginError(f"{kernel_name}: divisible_by_16 names no argument: {', '.join(sorted(unknown))}")
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
     try:
         compiled = triton.compile(
-            ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs)), target=target
+            ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs), attrs=attrs),
+            target=target,
+            options={
+                "num_warps": int(num_warps),
+                **({} if num_stages is None else {"num_stages": num_stages}),
+            },
         )
     except Exception as err:  # Triton raises many types; name the kernel
         raise PluginError(f"Triton cannot compile {kernel_name}: {err}") from err

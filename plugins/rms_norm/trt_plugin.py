@@ -3,7 +3,7 @@
 Load with ``gskit build --plugins plugins/rms_norm`` (full TensorRT >= 10.9, Triton, torch).
 Name, namespace and attributes come from ``spec.py``; the output is x's shape in the weight's dtype (x's,
 or float16 for a float32 x with a float16 weight). The AOT kernel needs x's last dim fixed at build time (it
-sets the kernel's chunk length).
+sets the launch configuration).
 """
 
 from typing import Any
@@ -48,7 +48,7 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
         weight_dtype=triton_type(inputs[1].dtype),
     )
     rows = x.shape_expr.numel() // cols
-    return launch(ptx, grid=[rows], scalars=[cols])
+    return launch(ptx, grid=[trtp.cdiv(rows, ptx.constexprs["ROWS"])], scalars=[rows, cols])
 
 
 PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl, types=TYPES)
