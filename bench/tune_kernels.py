@@ -699,12 +699,13 @@ def time_aot(run: Run, ptxs: list[dict[str, Any]], bench: Callable[..., float], 
 def rule_picks(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Per shape of a run's sweep: the configuration the rules of this checkout pick, and the fastest.
 
-    The rules (``row_launch``, ``dcn_launch``) are read off a sweep; this recomputes their picks from the
-    sweep's own timings, so the numbers belong to the shipped rules even when the run timed them as one
-    candidate among others. A pick the sweep did not time shows as ``ms: None``.
+    The rules (``row_launch``, ``dcn_launch``; for DeformConv2d also ``fused_launch``, the AOT kernel's, under
+    ``aot_*``) are read off a sweep; this recomputes their picks from the sweep's own timings, so the numbers
+    belong to the shipped rules even when the run timed them as one candidate among others. A pick the sweep
+    did not time shows as ``ms: None``.
     """
     from gskit.backends.row_launch import row_launch
-    from plugins.deform_conv2d.kernel import dcn_launch
+    from plugins.deform_conv2d.kernel import dcn_launch, fused_launch
 
     def pick(configs: list[dict[str, Any]], rule: dict[str, Any]) -> dict[str, Any] | None:
         # A field added after the run (DcnLaunch.method) has its default value in the run's configurations.
@@ -732,16 +733,40 @@ def rule_picks(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     for r in data.get("dcn", []):
         shape = r["shape"]
         itemsize = 4 if r["dtype"] == "float32" else 2
-        rule = asdict(dcn_launch(shape["c_out"] // shape["group"], shape["x"][1] // shape["group"], itemsize))
+        channels = (shape["c_out"] // shape["group"], shape["x"][1] // shape["group"], itemsize)
+        rule = asdict(dcn_launch(*channels))
         chosen = pick(r["configs"], rule)
+        aot = pick(r["configs"], asdict(fused_launch(*channels)))
         base = r.get("baseline", "eager")
         base_ms = min(r[f"{base}_ms"], r[f"{base}_ms_again"])
         entry = {"shape": shape["name"], "dtype": r["dtype"], "baseline": base, "baseline_ms": base_ms}
         entry.update(best_ms=r["best"]["ms"] if "best" in r else None, rule=rule, ms=chosen and chosen["ms"])
+        entry["aot_ms"] = aot and aot["ms"]
         if chosen:
             entry[f"over_{base}"] = chosen["ms"] / base_ms
+        if aot:
+            entry[f"aot_over_{base}"] = aot["ms"] / base_ms
         dcns.append(entry)
     return {"norm": norms, "dcn": dcns}
+
+
+#: The committed runs (``bench/gpu_runs/``), oldest first: ``--summarize``'s default.
+COMMITTED_RUNS = ("h100-2026-11-27", "h100-2026-11-27-dcn")
+
+
+def newest_picks(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """:func:`rule_picks` over runs (``(label, data)``, oldest first): per shape, the newest run's row.
+
+    A later run that swept a shape again (another candidate set, other code) replaces the earlier rows of
+    that shape; each row names its run under ``run``. Rows keep the order in which their shapes first appear.
+    """
+    keys = {"norm": ("kernel", "dtype", "rows", "cols"), "dcn": ("shape", "dtype")}
+    merged: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {kind: {} for kind in keys}
+    for label, data in runs:
+        for kind, rows in rule_picks(data).items():
+            for row in rows:
+                merged[kind][tuple(row[k] for k in keys[kind])] = {"run": label, **row}
+    return {kind: list(rows.values()) for kind, rows in merged.items()}
 
 
 def summary(run: Run) -> None:
@@ -778,7 +803,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder for tune.json")
     parser.add_argument(
-        "--summarize", type=Path, metavar="JSON", help="print the shipped rules' picks from a run's tune.json"
+        "--summarize",
+        type=Path,
+        nargs="*",
+        metavar="JSON",
+        help="print the shipped rules' picks, per shape from the newest of these runs' tune.json (oldest "
+        f"first; default: bench/gpu_runs/{{{','.join(COMMITTED_RUNS)}}}/tune.json)",
     )
     parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     parser.add_argument(
@@ -796,8 +826,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--only: unknown phases {','.join(sorted(only - set(PHASES)))}; known: {','.join(PHASES)}"
         )
-    if args.summarize:
-        print(json.dumps(rule_picks(json.loads(args.summarize.read_text())), indent=1))
+    if args.summarize is not None:
+        committed = [REPO / "bench" / "gpu_runs" / name / "tune.json" for name in COMMITTED_RUNS]
+        paths = args.summarize or committed
+        runs = [(path.parent.name, json.loads(path.read_text())) for path in paths]
+        print(json.dumps(newest_picks(runs), indent=1))
         return 0
     if args.out is None:
         parser.error("--out is required (or --summarize)")

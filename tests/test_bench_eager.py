@@ -108,29 +108,39 @@ def test_kernel_benchmark_runs_end_to_end_on_a_cpu() -> None:
         assert row["goal"] != "ok" or row["gskit_over_torch"] <= 1.0
 
 
-#: The GPU run behind the README's kernel rows (bench/gpu_lease.sh on an H100).
-GPU_RUN = Path(__file__).resolve().parents[1] / "bench" / "gpu_runs" / "h100-2026-11-27" / "tune.json"
+#: The GPU runs behind the README's kernel rows (bench/gpu_lease.sh on an H100), oldest first.
+GPU_RUNS = Path(__file__).resolve().parents[1] / "bench" / "gpu_runs"
 
 
 def test_shipped_launch_rules_pick_configurations_the_sweep_timed() -> None:
-    """Every pick of ``row_launch``/``dcn_launch`` on the committed run's shapes was timed by that run.
+    """Every pick of ``row_launch``/``dcn_launch`` on the committed runs' shapes was timed by the newest run
+    of that shape, and each DeformConv2d pick is of the method (fused or im2col) that run found fastest.
 
     A rule edited without a new sweep would pick an untimed configuration (``ms`` None) and the README's
     numbers would no longer be the shipped kernels'. The norms' picks also stay within the goals the
-    README states for them.
+    README states for them, and DeformConv2d's within "no slower than torchvision" on the corpus's shapes.
     """
     import json
 
     pytest.importorskip("triton")
-    from bench.tune_kernels import rule_picks
+    from bench.tune_kernels import COMMITTED_RUNS, newest_picks
 
-    picks = rule_picks(json.loads(GPU_RUN.read_text()))
+    assert sorted(p.name for p in GPU_RUNS.iterdir() if (p / "tune.json").exists()) == sorted(COMMITTED_RUNS)
+    runs = [(name, json.loads((GPU_RUNS / name / "tune.json").read_text())) for name in COMMITTED_RUNS]
+    picks = newest_picks(runs)
     assert len(picks["norm"]) == 2 * 3 * 4 * 3 and len(picks["dcn"]) == 14
     assert [p for p in picks["norm"] + picks["dcn"] if p["ms"] is None] == []
+    assert [p for p in picks["dcn"] if p["aot_ms"] is None] == []
     for pick in picks["norm"]:
         assert pick["over_eager"] <= 1.0, pick
         if pick["rows"] == 16384 and pick["cols"] >= 4096:
             assert pick["over_floor"] <= 1.3, pick
+    assert {p["run"] for p in picks["dcn"]} == {"h100-2026-11-27-dcn"}
+    sweeps = {(r["shape"]["name"], r["dtype"]): r for r in dict(runs)["h100-2026-11-27-dcn"]["dcn"]}
+    for pick in picks["dcn"]:
+        assert pick["rule"]["method"] == sweeps[pick["shape"], pick["dtype"]]["best"]["method"], pick
+        if not pick["shape"].startswith("r50-"):
+            assert pick["over_torchvision"] <= 1.0, pick
 
 
 @pytest.mark.slow

@@ -12,13 +12,14 @@ accuracy); half types multiply in their own type.
 Parameters are ordered (input pointers, int32 sizes, output pointer, constexprs), the calling convention
 of TensorRT's ahead-of-time Python plugins (:func:`aot_kernel` compiles it as the plugin's ``aot_impl``
 does, without TensorRT). Absent ``bias``/``mask`` are switched off by constexpr flags (any pointer may
-be passed in their place). The tile sizes come from :func:`dcn_launch`, tuned on an H100
+be passed in their place). The tile sizes come from :func:`fused_launch`, tuned on an H100
 (``bench/tune_kernels.py``).
 
-The JIT wrapper can also run the two-step form of the fast implementations (``DcnLaunch(method="im2col")``):
+The JIT wrapper also runs the two-step form of the fast implementations (``DcnLaunch(method="im2col")``):
 :func:`deform_im2col_kernel` writes the sample matrix, ``torch.matmul`` (cuBLAS) multiplies it by the weights.
-It is in the sweep's candidates but not yet timed on a GPU, so the rule does not pick it. Both kernels share
-the sampling code (:func:`_tap_corners`, :func:`_sample`).
+:func:`dcn_launch`, the JIT rule, picks it for wide groups, where it was 2.3-5.3x faster than the fused kernel
+on the H100; the AOT kernel (TensorRT) stays the fused one. Both kernels share the sampling code
+(:func:`_tap_corners`, :func:`_sample`).
 """
 
 from __future__ import annotations
@@ -217,8 +218,9 @@ class Geometry:
         return (triton.cdiv(self.oh * self.ow, launch.block_p), self.n * group * co_blocks)
 
 
-def dcn_launch(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> DcnLaunch:
-    """The shipped tile rule: from the channels per group and the element size, known at build time.
+def fused_launch(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> DcnLaunch:
+    """The fused kernel's tile rule (the AOT kernel's, and the JIT one's for narrow groups): from the channels
+    per group and the element size, known at build time.
 
     Read off a sweep of :func:`dcn_candidates` on an H100 (``bench/tune_kernels.py``, results in
     ``bench/gpu_runs/``): 64 pixels by as many output channels as the group has (at most 128 for float32, 64
@@ -232,14 +234,36 @@ def dcn_launch(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> Dcn
     return DcnLaunch(block_co, 64, block_c, 4, 2 if half else 1, "tf32x3")
 
 
+#: The JIT rule's im2col launch: 16 channels by 128 pixels per sampling program, 4 warps (of the three im2col
+#: tilings swept, the fastest on 7 of the 8 ResNet-50-stage shape/dtype pairs and 1.5% behind on the other).
+IM2COL_LAUNCH = DcnLaunch(0, 128, 16, 4, 2, "tf32x3", "im2col")
+#: Groups at least this wide (input and output channels) take :data:`IM2COL_LAUNCH` in the JIT wrapper.
+IM2COL_MIN_CHANNELS = 128
+
+
+def dcn_launch(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> DcnLaunch:
+    """The JIT wrapper's rule: :data:`IM2COL_LAUNCH` for groups of :data:`IM2COL_MIN_CHANNELS` channels or
+    more (in and out), else :func:`fused_launch`.
+
+    From the second H100 sweep (``bench/gpu_runs/h100-2026-11-27-dcn``): on the ResNet-50 stage shapes
+    (128-512 channels) the im2col method took 0.19-0.44x the fused kernel's best time; on the corpus's
+    shapes (3-6 channels) 2.0-8.9x its time (three launches for 0.7k-13k multiply-adds: launches dominate).
+    Widths between 6 and 128 were not timed; 128 is the narrowest where im2col won. ``itemsize`` does not
+    change the choice (both float32 and float16 agree on every timed shape).
+    """
+    if min(c_out_per_group, c_per_group) >= IM2COL_MIN_CHANNELS:
+        return IM2COL_LAUNCH
+    return fused_launch(c_out_per_group, c_per_group, itemsize)
+
+
 def dcn_candidates(c_out_per_group: int, c_per_group: int, itemsize: int = 4) -> list[DcnLaunch]:
-    """Tile sizes the tuning sweep times (the rule's pick among them), and :data:`IM2COL_CANDIDATES`.
+    """Tile sizes the tuning sweep times (:func:`fused_launch`'s and :func:`dcn_launch`'s picks among them).
 
     Output-channel tiles from 32 (64 for groups of 128 or more channels) up to the group's channels (at most
     256) by 64 or 128 pixels by 16 or 32 channels; the rule's tile at other pipelining depths; for float32
     also the rule's channel tile in ``ieee`` precision (plain float32 products, no tensor cores).
     """
-    rule = dcn_launch(c_out_per_group, c_per_group, itemsize)
+    rule = fused_launch(c_out_per_group, c_per_group, itemsize)
     found = {rule}
     widest = max(16, triton.next_power_of_2(c_out_per_group))
     for block_co in (32, 64, 128, 256):
@@ -263,7 +287,7 @@ def dcn_candidates(c_out_per_group: int, c_per_group: int, itemsize: int = 4) ->
 #: The im2col + cuBLAS tilings the sweep times (JIT only; see :class:`DcnLaunch`).
 IM2COL_CANDIDATES = (
     DcnLaunch(0, 64, 32, 4, 2, "tf32x3", "im2col"),
-    DcnLaunch(0, 128, 16, 4, 2, "tf32x3", "im2col"),
+    IM2COL_LAUNCH,
     DcnLaunch(0, 128, 32, 8, 2, "tf32x3", "im2col"),
 )
 
@@ -295,8 +319,9 @@ def constexprs(
 
 
 #: Build-time values ``aot_impl`` takes from the network, for a test compile of :func:`aot_kernel` with the
-#: spec's default attributes (tests/test_trt_aot_ptx.py).
-AOT_EXAMPLE: dict[str, Any] = {"weight_shape": (8, 4, 3, 3)}
+#: spec's default attributes (tests/test_trt_aot_ptx.py): groups wide enough that :func:`dcn_launch` picks
+#: the JIT-only im2col method, which the AOT kernel must not take.
+AOT_EXAMPLE: dict[str, Any] = {"weight_shape": (IM2COL_MIN_CHANNELS, IM2COL_MIN_CHANNELS, 3, 3)}
 
 
 def aot_kernel(
@@ -327,7 +352,7 @@ def aot_kernel(
     """
     c_out, c_per_group, kh, kw = (int(d) for d in weight_shape)
     itemsize = 4 if dtype == "fp32" else 2
-    launch = dcn_launch(c_out // group, c_per_group, itemsize)
+    launch = fused_launch(c_out // group, c_per_group, itemsize)  # the im2col method is JIT only
     meta = constexprs(kh, kw, strides, pads, dilations, group, offset_group, True, True, launch, itemsize)
     names = ("x_ptr", "w_ptr", "off_ptr", "b_ptr", "m_ptr", "y_ptr")
     return triton_ptx(
@@ -358,7 +383,7 @@ def deform_conv2d(
     """Deformable 2-D convolution of contiguous float torch tensors (layouts as the spec's).
 
     Launches on the current stream (wrap in ``gskit.backends.trt_plugin.cuda_stream(handle)`` for another
-    one). ``launch`` overrides the shipped tile rule (the tuning sweep uses it).
+    one). ``launch`` overrides the shipped rule, :func:`dcn_launch` (the tuning sweep uses it).
 
     Raises:
         ValueError: shapes that do not fit together, non-contiguous tensors, or a mismatched ``out``.

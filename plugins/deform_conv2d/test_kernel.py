@@ -23,7 +23,7 @@ if not CUDA:
 pytest.importorskip("triton")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
-from .kernel import DcnLaunch, dcn_candidates, deform_conv2d  # noqa: E402
+from .kernel import IM2COL_LAUNCH, DcnLaunch, dcn_candidates, dcn_launch, deform_conv2d  # noqa: E402
 from .reference import deform_conv2d as reference  # noqa: E402
 from .reference import output_size  # noqa: E402
 
@@ -145,6 +145,23 @@ def test_interpreter_im2col_one_image_at_a_time(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(kernel, "IM2COL_MAX_ELEMENTS", 1)
     _check("cpu", CASES[1], dtype, DcnLaunch(0, 64, 16, 4, method="im2col"))
+
+
+@pytest.mark.parametrize("itemsize", [4, 2])
+@pytest.mark.parametrize("c_out, c", [(3, 3), (6, 2), (127, 256), (256, 64), (128, 128), (512, 512)])
+def test_rule_picks_im2col_for_wide_groups_only(c_out: int, c: int, itemsize: int) -> None:
+    """The JIT rule: im2col from 128 channels in and out (where the H100 sweep timed it fastest), else the
+    fused kernel; its pick is always one of the sweep's candidates."""
+    launch = dcn_launch(c_out, c, itemsize)
+    assert launch.method == ("im2col" if min(c_out, c) >= 128 else "fused")
+    assert launch in dcn_candidates(c_out, c, itemsize)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (the default without a GPU)")
+def test_interpreter_wide_group_default_launch_is_im2col() -> None:
+    """A 128-channel layer without ``launch=`` runs the rule's im2col path, with bias, mask and padding."""
+    assert dcn_launch(128, 128) == IM2COL_LAUNCH
+    _check("cpu", ((2, 128, 4, 5), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]}, True, True, 1.0), np.float32)
 
 
 def test_mismatched_offset_is_refused() -> None:
