@@ -108,6 +108,16 @@ class MsdaPattern(Rule):
     def __repr__(self) -> str:
         return f"MsdaPattern({self.name!r})"
 
+    def ops(self) -> set[tuple[str, str]]:
+        """The ONNX ops the walk reads (checked when the plugin loads)."""
+        names = ("Transpose", "Reshape", "ReduceSum", "Mul", "Concat", "Unsqueeze", "GridSample", "Gather")
+        return {("", op) for op in (*names, "Split", "Slice", "Sub")}
+
+    @property
+    def size(self) -> int:
+        """Nodes of one level's branch and the shared tail, the smallest instance (one level)."""
+        return 16
+
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         walk = _Walk([node], [])
         try:
