@@ -11,7 +11,7 @@ Each takes its raw features as graph inputs (random inputs then give real detect
   ``nms=True`` and torchvision's ``batched_nms`` write it: best class, ``score > conf``, ``NonZero`` and
   gathers, per-class box offsets, ONNX ``NonMaxSuppression``, the first ``max_det`` kept; one ``[1, K, 6]``
   output padded with zeros, or three outputs ``boxes``, ``scores``, ``labels``.
-* :func:`segment_head`, :func:`end2end_head`: what the nms step refuses.
+* :func:`segment_head`, :func:`segment_head_one_concat`, :func:`end2end_head`: what the nms step refuses.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ def _anchors(count: int) -> tuple[np.ndarray, np.ndarray]:
     return points, strides
 
 
-def _ultralytics(g: _Graph, feats: gs.Tensor, count: int, *, xywh: bool) -> gs.Variable:
-    """dist2bbox on ``|feats[:, 0:4]| * 6`` around fixed anchor points, times the strides; Sigmoid scores."""
+def _ultralytics(
+    g: _Graph, feats: gs.Tensor, count: int, *, xywh: bool, extra: gs.Tensor | None = None
+) -> gs.Variable:
+    """dist2bbox on ``|feats[:, 0:4]| * 6`` around fixed anchor points, times the strides; Sigmoid scores;
+    ``extra`` channels in the same Concat (TorchScript's form of a Segment head)."""
     points, strides = _anchors(count)
     distances = g.op("Mul", g.op("Abs", g.slice(feats, 0, 4, 1)), g.const(6.0))
     lt, rb = g.op("Split", distances, g.const([2, 2], np.int64), outputs=2, axis=1)
@@ -74,7 +77,7 @@ def _ultralytics(g: _Graph, feats: gs.Tensor, count: int, *, xywh: bool) -> gs.V
         pair = [x1y1, x2y2]
     boxes = g.op("Mul", g.op("Concat", *pair, axis=1), g.const(strides))
     scores = g.op("Sigmoid", g.slice(feats, 4, 1 << 30, 1))
-    return g.op("Concat", boxes, scores, axis=1)
+    return g.op("Concat", boxes, scores, *([extra] if extra is not None else []), axis=1)
 
 
 def ultralytics_head(classes: int = 3, count: int = 200, *, xywh: bool = True) -> onnx.ModelProto:
@@ -193,3 +196,13 @@ def end2end_head(classes: int = 3, count: int = 200, top: int = 20) -> onnx.Mode
     values, _ = g.op("TopK", best, g.const([top], np.int64), outputs=2, axis=1)
     values.name, values.dtype = "scores", np.float32
     return g.model([feats], [values])
+
+
+def segment_head_one_concat(classes: int = 3, count: int = 200) -> onnx.ModelProto:
+    """The Segment output as TorchScript writes it: one Concat of boxes, Sigmoid scores and coefficients."""
+    g = _Graph()
+    feats = gs.Variable("feats", np.float32, [1, 4 + classes, count])
+    coefficients = gs.Variable("coefficients", np.float32, [1, 8, count])
+    out = _ultralytics(g, feats, count, xywh=True, extra=coefficients)
+    out.name, out.dtype = "output0", np.float32
+    return g.model([feats, coefficients], [out])

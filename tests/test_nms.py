@@ -161,6 +161,7 @@ def test_exported_nms_is_replaced_and_validated(tmp_path: Path, rows: bool) -> N
     ("model", "message"),
     [
         (dm.segment_head, "an ultralytics Segment or Pose head"),
+        (dm.segment_head_one_concat, "an ultralytics Segment or Pose head"),
         (dm.end2end_head, "NMS-free end-to-end head"),
     ],
 )

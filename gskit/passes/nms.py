@@ -199,7 +199,10 @@ def _recognize(node: gs.Node, options: NmsOptions) -> _Head | None:
     out = node.outputs[0]
     if out.shape is not None and len(out.shape) != 3:
         return None
-    if len(node.inputs) == 2 and _op(producer(through_noop_casts(node.inputs[1]))) == "Sigmoid":
+    scored = len(node.inputs) >= 2 and _op(producer(through_noop_casts(node.inputs[1]))) == "Sigmoid"
+    if scored and len(node.inputs) > 2:  # TorchScript writes Segment's two concatenations as one
+        raise GskitError(_EXTRA_CHANNELS.format(tensor=out.name, node=label(node)))
+    if scored:
         return _Head(out, "ultralytics", _box_format(node, "ultralytics", options))
     widths = [_reshape_width(t) for t in node.inputs]
     if widths and all(w is not None and w >= 6 and w == widths[0] for w in widths):
@@ -257,15 +260,18 @@ def _box_format(node: gs.Node | None, layout: str, options: NmsOptions) -> str:
     )
 
 
+_EXTRA_CHANNELS = (
+    "nms: the head output '{tensor}' gets more channels after the class scores at node '{node}' (an "
+    "ultralytics Segment or Pose head: mask coefficients or keypoints), which EfficientNMS_TRT cannot carry "
+    "through; not supported"
+)
+
+
 def _checked(head: _Head) -> _Head:
     """Refuse heads whose output carries more than boxes and class scores (Segment, Pose, OBB)."""
     for consumer in head.tensor.outputs:
         if _op(consumer) == "Concat" and consumer.attrs.get("axis") in (1, -2):
-            raise GskitError(
-                f"nms: the head output '{head.tensor.name}' is concatenated with more channels at node "
-                f"'{label(consumer)}' (an ultralytics Segment or Pose head: mask coefficients or keypoints "
-                "follow the class scores), which EfficientNMS_TRT cannot carry through; not supported"
-            )
+            raise GskitError(_EXTRA_CHANNELS.format(tensor=head.tensor.name, node=label(consumer)))
     return head
 
 
