@@ -77,6 +77,7 @@ class Entry:
     path: Path | None = None
     truth: dict[str, int] = field(default_factory=dict)  # ground truth: LayerNorm, RMSNorm, SiLU
     error: str | None = None  # why the model could not be fetched or exported
+    prepare_args: tuple[str, ...] = ()  # flags its `gskit prepare` run adds (the manifest's prepare_args)
 
 
 @dataclass
@@ -433,7 +434,14 @@ def exported_models(cache: Path, only: set[str] | None, python: str | None) -> l
             continue
         for exporter in item["exporters"]:
             result = record["exports"][exporter]
-            entry = Entry(item["name"], source, item["kind"], exporter, truth=record["truth"])
+            entry = Entry(
+                item["name"],
+                source,
+                item["kind"],
+                exporter,
+                truth=record["truth"],
+                prepare_args=tuple(item.get("prepare_args", ())),
+            )
             if "file" in result:
                 entry.path = folder / result["file"]
             else:
@@ -514,6 +522,7 @@ def run_prepare(entry: Entry) -> Row:
     env = _env()
     with tempfile.TemporaryDirectory(prefix="gskit-corpus-run-") as tmp:
         command = [sys.executable, "-m", "gskit.cli", "prepare", str(entry.path), "-o", tmp, "--json"]
+        command += entry.prepare_args
         start = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=PREPARE_TIMEOUT)
@@ -549,7 +558,8 @@ def _read_report(path: Path, row: Row) -> None:
     if not path.is_file():
         return
     report = json.loads(path.read_text())
-    row.plugins = report.get("plugins_inserted") or {}
+    row.plugins = dict(report.get("plugins_inserted") or {})
+    row.plugins.update({f"lowered {op}": n for op, n in (report.get("lowered") or {}).items()})
     steps = report.get("steps") or []
     if steps:
         row.nodes_before = steps[0]["nodes_before"]

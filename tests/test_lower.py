@@ -143,3 +143,4 @@ def test_exported_fold_is_prepared_and_validated(tmp_path: Path, dynamo: bool) -
     lowered = next(s for s in report.steps if s.name == "lower")
     assert lowered.summary.startswith("1 node(s) lowered") and "Col2Im -> reshape" in lowered.summary
     assert not report.tensorrt.rejected
+    assert report.lowered == {"Col2Im -> reshape": 1}

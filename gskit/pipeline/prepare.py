@@ -73,6 +73,8 @@ class PrepareReport:
     steps: list[StepResult] = field(default_factory=list)
     prepared_model: str | None = None
     plugins_inserted: dict[str, int] = field(default_factory=dict)
+    #: ops rewritten by lower steps into ops TensorRT takes, ``{"Col2Im -> reshape": 3}``
+    lowered: dict[str, int] = field(default_factory=dict)
     regions: list[Any] = field(default_factory=list)
     comparison: Any = None
     tensorrt: Any = None
@@ -376,6 +378,7 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         report.comparison = state.comparison
         report.tensorrt = state.trt_report
         report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+        report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in state.lowered))
         if state.nms is not None:  # the nms step's node is a plugin node too
             label = (
                 state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
@@ -450,6 +453,7 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         ),
         ("recipe", report.recipe),
         ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
+        ("ops lowered", ", ".join(f"{k}: {v}" for k, v in report.lowered.items()) or "none"),
         ("TensorRT check", _trt_line(report.tensorrt)),
         ("engine", (report.engine or {}).get("engine", "not built")),
     ]

@@ -125,6 +125,8 @@ class RunState:
     dtype_changes: list[Any] = field(default_factory=list)
     #: what an nms step did (``gskit.passes.nms.NmsReport``): validation then compares detections
     nms: Any = None
+    #: the nodes lower steps rewrote (``gskit.passes.lower.Lowered``)
+    lowered: list[Any] = field(default_factory=list)
     trt_report: Any = None
     engine: Any = None
     _snapshot: Path | None = field(default=None, repr=False)
@@ -238,6 +240,11 @@ class Isolate(_Transform[IsolateOptions]):
 
 class Lower(_Transform[LowerOptions]):
     core = LOWER
+
+    def call(self, state: RunState, options: LowerOptions) -> PassResult:
+        result = super().call(state, options)
+        state.lowered.extend(result.report.lowered)
+        return result
 
 
 class Replace(_Transform[ReplaceOptions]):
