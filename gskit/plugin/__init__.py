@@ -3,7 +3,9 @@
 ``ops``: standard domains, op labels, what makes a node a plugin node and its identity. ``spec``: a plugin's
 :class:`PluginSpec` (attributes, tensor info, output rules, reference), the registry and plugin discovery
 (shipped, installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``).
-``scaffold``: the folder ``gskit plugin new`` writes.
+``native``: a plugin's native forms (the ONNX op a TensorRT version runs natively) and the choice of a form
+for a target; ``target``: the TensorRT version a model is prepared for. ``scaffold``: the folder ``gskit
+plugin new`` writes.
 
 The plugin folders themselves live outside this package (the repository's ``plugins/``, installed as
 ``gskit_plugins``, or third-party packages); their ``spec.py`` imports the names re-exported here. How a
@@ -11,6 +13,7 @@ plugin runs is not here: ``gskit.backends.ort`` runs its reference, ``gskit.back
 it with TensorRT. Core layer (docs/architecture.md).
 """
 
+from gskit.plugin.native import NativeForm
 from gskit.plugin.spec import (
     Attribute,
     AttrType,
@@ -28,6 +31,7 @@ __all__ = [
     "Attribute",
     "AttrType",
     "PluginSpec",
+    "NativeForm",
     "TensorInfo",
     "per_channel_of",
     "same_as_input",

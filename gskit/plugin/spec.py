@@ -27,6 +27,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
+from gskit.plugin.native import NativeForm, validate_native_forms
 from gskit.plugin.ops import node_key
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,12 @@ class PluginSpec:
         source: file the spec was loaded from (set by the loader).
         supports_fp16: the plugin takes float16 inputs; otherwise ``gskit convert --fp16`` keeps its node in
             float32 with Casts around it.
+        native: the standard ONNX ops TensorRT runs natively that compute the same, each with the first
+            TensorRT version that imports it (:class:`gskit.plugin.native.NativeForm`); the target of a run
+            picks the form of each region (``--tensorrt``). Empty: the region always becomes the plugin node.
+        plugin_form: the plugin node is one of the forms (False: the spec only names a native op, e.g. a
+            decomposed GroupNorm that becomes ``GroupNormalization``; below that op's TensorRT version the
+            region is left as it was).
     """
 
     name: str
@@ -163,6 +170,8 @@ class PluginSpec:
     doc: str = ""
     source: Path | None = None
     supports_fp16: bool = False
+    native: tuple[NativeForm, ...] = ()
+    plugin_form: bool = True
 
     @property
     def domain(self) -> str:
@@ -626,6 +635,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
                 coerce_attribute(spec, attr, attr.default)
             except PluginError as err:
                 raise PluginError(f"{where}: default of {err}") from err
+    validate_native_forms(spec, where)
     if onnx.defs.has(spec.name):
         log.warning(
             "%s: plugin name '%s' is also an ONNX op; the TensorRT parser ignores domains, so only TensorRT "

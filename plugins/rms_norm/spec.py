@@ -4,11 +4,15 @@
 hand-written ``x * rsqrt(mean(x^2) + eps) * w`` that exporters write as Pow/Mul, ReduceMean, Add,
 Sqrt, Reciprocal or Div, Mul, and ``F.rms_norm``. The name does not collide with ONNX's
 RMSNormalization (opset 23).
+
+Native form: ONNX ``RMSNormalization`` (opset 23), which TensorRT imports natively from 10.15. For a target of
+10.15 or newer a matched region becomes that op (the model's opset is raised to 23), below it the plugin node,
+which is what makes RMSNorm one kernel on TensorRT 10.3 (JetPack 6) or 8.6.
 """
 
 from __future__ import annotations
 
-from gskit.plugin import Attribute, AttrType, PluginSpec, per_channel_of
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, per_channel_of
 
 from .patterns import PATTERNS
 from .reference import rms_norm
@@ -25,6 +29,16 @@ SPEC = PluginSpec(
     infer=per_channel_of(0, 1),
     reference=rms_norm,
     patterns=PATTERNS,
+    native=(
+        NativeForm(
+            "RMSNormalization",
+            opset=23,
+            tensorrt="10.15",
+            attributes={"epsilon": "epsilon"},
+            fixed={"axis": -1},
+            doc="onnx-tensorrt 10.15 changelog",
+        ),
+    ),
     doc=(
         "Root-mean-square normalization over the last axis: y = x / sqrt(mean(x^2) + epsilon) * weight. "
         "weight has the size of x's last axis. Output: x's dtype and shape."
