@@ -54,7 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument(
         "--per-plugin",
         action="store_true",
-        help="compare each plugin node of PREPARED with the region of ORIGINAL between its tensors",
+        help="compare each plugin node of PREPARED (and each native op written in a plugin's place) with the "
+        "region of ORIGINAL between its tensors",
     )
     parser.add_argument(
         "--chunk",
@@ -259,7 +260,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
         for p in result.plugins
     ]
     columns = (
-        "plugin node",
+        "node",
         "op",
         "inputs",
         "max abs err",
@@ -274,7 +275,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
     out = report.console()
     out.print(report.table(title, columns, rows))
     if result.passed:
-        out.print(f"[green]all {len(result.plugins)} plugin nodes match their original regions[/]")
+        out.print(f"[green]all {len(result.plugins)} replaced nodes match their original regions[/]")
         return
     names = ", ".join(f"'{p.node}' ({p.op})" for p in result.failed)
-    out.print(f"[red]{len(result.failed)} of {len(result.plugins)} plugin nodes differ: {names}[/]")
+    out.print(f"[red]{len(result.failed)} of {len(result.plugins)} replaced nodes differ: {names}[/]")
