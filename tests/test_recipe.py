@@ -30,7 +30,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "drop_initializer_inputs": True,
     },
     "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
-    "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True},
+    "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True, "tensorrt": "10.3"},
     "infer_shapes": {"strict": False},
     "fold": {"max_passes": 3, "fold_shapes": False, "size_threshold": 1024, "allow_partial": True},
     "convert": {

@@ -41,6 +41,19 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.plugin.spec import PluginSpec, load_spec_file
 
+#: Builder precision options gskit refuses, with the strongly typed way to get that precision. TensorRT 11 has
+#: no weak typing (no FP16/INT8/BF16/FP8 builder flags, no implicit INT8 calibration), and gskit builds
+#: strongly typed networks for every version, so the precision is the model's: ``gskit build --fp16`` or a
+#: recipe's ``build: {fp16: true}`` ends in this one line.
+WEAK_TYPING_REFUSED: Mapping[str, str] = {
+    "fp16": "gskit builds strongly typed networks (TensorRT 11 has no fp16 builder flag): make the model "
+    "fp16 instead, with `gskit convert --fp16` or `gskit prepare --fp16` (recipe: convert: {fp16: true}), "
+    "and build that",
+    "int8": "gskit builds strongly typed networks (TensorRT 11 has no int8 builder flag and no implicit "
+    "calibration): int8 comes from QuantizeLinear/DequantizeLinear (Q/DQ) nodes in the model, e.g. from "
+    "NVIDIA TensorRT Model Optimizer; build the quantized model",
+}
+
 log = logging.getLogger(__name__)
 
 #: (min, opt, max) given to each dynamic dim of an input when ``shapes`` does not name the input.

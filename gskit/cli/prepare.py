@@ -76,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="X.Y",
         help="build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
     )
+    flags.add_argument(
+        "--tensorrt",
+        metavar="VERSION",
+        help="the TensorRT version to prepare for, e.g. 8.6, 10.3, 11 (the recipe's target.tensorrt): each "
+        "matched region becomes the ONNX op that version runs natively, else the plugin node, and check_trt "
+        "answers for it (default: the installed TensorRT, else the newest gskit knows)",
+    )
     p.set_defaults(func=run)
 
 
@@ -143,6 +150,7 @@ def _recipe(args: argparse.Namespace) -> Recipe:
         only=args.only,
         skip=args.skip or (),
         compute_capability=args.compute_capability,
+        tensorrt=args.tensorrt,
     )
 
 
@@ -175,8 +183,11 @@ def _print_summary(report: PrepareReport) -> None:
                 ],
             )
         )
+    target = report.target
+    out.print(f"prepared for TensorRT {target.get('tensorrt')} ({target.get('source')})")
     inserted = ", ".join(f"{k} x{v}" for k, v in report.plugins_inserted.items()) or "none"
-    out.print(f"plugins inserted: {inserted}")
+    native = ", ".join(f"{k} x{v}" for k, v in report.native_inserted.items()) or "none"
+    out.print(f"plugins inserted: {inserted}; native ops written: {native}")
     out.print(
         f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html"
     )

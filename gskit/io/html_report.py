@@ -42,6 +42,8 @@ class Region:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attributes: tuple[tuple[str, str], ...] = ()
+    #: the form chosen (plugin node or native op) and why, one line
+    form: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,8 @@ def render_page(page: Page) -> str:
 def _region(index: int, region: Region) -> str:
     """One region's section: title, the plugin node's attributes, and the before/after drawings."""
     parts = [f'<section class="region" id="region-{index}"><h3>{html.escape(region.title)}</h3>']
+    if region.form:
+        parts.append(f'<p class="form" id="region-{index}-form">{html.escape(region.form)}</p>')
     if region.attributes:
         parts.append(_table(("attribute", "value"), region.attributes, table_id=f"region-{index}-attributes"))
     parts.append('<div class="pair">')

@@ -35,6 +35,7 @@ from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, ma
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin.ops import op_label
 from gskit.plugin.spec import load_plugins
+from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,13 @@ class PrepareReport:
     model: str
     output_dir: str
     recipe: str
+    #: the TensorRT version prepared for: ``{"tensorrt": "10.3", "source": "--tensorrt 10.3"}``
+    target: dict[str, str] = field(default_factory=dict)
     steps: list[StepResult] = field(default_factory=list)
     prepared_model: str | None = None
     plugins_inserted: dict[str, int] = field(default_factory=dict)
+    #: native ops written in place of matched regions (op -> count; regions already native not counted)
+    native_inserted: dict[str, int] = field(default_factory=dict)
     regions: list[Any] = field(default_factory=list)
     comparison: Any = None
     tensorrt: Any = None
@@ -115,8 +120,11 @@ def recipe_with_overrides(
     only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
     compute_capability: str | None = None,
+    tensorrt: str | None = None,
 ) -> Recipe:
     """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
+
+    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here.
 
     ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
     step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
@@ -131,6 +139,14 @@ def recipe_with_overrides(
         raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
     steps = _without(recipe, skip)
     flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
+    if tensorrt is not None:
+        TensorRTTarget.parse(tensorrt)
+        flags.append("--tensorrt")
+        # a replace step's own target follows the flag, as the recipe's does
+        steps = [
+            _with_options(step, {"tensorrt": tensorrt}) if getattr(step.options, "tensorrt", None) else step
+            for step in steps
+        ]
     overrides: dict[str, dict[str, Any]] = {
         "validate": {
             "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
@@ -160,7 +176,11 @@ def recipe_with_overrides(
         steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
     if not flags:
         return recipe
-    return Recipe(steps=tuple(steps), source=f"{recipe.source} with {' '.join(flags)}")
+    return Recipe(
+        steps=tuple(steps),
+        source=f"{recipe.source} with {' '.join(flags)}",
+        tensorrt=tensorrt if tensorrt is not None else recipe.tensorrt,
+    )
 
 
 def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
@@ -210,6 +230,7 @@ def prepare(
     model_path, out_dir = Path(model_path), Path(out_dir)
     recipe = recipe or default_recipe()
     check_validation_order(recipe)
+    target = _target(recipe)
     final_model = out_dir / MODEL_NAME
     if final_model.resolve() == model_path.resolve():
         raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
@@ -222,13 +243,19 @@ def prepare(
         for name in REPORT_NAMES:  # checked first: a failure is recorded there
             gsmodel.check_output(out_dir / name)
         with _claim(out_dir) as work:
-            report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
+            report = PrepareReport(
+                model=str(model_path),
+                output_dir=str(out_dir),
+                recipe=recipe.source,
+                target={"tensorrt": str(target), "source": target.source},
+            )
             state = RunState(
                 graph=gsmodel.to_graph(original),
                 original_path=model_path,
                 registry=registry,
                 plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
                 work_dir=work,
+                target=target,
             )
             try:
                 _run_steps(recipe, state, report, listener)
@@ -242,6 +269,16 @@ def prepare(
             report.validated, report.passed = _verdict(report, state)
             _write_reports(report, original, state, out_dir, recipe)
     return report
+
+
+def _target(recipe: Recipe) -> TensorRTTarget:
+    """The run's target: the recipe's (``--tensorrt`` sets it) or the default, saying where it came from."""
+    version = recipe.target
+    if version is None:
+        return resolve_target(None)
+    by_flag = "--tensorrt" in recipe.source.partition(" with ")[2].split()
+    where = "--tensorrt" if by_flag else f"target of {recipe.source}"
+    return TensorRTTarget.parse(version, f"{where} {version}")
 
 
 def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]:
@@ -365,7 +402,10 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         report.regions = list(state.replaced)
         report.comparison = state.comparison
         report.tensorrt = state.trt_report
-        report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+        report.plugins_inserted = dict(Counter(r.plugin for r in state.replaced if r.form == "plugin"))
+        report.native_inserted = dict(
+            Counter(r.op for r in state.replaced if r.form == "native" and not r.kept)
+        )
 
 
 def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
@@ -434,7 +474,9 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
             else "(not written)",
         ),
         ("recipe", report.recipe),
+        ("TensorRT target", f"{report.target.get('tensorrt')} ({report.target.get('source')})"),
         ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
+        ("native ops written", ", ".join(f"{k}: {v}" for k, v in report.native_inserted.items()) or "none"),
         ("TensorRT check", _trt_line(report.tensorrt)),
         ("engine", (report.engine or {}).get("engine", "not built")),
     ]
@@ -558,11 +600,24 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
             if plugin is not None
             else ()
         )
-        title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
+        title = _region_title(region)
         attrs = plugin.attrs if plugin is not None else {}
         attributes = tuple((k, _attribute_text(v)) for k, v in attrs.items())
-        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes))
+        form = f"form: {region.form} {region.op}: {region.why}"
+        regions.append(
+            Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes, form=form)
+        )
     return regions
+
+
+def _region_title(region: Any) -> str:
+    """``gskit::LayerNorm v1 (LayerNorm_0) replaced 9 node(s)``, or the native op when that form was taken."""
+    count = len(region.original_nodes)
+    if region.form != "native":
+        return f"{region.plugin} ({region.node}) replaced {count} node(s)"
+    if region.kept:
+        return f"{region.op} ({region.node}) kept: already the native form of {region.plugin}"
+    return f"{region.op} ({region.node}) replaced {count} node(s): the native form of {region.plugin}"
 
 
 def _attribute_text(value: Any) -> str:

@@ -17,6 +17,7 @@ A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +34,12 @@ from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
 from gskit.passes.fold import FOLD, FoldOptions
 from gskit.passes.isolate import ISOLATE, IsolateOptions
-from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
+from gskit.passes.patterns.replace import REPLACE, ReplaceOptions, summarize
 from gskit.passes.sanitize import SANITIZE, SanitizeOptions
 from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
 from gskit.passes.transform import Before, GraphPass, PassResult, run_pass
 from gskit.plugin.spec import PluginRegistry, implementation_paths
+from gskit.plugin.target import TensorRTTarget, default_target
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -85,6 +87,13 @@ class BuildOptions:
     def __post_init__(self) -> None:
         check_shape_options(self.shapes, check_profile)
 
+    @staticmethod
+    def refused() -> Mapping[str, str]:
+        """Options a recipe may write that gskit refuses, with what to do instead (weakly typed precision)."""
+        from gskit.backends.trt_build import WEAK_TYPING_REFUSED
+
+        return WEAK_TYPING_REFUSED
+
 
 DEFAULT_STEPS: tuple[str, ...] = (
     "sanitize",
@@ -114,6 +123,9 @@ class RunState:
     registry: PluginRegistry
     plugin_dirs: tuple[Path, ...] | None
     work_dir: Path
+    #: the TensorRT version the run prepares for (the recipe's target, else the default): replace picks the
+    #: forms and check_trt answers for it
+    target: TensorRTTarget = field(default_factory=default_target)
     replaced: list[Any] = field(default_factory=list)
     #: (plugin, Skip) for each match replace found and did not replace, with the reason (report.html)
     skipped: list[tuple[str, Any]] = field(default_factory=list)
@@ -239,7 +251,11 @@ class Replace(_Transform[ReplaceOptions]):
             raise StepError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
 
     def call(self, state: RunState, options: ReplaceOptions) -> PassResult:
+        """Forms are chosen for the run's target (a recipe gives it once, at the top)."""
+        options = dataclasses.replace(options, tensorrt=str(state.target))
         result = run_pass(self.core, state.graph, options, plugins=list(state.registry))
+        result.report.target_source = state.target.source
+        result.summary = summarize(result.report)
         state.replaced.extend(result.report.regions)
         state.skipped.extend((p.plugin, skip) for p in result.report.plugins for skip in p.skipped)
         return result
@@ -295,15 +311,23 @@ class CheckTrt(Pass[CheckTrtOptions]):
     name, options, effect = "check_trt", CheckTrtOptions, "check"
 
     def call(self, state: RunState, options: CheckTrtOptions) -> PassResult:
-        from gskit.backends.trt_check import NEEDS_PLUGIN, check_trt
+        from gskit.backends.trt_check import NEEDS_PLUGIN, NOT_CHECKED, check_trt
 
-        report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
+        report = check_trt(
+            state.snapshot(), plugins=state.plugin_dirs, backend=options.backend, target=state.target
+        )
         state.trt_report = report
         bad = len(report.rejected)
         if options.fail_on_unsupported:
             _ensure(report.ok, self.name, f"{bad} node(s) TensorRT will not take (see the report)")
         plugins = len(report.nodes_with(NEEDS_PLUGIN))
-        summary = f"{report.source}: {bad} node(s) rejected, {plugins} plugin node(s) with known plugins"
+        summary = (
+            f"{report.source} for TensorRT {report.target}: {bad} node(s) rejected, {plugins} plugin node(s) "
+            "with known plugins"
+        )
+        unchecked = len(report.nodes_with(NOT_CHECKED))
+        if unchecked:
+            summary += f", {unchecked} node(s) not checked (the target imports them, {report.source} cannot)"
         return PassResult(summary=summary, report=report)
 
 
