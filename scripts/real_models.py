@@ -16,6 +16,10 @@ row records the exit code, the one-line reason of a non-zero exit, whether a tra
 plugins inserted, nodes before and after, and the time. Exit status: 0 when no run printed a traceback and
 every exit code is 0, 1 or 2 with a reason for each non-zero exit; 1 otherwise.
 
+``--tensorrt 8.6,10.3,11`` prepares every model once per TensorRT version (``gskit prepare --tensorrt``): each
+row then says, per version, the exit code and what the matched regions became (plugin nodes, native ONNX ops
+written, regions that already were the native op).
+
 ``--fold-vs-polygraphy`` runs fold instead of prepare: gskit's ``fold`` (default 16 MiB size threshold, and
 no limit) against ``polygraphy surgeon sanitize --fold-constants``, nodes left and onnx checker results
 (``scripts/corpus_fold.py``). Exit status 1 when gskit without a size limit leaves more nodes than
@@ -80,6 +84,13 @@ class Row:
     nodes_after: int | None
     seconds: float
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    #: with --tensorrt: TensorRT version -> that run's exit code and forms (``TargetRun``)
+    targets: dict[str, dict] = field(default_factory=dict)
+    #: the run's target forms: native ONNX ops written (op -> count) and regions already native
+    native: dict[str, int] = field(default_factory=dict)
+    kept: int = 0
+    #: the check_trt step's answer: what answered, nodes rejected, nodes it could not check (None: not run)
+    trt: dict | None = None
 
 
 def cache_dir(given: str | None) -> Path:
@@ -369,8 +380,9 @@ def _export(module, args, path: Path, opset: int, dynamo: bool) -> None:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def run_prepare(entry: Entry) -> Row:
-    """`gskit prepare` on one model through the real CLI, in a subprocess and a temporary OUTDIR."""
+def run_prepare(entry: Entry, tensorrt: str | None = None) -> Row:
+    """`gskit prepare` on one model through the real CLI, in a subprocess and a temporary OUTDIR (for the
+    TensorRT version ``tensorrt``, else the default target)."""
     row = Row(
         entry.name,
         entry.source,
@@ -391,6 +403,7 @@ def run_prepare(entry: Entry) -> Row:
     env = _env()
     with tempfile.TemporaryDirectory(prefix="gskit-corpus-run-") as tmp:
         command = [sys.executable, "-m", "gskit.cli", "prepare", str(entry.path), "-o", tmp, "--json"]
+        command += ["--tensorrt", tensorrt] if tensorrt else []
         start = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=PREPARE_TIMEOUT)
@@ -427,12 +440,59 @@ def _read_report(path: Path, row: Row) -> None:
         return
     report = json.loads(path.read_text())
     row.plugins = report.get("plugins_inserted") or {}
+    row.native = report.get("native_inserted") or {}
+    row.kept = sum(1 for region in report.get("regions") or () if region.get("kept"))
+    check = report.get("tensorrt")
+    if check:
+        statuses = [issue["status"] for issue in check["issues"]]
+        row.trt = {
+            "source": check["source"],
+            "rejected": sum(s in ("unsupported", "plugin problem") for s in statuses),
+            "not_checked": statuses.count("not checked"),
+        }
     steps = report.get("steps") or []
     if steps:
         row.nodes_before = steps[0]["nodes_before"]
         row.nodes_after = steps[-1]["nodes_after"]
     comparison = report.get("comparison") or {}
     row.input_shapes = comparison.get("input_shapes") or report.get("input_shapes") or {}
+
+
+def run_targets(entry: Entry, targets: list[str]) -> Row:
+    """One prepare per TensorRT version; the row of the first, with every version's result in ``targets``."""
+    runs = [(version, run_prepare(entry, version)) for version in targets]
+    row = runs[0][1]
+    row.targets = {version: _target_run(run) for version, run in runs}
+    problems_seen = [run for _, run in runs if run.traceback or run.exit_code not in (0, 1, 2)]
+    if problems_seen:  # a crash in any version is the row's
+        row.exit_code, row.traceback, row.reason = (
+            problems_seen[0].exit_code,
+            problems_seen[0].traceback,
+            problems_seen[0].reason,
+        )
+    return row
+
+
+def _target_run(run: Row) -> dict:
+    """What one version's run made of the matched regions: plugin nodes, native ops, regions kept."""
+    return {
+        "exit_code": run.exit_code,
+        "reason": run.reason,
+        "plugins": run.plugins,
+        "native": run.native,
+        "kept": run.kept,
+        "trt": run.trt,
+    }
+
+
+def target_cell(result: dict) -> str:
+    """``0: RMSNorm 5`` / ``0: RMSNormalization 5`` / ``0: LayerNormalization 5 kept``."""
+    forms = [f"{key.split('::')[-1].split(' ')[0]} {n}" for key, n in sorted(result["plugins"].items())]
+    forms += [f"{op} {n}" for op, n in sorted(result["native"].items())]
+    if result["kept"]:
+        forms.append(f"{result['kept']} kept native")
+    code = "-" if result["exit_code"] is None else str(result["exit_code"])
+    return f"{code}: {', '.join(forms) or 'none'}"
 
 
 def _one_line(err: BaseException) -> str:
@@ -473,6 +533,9 @@ def _found(row: Row) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
+    if any(row.targets for row in rows):
+        print_target_table(rows)
+        return
     header = ("model", "source", "exporter", "plugins found (vs truth)", "exit", "reason", "nodes", "time")
     lines = [header]
     for row in rows:
@@ -498,12 +561,29 @@ def print_table(rows: list[Row]) -> None:
         print(f"{head}  {line[4]:>4}  {line[6]:>11}  {line[7]:>7}  {line[5]}")
 
 
+def print_target_table(rows: list[Row]) -> None:
+    """One line per model, one column per TensorRT version: exit code and the forms of the regions."""
+    versions = list(rows[0].targets)
+    lines = [("model", "exporter", *(f"TensorRT {v}" for v in versions))]
+    for row in rows:
+        cells = [target_cell(row.targets[v]) if v in row.targets else "-" for v in versions]
+        lines.append((row.model, row.exporter or "-", *cells))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--third-party-only", action="store_true", help="skip the transformers exports")
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--cache", metavar="DIR", help="download/export cache (default $GSKIT_CORPUS_CACHE)")
+    parser.add_argument(
+        "--tensorrt",
+        metavar="VERSIONS",
+        help="comma-separated TensorRT versions (8.6,10.3,11): prepare every model once per version",
+    )
     parser.add_argument(
         "--fold-vs-polygraphy",
         action="store_true",
@@ -517,9 +597,10 @@ def main(argv: list[str] | None = None) -> int:
         entries += transformers_models(cache, only)
     if args.fold_vs_polygraphy:
         return fold_vs_polygraphy(entries, args.json)
+    targets = args.tensorrt.split(",") if args.tensorrt else []
     rows = []
     for entry in entries:
-        row = run_prepare(entry)
+        row = run_targets(entry, targets) if targets else run_prepare(entry)
         rows.append(row)
         print(
             f"{row.model} {row.exporter}: exit {row.exit_code} {row.reason[:150]} ({row.seconds:.1f}s)",
