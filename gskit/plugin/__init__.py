@@ -3,6 +3,7 @@
 ``ops``: standard domains, op labels, what makes a node a plugin node and its identity. ``spec``: a plugin's
 :class:`PluginSpec` (attributes, tensor info, output rules, reference), the registry and plugin discovery
 (shipped, installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``).
+``derive``: ``from_torch``, a plugin's patterns derived from the PyTorch code it replaces, and their caches.
 ``native``: a plugin's native forms (the ONNX op a TensorRT version runs natively) and the choice of a form
 for a target; ``target``: the TensorRT version a model is prepared for. ``scaffold``: the folder ``gskit
 plugin new`` writes.
@@ -13,6 +14,7 @@ plugin runs is not here: ``gskit.backends.ort`` runs its reference, ``gskit.back
 it with TensorRT. Core layer (docs/architecture.md).
 """
 
+from gskit.plugin.derive import from_torch
 from gskit.plugin.native import NativeForm
 from gskit.plugin.spec import (
     Attribute,
@@ -35,6 +37,8 @@ __all__ = [
     "TensorInfo",
     "per_channel_of",
     "same_as_input",
+    # Patterns derived from the PyTorch code a plugin replaces (torch imported only to derive)
+    "from_torch",
     # Where plugins come from
     "PluginRegistry",
     "load_plugins",

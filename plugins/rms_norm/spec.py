@@ -5,9 +5,14 @@ hand-written ``x * rsqrt(mean(x^2) + eps) * w`` that exporters write as Pow/Mul,
 Sqrt, Reciprocal or Div, Mul, and ``F.rms_norm``. The name does not collide with ONNX's
 RMSNormalization (opset 23).
 
+The output takes the weight's dtype (``per_channel_of(0, 1, dtype_of=1)``), which is ``x``'s in every form
+but one: fp16 TorchScript exports of Hugging Face models keep the residual stream (``x``) in float32 and cast
+the normalized value to float16 before the float16 weight.
+
 Native form: ONNX ``RMSNormalization`` (opset 23), which TensorRT imports natively from 10.15. For a target of
-10.15 or newer a matched region becomes that op (the model's opset is raised to 23), below it the plugin node,
-which is what makes RMSNorm one kernel on TensorRT 10.3 (JetPack 6) or 8.6.
+10.15 or newer a matched region becomes that op (the model's opset is raised to 23; its output takes the
+scale's dtype, as the plugin's does), below it the plugin node, which is what makes RMSNorm one kernel on
+TensorRT 10.3 (JetPack 6) or 8.6.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ SPEC = PluginSpec(
     attributes=(
         Attribute("epsilon", AttrType.FLOAT, 1e-5, doc="added to the mean of squares before the square root"),
     ),
-    infer=per_channel_of(0, 1),
+    infer=per_channel_of(0, 1, dtype_of=1),
     reference=rms_norm,
     patterns=PATTERNS,
     native=(
@@ -41,6 +46,7 @@ SPEC = PluginSpec(
     ),
     doc=(
         "Root-mean-square normalization over the last axis: y = x / sqrt(mean(x^2) + epsilon) * weight. "
-        "weight has the size of x's last axis. Output: x's dtype and shape."
+        "weight has the size of x's last axis. Output: x's shape, weight's dtype (x's, but for a float32 x "
+        "normalized into a float16 model)."
     ),
 )
