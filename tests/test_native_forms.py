@@ -501,3 +501,17 @@ def test_rtx_for_an_older_target_adds_only_what_the_version_explains(tmp_path: P
     older = check_trt(path, plugins=[], target="10.3")
     assert newest.source.startswith("tensorrt_rtx 1.") and older.source == newest.source
     assert [(i.name, i.status) for i in older.issues] == [(i.name, i.status) for i in newest.issues]
+
+
+def test_a_native_op_that_cannot_take_the_region_types_keeps_the_plugin() -> None:
+    """The op's schema decides which input types a native form takes: LayerNormalization one type for X, Scale
+    and B, RMSNormalization a scale of its own (the fp16 TorchScript LLaMA: a float32 x, a float16 weight)."""
+    from gskit.plugin.native import choose_form
+
+    f32, f16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    layer, rms = PLUGINS.get("gskit", "LayerNorm"), PLUGINS.get("gskit", "RMSNorm")
+    target = TensorRTTarget.parse("11")
+    mixed = choose_form(layer, target, {"epsilon": 1e-5}, dtypes=[f32, f16, f16])
+    assert mixed.kind == "plugin" and "takes one type for X and Scale" in mixed.why
+    assert choose_form(layer, target, {"epsilon": 1e-5}, dtypes=[f16, f16, f16]).kind == "native"
+    assert choose_form(rms, target, {"epsilon": 1e-5}, dtypes=[f32, f16]).kind == "native"

@@ -111,6 +111,7 @@ def choose_form(
     attrs: Mapping[str, Any],
     *,
     opset_refused: Mapping[int, str] | None = None,
+    dtypes: Sequence[int | None] = (),
 ) -> FormChoice:
     """The form of one region for ``target``: the first native form the target runs and that accepts the
     region, else the plugin node, else none.
@@ -121,6 +122,9 @@ def choose_form(
         attrs: the plugin attribute values of the region's rewrite.
         opset_refused: opsets the model could not be converted to, with onnx's reason; a native form needing
             one of them is not chosen.
+        dtypes: the ONNX element type of each plugin input (spec order; None or 0 unknown): a native op whose
+            schema wants one type where the region has two (LayerNormalization of a float32 x with a float16
+            weight) is not chosen.
     """
     refused = opset_refused or {}
     reasons = []
@@ -129,6 +133,7 @@ def choose_form(
             reasons.append(f"TensorRT {target} < {form.tensorrt}, the first to run {form.op_type} natively")
             continue
         problem = form.check(attrs) if form.check is not None else None
+        problem = problem or _types_misfit(form, dtypes)
         if problem:
             reasons.append(f"{form.op_type} cannot take it: {problem}")
             continue
@@ -147,6 +152,33 @@ def choose_form(
     if spec.plugin_form:
         return FormChoice("plugin", why)
     return FormChoice("none", f"{why}; {spec.name} has no plugin node, so the region is left as it was")
+
+
+def _types_misfit(form: NativeForm, dtypes: Sequence[int | None]) -> str | None:
+    """Why the op's schema cannot take these input element types (inputs sharing a type parameter must agree,
+    and each must be one the op allows), or None."""
+    if not dtypes:
+        return None
+    schema = onnx.defs.get_schema(form.op_type, form.opset, form.domain)
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    order = form.inputs if form.inputs is not None else tuple(range(len(dtypes)))
+    seen: dict[str, tuple[str, int]] = {}
+    for formal, index in zip(schema.inputs, order, strict=False):
+        dtype = dtypes[index] if index is not None and index < len(dtypes) else None
+        if not dtype:
+            continue
+        name = onnx.helper.tensor_dtype_to_string(dtype).removeprefix("TensorProto.").lower()
+        param = formal.type_str
+        if param in allowed and f"tensor({name})" not in allowed[param]:
+            return f"{form.op_type} does not take {name} for {formal.name}"
+        other = seen.setdefault(param, (formal.name, dtype))
+        if other[1] != dtype:
+            first = onnx.helper.tensor_dtype_to_string(other[1]).removeprefix("TensorProto.").lower()
+            return (
+                f"{form.op_type} takes one type for {other[0]} and {formal.name}, the region has {first} and "
+                f"{name}"
+            )
+    return None
 
 
 def validate_native_forms(spec: PluginSpec, where: str) -> None:

@@ -393,9 +393,11 @@ def _match(
 
 
 def _choose(cand: _Candidate, target: TensorRTTarget, refused: dict[int, str]) -> FormChoice:
-    """The form of one accepted match (the plugin's attribute values with defaults decide checks)."""
+    """The form of one accepted match (the plugin's attribute values with defaults and its inputs' element
+    types decide a native form's checks)."""
     values = {a.name: cand.rewrite.attrs.get(a.name, a.default) for a in cand.spec.attributes}
-    return choose_form(cand.spec, target, values, opset_refused=refused)
+    dtypes = [None if t is None else elem_type(t.dtype) for t in cand.rewrite.inputs]
+    return choose_form(cand.spec, target, values, opset_refused=refused, dtypes=dtypes)
 
 
 def _raise_opset(graph: gs.Graph, needed: list[int], refused: dict[int, str]) -> int:
