@@ -112,6 +112,7 @@ def choose_form(
     *,
     opset_refused: Mapping[int, str] | None = None,
     dtypes: Sequence[int | None] = (),
+    out_dtypes: Sequence[int | None] = (),
 ) -> FormChoice:
     """The form of one region for ``target``: the first native form the target runs and that accepts the
     region, else the plugin node, else none.
@@ -125,6 +126,9 @@ def choose_form(
         dtypes: the ONNX element type of each plugin input (spec order; None or 0 unknown): a native op whose
             schema wants one type where the region has two (LayerNormalization of a float32 x with a float16
             weight) is not chosen.
+        out_dtypes: the element type of each region output: a native op for which onnx's type inference gives
+            another (onnx 1.23 types RMSNormalization's output like X, its schema like the scale) is not
+            chosen.
     """
     refused = opset_refused or {}
     reasons = []
@@ -133,7 +137,7 @@ def choose_form(
             reasons.append(f"TensorRT {target} < {form.tensorrt}, the first to run {form.op_type} natively")
             continue
         problem = form.check(attrs) if form.check is not None else None
-        problem = problem or _types_misfit(form, dtypes)
+        problem = problem or _types_misfit(form, dtypes) or _inferred_misfit(form, dtypes, out_dtypes)
         if problem:
             reasons.append(f"{form.op_type} cannot take it: {problem}")
             continue
@@ -167,18 +171,60 @@ def _types_misfit(form: NativeForm, dtypes: Sequence[int | None]) -> str | None:
         dtype = dtypes[index] if index is not None and index < len(dtypes) else None
         if not dtype:
             continue
-        name = onnx.helper.tensor_dtype_to_string(dtype).removeprefix("TensorProto.").lower()
+        name = _type_name(dtype)
         param = formal.type_str
         if param in allowed and f"tensor({name})" not in allowed[param]:
             return f"{form.op_type} does not take {name} for {formal.name}"
         other = seen.setdefault(param, (formal.name, dtype))
         if other[1] != dtype:
-            first = onnx.helper.tensor_dtype_to_string(other[1]).removeprefix("TensorProto.").lower()
+            first = _type_name(other[1])
             return (
                 f"{form.op_type} takes one type for {other[0]} and {formal.name}, the region has {first} and "
                 f"{name}"
             )
     return None
+
+
+def _inferred_misfit(
+    form: NativeForm, dtypes: Sequence[int | None], out_dtypes: Sequence[int | None]
+) -> str | None:
+    """What onnx's type inference gives the op's outputs for these input types, where it differs from what the
+    region writes (a written model must pass inference, and onnxruntime runs what it infers), or None."""
+    order = form.inputs if form.inputs is not None else tuple(range(len(dtypes)))
+    taken = [dtypes[i] if i is not None and i < len(dtypes) else None for i in order]
+    while taken and taken[-1] is None:
+        taken.pop()
+    if not out_dtypes or any(t == 0 for t in taken) or any(not t for t in out_dtypes):
+        return None  # an unknown type: nothing to compare
+    names = [f"i{k}" if t else "" for k, t in enumerate(taken)]
+    node = onnx.helper.make_node(
+        form.op_type, names, [f"o{k}" for k in range(len(out_dtypes))], domain=form.domain, **dict(form.fixed)
+    )
+    graph = onnx.helper.make_graph(
+        [node],
+        "native_form",
+        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in zip(names, taken, strict=True) if n],
+        [onnx.helper.make_tensor_value_info(f"o{k}", 0, None) for k in range(len(out_dtypes))],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(form.domain, form.opset)])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as err:  # onnx's inference refusing these types is as good a reason
+        return (
+            f"onnx's type inference refuses {form.op_type} on these types: {str(err).splitlines()[0][:120]}"
+        )
+    for info, want in zip(inferred.graph.output, out_dtypes, strict=False):
+        got = info.type.tensor_type.elem_type
+        if got and got != want:
+            return (
+                f"onnx infers {_type_name(got)} for {form.op_type}'s output where the region writes "
+                f"{_type_name(want)}"
+            )
+    return None
+
+
+def _type_name(dtype: int) -> str:
+    return onnx.helper.tensor_dtype_to_string(dtype).removeprefix("TensorProto.").lower()
 
 
 def validate_native_forms(spec: PluginSpec, where: str) -> None:

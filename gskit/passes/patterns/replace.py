@@ -397,7 +397,8 @@ def _choose(cand: _Candidate, target: TensorRTTarget, refused: dict[int, str]) -
     types decide a native form's checks)."""
     values = {a.name: cand.rewrite.attrs.get(a.name, a.default) for a in cand.spec.attributes}
     dtypes = [None if t is None else elem_type(t.dtype) for t in cand.rewrite.inputs]
-    return choose_form(cand.spec, target, values, opset_refused=refused, dtypes=dtypes)
+    outs = [elem_type(t.dtype) for t in cand.match.outputs]
+    return choose_form(cand.spec, target, values, opset_refused=refused, dtypes=dtypes, out_dtypes=outs)
 
 
 def _raise_opset(graph: gs.Graph, needed: list[int], refused: dict[int, str]) -> int:
