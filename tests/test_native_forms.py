@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -520,3 +521,33 @@ def test_a_native_op_that_cannot_take_the_region_types_keeps_the_plugin() -> Non
     residual = choose_form(rms, target, {"epsilon": 1e-5}, dtypes=[f32, f16], out_dtypes=[f16])
     assert residual.kind == "plugin" and "onnx infers float for RMSNormalization's output" in residual.why
     assert choose_form(rms, target, {"epsilon": 1e-5}, dtypes=[f16, f16], out_dtypes=[f16]).kind == "native"
+
+
+def test_a_spec_native_form_is_checked_against_onnx_and_the_spec() -> None:
+    from gskit.errors import PluginError
+    from gskit.plugin import Attribute, AttrType, NativeForm, PluginRegistry, PluginSpec
+
+    def spec(*forms: NativeForm, plugin_form: bool = True) -> PluginSpec:
+        return PluginSpec(
+            name="MyNorm",
+            namespace="test.native",
+            inputs=("x", "w"),
+            attributes=(Attribute("eps", AttrType.FLOAT, 1e-5),),
+            native=forms,
+            plugin_form=plugin_form,
+        )
+
+    PluginRegistry([spec(NativeForm("RMSNormalization", 23, "10.15", attributes={"epsilon": "eps"}))])
+    for bad, said in (
+        (spec(NativeForm("RMSNormalization", 17, "10.15")), "no such ONNX op at that opset"),
+        (
+            spec(NativeForm("RMSNormalization", 23, "10.15", attributes={"eps": "eps"})),
+            "has no attribute 'eps'",
+        ),
+        (spec(NativeForm("RMSNormalization", 23, "10.15", attributes={"epsilon": "e"})), "no attribute 'e'"),
+        (spec(NativeForm("RMSNormalization", 23, "ten")), "not a TensorRT version"),
+        (spec(NativeForm("RMSNormalization", 23, "10.15", inputs=(0, 5))), "input indices [5]"),
+        (spec(plugin_form=False), "needs at least one native form"),
+    ):
+        with pytest.raises(PluginError, match=re.escape(said)):
+            PluginRegistry([bad])

@@ -263,7 +263,8 @@ def _parser_gaps(flavour: str) -> tuple[set[str], str]:
     if facts is None:
         return set(), "?"
     like = parser_table(str(facts["like"]))
-    return _not_imported(like) | set(facts["no_importer"]) - set(facts.get("extra", ())), str(facts["like"])
+    gaps = (_not_imported(like) | set(facts["no_importer"])) - set(facts.get("extra", ()))
+    return gaps, str(facts["like"])
 
 
 def _not_imported(table: ParserTable) -> set[str]:

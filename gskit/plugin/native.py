@@ -263,10 +263,11 @@ def validate_native_forms(spec: PluginSpec, where: str) -> None:
         if unknown:
             raise PluginError(f"{where}: native form {form.label} has no attribute(s) {unknown}")
         indices = form.inputs if form.inputs is not None else tuple(range(len(spec.inputs)))
-        if (
-            len(indices) > len(schema.inputs)
-            and schema.inputs[-1].option != schema.inputs[-1].option.Variadic
-        ):
+        variadic = (
+            bool(schema.inputs)
+            and schema.inputs[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+        )
+        if len(indices) > len(schema.inputs) and not variadic:
             raise PluginError(
                 f"{where}: native form {form.label} takes {len(schema.inputs)} inputs, not {len(indices)}"
             )
