@@ -20,6 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import pytest
 from conftest import parse_model, run_subcommand
+from test_patterns import LN_OPSET17
 
 from gskit.backends import ort
 from gskit.backends.trt_check import NEEDS_PLUGIN, NOT_CHECKED, check_trt
@@ -40,23 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 PLUGINS = load_plugins([REPO / "plugins"], entry_points=False)
 rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
 
-LAYER_NORM_14 = """
-<ir_version: 8, opset_import: ["" : 14]>
-g (float[2,3,8] x) => (float[2,3,8] y) <float[8] w = {1,2,3,4,5,6,7,8}, float[8] b = {0,1,0,1,0,1,0,1}>
-{
-    mean = ReduceMean <axes = [-1]> (x)
-    d = Sub (x, mean)
-    two = Constant <value = float {2.0}> ()
-    sq = Pow (d, two)
-    var = ReduceMean <axes = [-1]> (sq)
-    eps = Constant <value = float {0.001}> ()
-    ve = Add (var, eps)
-    std = Sqrt (ve)
-    n = Div (d, std)
-    m = Mul (n, w)
-    y = Add (m, b)
-}
-"""
+#: The TorchScript exporter's decomposed LayerNorm at opset 14, below LayerNormalization's 17.
+LAYER_NORM_14 = LN_OPSET17.replace('"" : 17', '"" : 14')
 
 RMS_NORM_17 = """
 <ir_version: 8, opset_import: ["" : 17]>
