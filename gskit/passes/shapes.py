@@ -35,7 +35,7 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
-from gskit.errors import GskitError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.io import model as gsmodel
 from gskit.passes.transform import GraphPass, PassResult, option, run_pass
 from gskit.plugin.spec import (
@@ -458,7 +458,7 @@ def _inference_function(domain: str, op: str, entry: _Registered) -> Callable[[A
         attrs = _node_attrs(spec, ctx)
         try:
             outputs = spec.infer(inputs, attrs)
-        except Exception as err:  # the spec's rule is user code; name the node and the plugin
+        except PLUGIN_CODE_FAILURES as err:  # the spec's rule is user code; name the node and the plugin
             message = f"{ctx.get_display_name()}: output rule of {spec.qualified_name} failed: {err}"
             if _STRICT.get():
                 raise GskitError(message) from err

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import GskitError, PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, PluginError
 from gskit.passes.edit import unique_name
 from gskit.passes.patterns.match import GraphIndex, MatchResult, Tracer, constant_value, label, op_key
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
@@ -229,7 +229,9 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
                     candidates.extend(_find(spec, preport, rule, (si, ri, gi), index, explain, report))
                 except GskitError:
                     raise
-                except Exception as err:  # the plugin's own pattern code (a check, an attribute function)
+                except (
+                    PLUGIN_CODE_FAILURES
+                ) as err:  # the plugin's own pattern code (a check, an attribute function)
                     raise _pattern_error(spec, rule, err) from err
     accepted = _resolve_overlaps(candidates)
     if accepted:
