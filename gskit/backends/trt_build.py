@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -39,6 +38,7 @@ from gskit.backends.trt import (
 from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+from gskit.io.report import dumps
 from gskit.plugin.spec import PluginSpec, load_spec_file
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def build_engine(
             model=model_path,
             model_sha256=_sha256(model_path),
         )
-        gsmodel.write_atomic(info.sidecar, json.dumps(_sidecar(info), indent=2))
+        gsmodel.write_atomic(info.sidecar, dumps(_sidecar(info)))
         gsmodel.place_file(tmp_engine, engine_path)
         if cache is not None:
             _save_timing_cache(work_cache, cache)

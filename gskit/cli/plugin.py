@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             r.namespace,
             r.name,
             r.version,
-            "\n".join(r.attributes) or "-",
+            report.lines(r.attributes) if r.attributes else "-",
             r.patterns,
             ", ".join(f"{kind} (stub)" if kind in r.stubs else kind for kind in r.implementations) or "-",
             r.origin or "-",

@@ -6,7 +6,8 @@ reads (non-UTF-8 strings, unknown element types, cycles, recursive functions). `
 running a model, random or from a file. ``report``: the tables and JSON every command prints;
 ``html_report``: ``report.html``; ``progress``: progress of long steps, reported by the library and shown
 by the command line.
-``shape_args``: how a shape is written on the command line and in recipes.
+``shape_args``: how a shape is written on the command line and in recipes. ``text``: text from models and
+paths shown as data (controls escaped); ``limits``: the numbers ONNX holds (64-bit integers).
 
 Core layer (docs/architecture.md): nothing here imports a backend, compare, the pipeline or the CLI.
 """

@@ -472,6 +472,7 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         regions=_regions(report.regions, original, state.graph),
         skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in state.skipped],
         environment=environment_rows(),
+        error=report.error,
     )
     return render_page(page)
 
