@@ -769,3 +769,34 @@ def test_a_failing_plugin_pattern_names_the_plugin(tmp_path: Path, capsys) -> No
     )
     line = _one_line_error(capsys, "plugin gskit::ClampSwish v1: pattern 'broken' raised KeyError")
     assert "a gskit bug" not in line and str(patterns) in line
+
+
+def test_outputs_the_recipe_made_float16_are_compared_with_the_float16_floor(tmp_path: Path, capsys) -> None:
+    """convert: {fp16: true, keep_io_fp32: false} makes the output float16, as the recipe asked: it used to
+    fail on the float32 tolerance (1e-5) while its note said the change was expected."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - convert: {fp16: true, keep_io_fp32: false}\n  - validate\n")
+    assert (
+        main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe), "--json"]) == 0
+    )
+    (row,) = json.loads(capsys.readouterr().out)["comparison"]["outputs"]
+    assert (row["dtype"], row["dtype_under_test"], row["atol"], row["rtol"]) == (
+        "float32",
+        "float16",
+        4e-3,
+        4e-3,
+    )
+    assert (
+        row["passed"] and row["note"] == "dtype changed float32 -> float16, made by the recipe's convert step"
+    )
+
+
+def test_a_lost_output_is_named_in_the_prepared_model_not_a_work_file(tmp_path: Path, capsys) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - edit: {rename: {y: z}}\n  - validate\n")
+    assert main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"failed: the prepared model lacks output(s) ['y'] of {EXAMPLE}; outputs are matched by name" in err
+    )
+    assert ".gskit-work-" not in err

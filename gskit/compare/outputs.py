@@ -367,7 +367,7 @@ def compare_runners(
     results.extend(_run_side(under_test, feeds, GskitError))
     try:
         with quiet_polygraphy():
-            atols, rtols = _per_output(results[0][1][0], atol, rtol)
+            atols, rtols = _per_output(results[0][1][0], atol, rtol, results[1][1][0])
             compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
             accuracy = Comparator.compare_accuracy(_comparable(results), compare_func=compare_func)
     except PolygraphyException as err:
@@ -545,7 +545,7 @@ def compare_arrays(
             raise GskitError(f"the {side} lacks tensor(s) {missing}; tensors are matched by name")
     ref = {n: np.asarray(reference[n]) for n in names}
     test = {n: np.asarray(under_test[n]) for n in names}
-    atols, rtols = _per_output(ref, atol, rtol)
+    atols, rtols = _per_output(ref, atol, rtol, test)
     judged = {n: same_non_finite_cleared(ref[n], test[n]) for n in names}
     with quiet_polygraphy():
         verdicts = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)(
@@ -639,12 +639,28 @@ def _verdicts(accuracy: Any) -> dict[str, Any]:
     return {}
 
 
-def _per_output(reference: Mapping[str, Any], atol: float, rtol: float) -> tuple[dict, dict]:
-    """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes."""
+def _per_output(
+    reference: Mapping[str, Any], atol: float, rtol: float, under_test: Mapping[str, Any] | None = None
+) -> tuple[dict, dict]:
+    """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes.
+
+    An output that the run under test gives in a lower precision (float16 outputs that a recipe's convert step
+    made, a dtype change allowed on the command line) gets that precision's floor too: its values cannot be
+    closer than that. Integer and bool references stay exact.
+    """
     atols: dict[str, float] = {"": atol}
     rtols: dict[str, float] = {"": rtol}
     for name, value in reference.items():
-        atols[name], rtols[name] = tolerance_for(getattr(value, "dtype", None), atol, rtol)
+        dtype = getattr(value, "dtype", None)
+        atols[name], rtols[name] = tolerance_for(dtype, atol, rtol)
+        other = (
+            getattr(under_test[name], "dtype", None)
+            if under_test is not None and name in under_test
+            else None
+        )
+        if other is not None and not _exact(dtype) and not _exact(other):
+            floor_atol, floor_rtol = tolerance_for(other, atol, rtol)
+            atols[name], rtols[name] = max(atols[name], floor_atol), max(rtols[name], floor_rtol)
     return atols, rtols
 
 

@@ -327,14 +327,26 @@ class Validate(Pass[ValidateOptions]):
         from gskit.compare.outputs import ReferenceRunError, compare, describe_feeds, failing_node
         from gskit.io.feeds import load_feeds, random_feeds
 
-        prepared = state.snapshot()
+        snapshot = state.snapshot()
         common = dict(
             atol=options.atol, rtol=options.rtol, plugins=state.registry, dtype_changes=state.dtype_changes
         )
+
+        def prepared(feeds: dict) -> Any:
+            """The comparison; a message naming the run's snapshot file names "the prepared model" instead."""
+            try:
+                return compare(state.original_path, snapshot, feeds=feeds, **common)
+            except ReferenceRunError:
+                raise
+            except GskitError as err:
+                if str(snapshot) not in str(err):
+                    raise
+                raise StepError(str(err).replace(str(snapshot), "the prepared model")) from err
+
         if options.inputs:
             feeds = load_feeds(options.inputs)
             try:
-                report = compare(state.original_path, prepared, feeds=feeds, **common)
+                report = prepared(feeds)
             except ReferenceRunError as err:
                 raise StepError(
                     f"validate: {err}; check the file given as inputs ({options.inputs})"
@@ -353,7 +365,7 @@ class Validate(Pass[ValidateOptions]):
             if failures and describe_feeds(feeds) == failures[-1][0]:
                 continue  # nothing left open to grow: the same inputs would fail the same way
             try:
-                report = compare(state.original_path, prepared, feeds=feeds, **common)
+                report = prepared(feeds)
             except ReferenceRunError as err:
                 failures.append((describe_feeds(feeds), err.failure))
                 continue
