@@ -800,3 +800,38 @@ def test_a_lost_output_is_named_in_the_prepared_model_not_a_work_file(tmp_path: 
         f"failed: the prepared model lacks output(s) ['y'] of {EXAMPLE}; outputs are matched by name" in err
     )
     assert ".gskit-work-" not in err
+
+
+def _sequence_output_model(path: Path) -> Path:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = onnx.helper.make_tensor_sequence_value_info("y", onnx.TensorProto.FLOAT, None)
+    nodes = [
+        onnx.helper.make_node("Neg", ["x"], ["n"]),
+        onnx.helper.make_node("SequenceConstruct", ["x", "n"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [x], [y])
+    onnx.save(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), path
+    )
+    return path
+
+
+def test_a_sequence_output_keeps_its_type_and_is_refused_by_name_for_comparison(
+    tmp_path: Path, capsys
+) -> None:
+    """check_trt's snapshot (a graphsurgeon copy) used to turn the sequence output into a shapeless tensor
+    that onnx's checker refused; validation then advised --shape, which cannot help a sequence."""
+    model = _sequence_output_model(tmp_path / "seq.onnx")
+    assert main(["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build"]) == 2
+    err = capsys.readouterr().err
+    assert "ok check_trt" in err and "--shape" not in err
+    assert err.splitlines()[-1].endswith(
+        "failed: "
+        + f"{model}: output(s) 'y' (sequence_type) are not tensors, and gskit compares tensor outputs "
+        "only; compare the tensors they are made of (gskit edit --expose NAME), or leave validate out"
+    )
+    assert (
+        main(["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build", "--skip", "validate"])
+        == 0
+    )
+    assert onnx.load(tmp_path / "out" / "model.onnx").graph.output[0].type.HasField("sequence_type")

@@ -225,6 +225,7 @@ def compare(
     expected = [o.name for o in original_proto.graph.output]
     if not expected:
         raise GskitError(f"{source_label(original)} has no graph outputs: nothing to compare")
+    check_tensor_outputs(original_proto, source_label(original))
     have = {o.name for o in prepared_proto.graph.output} if prepared_proto is not None else set(expected)
     missing = [name for name in expected if name not in have]
     if missing and engine is None:
@@ -257,6 +258,25 @@ def compare(
     with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
         under_test = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
         return compare_runners(reference, under_test, feeds, **judged)
+
+
+def check_tensor_outputs(model: onnx.ModelProto, label: str) -> None:
+    """Outputs are compared as tensors: a sequence, map or optional output is refused by name (the runner
+    cannot return one, and other input shapes would not help).
+
+    Raises:
+        GskitError: naming the outputs and their kinds.
+    """
+    others = [
+        f"'{o.name}' ({o.type.WhichOneof('value') or 'no type'})"
+        for o in model.graph.output
+        if o.type.WhichOneof("value") not in ("tensor_type", None)
+    ]
+    if others:
+        raise GskitError(
+            f"{label}: output(s) {', '.join(others)} are not tensors, and gskit compares tensor outputs "
+            "only; compare the tensors they are made of (gskit edit --expose NAME), or leave validate out"
+        )
 
 
 def check_same_inputs(

@@ -28,6 +28,7 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
+from gskit.io.gs_export import copy_graph
 from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options, format_shape
 from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
@@ -134,7 +135,7 @@ class RunState:
         if self._snapshot is None:
             self._snapshots_taken += 1
             target = self.work_dir / f"step{self._snapshots_taken}" / "model.onnx"
-            self._snapshot = gsmodel.save(self.graph.copy(), target)
+            self._snapshot = gsmodel.save(copy_graph(self.graph), target)
         return self._snapshot
 
     def graph_changed(self) -> None:
