@@ -334,7 +334,14 @@ def test_from_node_takes_a_node_name_with_colons(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("domain", "op_type"), [('evil"; import os #', "Op"), ("my dom", "Op"), ("ok.dom", "a::b")]
+    ("domain", "op_type"),
+    [
+        ('evil"; import os #', "Op"),
+        ("my dom", "Op"),
+        ("ok.dom", "a::b"),
+        ("a\x1b[2Jb", "Op"),
+        ("d", "Op\u202e"),
+    ],
 )
 def test_from_node_refuses_what_cannot_name_a_plugin_and_writes_nothing(
     tmp_path: Path, monkeypatch, capsys, domain: str, op_type: str

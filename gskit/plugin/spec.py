@@ -545,15 +545,16 @@ def _normalized(dist_name: str) -> str:
 
 
 def check_identity(value: object, label: str, where: str) -> None:
-    """A plugin's name or namespace: a non-empty string without spaces or ':' (TensorRT's creator lookup
-    joins them with '::').
+    """A plugin's name or namespace: a non-empty string of printable characters without spaces or ':'
+    (TensorRT's creator lookup joins them with '::'; a control character could only hide in a terminal).
 
     Raises:
         PluginError: ``where: plugin {label} must be ...``.
     """
-    if not isinstance(value, str) or not value or any(c in value for c in " :\t\n"):
+    if not isinstance(value, str) or not value or not value.isprintable() or any(c in value for c in " :"):
         raise PluginError(
-            f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
+            f"{where}: plugin {label} must be a non-empty string of printable characters without spaces or "
+            f"':', got {value!r}"
         )
 
 
