@@ -164,6 +164,15 @@ def test_log_lines_show_names_as_data(hostile, tmp_path) -> None:
     assert unsafe_characters(done.stderr) == []
 
 
+def test_debug_keeps_polygraphy_off_stdout(hostile) -> None:
+    """--debug raises Polygraphy's verbosity while comparing: its lines (which quote tensor names) go through
+    Python's logging now; they were printed to stdout, raw, in the middle of --json."""
+    model, _ = hostile
+    done = gskit_process("--debug", "compare", model, model, "--json")
+    assert done.returncode == 0 and strict_json(done.stdout)["passed"] is True  # type: ignore[index]
+    assert "DEBUG Polygraphy: [V]" in done.stderr and unsafe_characters(done.stdout + done.stderr) == []
+
+
 def test_prepare_step_lines_report_html_and_json_show_names_as_data(hostile, tmp_path, capsys) -> None:
     model, _ = hostile
     code, out, err = gskit(capsys, "prepare", model, "-o", tmp_path / "o[/]x", "--skip", "build")

@@ -799,11 +799,19 @@ def _first_line(err: Exception) -> str:
 def quiet_polygraphy() -> Iterator[None]:
     """Polygraphy logs to stdout and numpy warns; silence both (gskit's debug level: verbose) while comparing.
 
-    Its critical messages still arrive, as the ``PolygraphyException`` that gskit turns into one line.
+    At gskit's debug level Polygraphy's lines go through Python's logging (stderr, names shown as data like
+    every log line), never to stdout, where they would print tensor names raw and break ``--json``. Its
+    critical messages still arrive, as the ``PolygraphyException`` that gskit turns into one line.
     """
     from polygraphy.logger import G_LOGGER
 
     severity = G_LOGGER.VERBOSE if log.isEnabledFor(logging.DEBUG) else G_LOGGER.CRITICAL + 1
-    # its relative error divides by the reference: 0/0 where both are 0 warns "invalid value" on stderr
-    with G_LOGGER.verbosity(severity), np.errstate(divide="ignore", invalid="ignore"):
-        yield
+    routed, colors = G_LOGGER.use_python_logging_system, G_LOGGER.colors
+    # no colours: they would be escapes in gskit's log lines (and asking for them prints a warning to stdout)
+    G_LOGGER.use_python_logging_system, G_LOGGER.colors = True, False
+    try:
+        # its relative error divides by the reference: 0/0 where both are 0 warns "invalid value" on stderr
+        with G_LOGGER.verbosity(severity), np.errstate(divide="ignore", invalid="ignore"):
+            yield
+    finally:
+        G_LOGGER.use_python_logging_system, G_LOGGER.colors = routed, colors
