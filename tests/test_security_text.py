@@ -302,6 +302,41 @@ def test_report_json_and_stdout_are_strict_json_with_non_finite_errors(tmp_path,
     assert row["passed"] is False and row["max_abs_err"] == "inf"
 
 
+#: Every command that prints JSON, on the model whose output is inf (MODEL) or on the example (EXAMPLE).
+JSON_COMMANDS = {
+    "prepare": ["prepare", "MODEL", "-o", "OUT/p", "--skip", "build"],
+    "inspect": ["inspect", "MODEL"],
+    "inspect --tensors": ["inspect", "MODEL", "--tensors"],
+    "inspect --nodes": ["inspect", "MODEL", "--nodes"],
+    "edit": ["edit", "MODEL", "-o", "OUT/e.onnx", "--rename", "y=out"],
+    "isolate": ["isolate", "MODEL", "--inputs", "x", "--outputs", "y", "-o", "OUT/i.onnx"],
+    "infer-shapes": ["infer-shapes", "MODEL", "-o", "OUT/s.onnx"],
+    "compare": ["compare", "MODEL", "ZERO"],
+    "compare --layerwise": ["compare", "MODEL", "ZERO", "--layerwise"],
+    "replace": ["replace", "EXAMPLE", "-o", "OUT/r.onnx"],
+    "compare --per-plugin": ["compare", "EXAMPLE", "OUT/r.onnx", "--per-plugin"],
+    "plugin list": ["plugin", "list"],
+    "plugin new": ["plugin", "new", "neg_relu", "--dir", "OUT/plugins"],
+    "check-trt": ["check-trt", "MODEL", "--backend", "static"],
+    "fold": ["fold", "MODEL", "-o", "OUT/f.onnx"],
+    "sanitize": ["sanitize", "MODEL", "-o", "OUT/c.onnx"],
+    "convert": ["convert", "MODEL", "-o", "OUT/v.onnx", "--fp16"],
+}
+
+
+def test_every_json_output_is_strict(tmp_path, capsys) -> None:
+    """Each command's --json on a model whose outputs are not finite, parsed as parsers outside Python do."""
+    models = _outputs(tmp_path)
+    places = {"MODEL": str(models["inf"]), "ZERO": str(models["0"]), "EXAMPLE": str(EXAMPLE)}
+    for name, argv in JSON_COMMANDS.items():
+        argv = [places.get(a, a.replace("OUT", str(tmp_path))) for a in argv]
+        code, out, err = gskit(capsys, *argv, "--json")
+        assert code in (0, 1), f"{name}: {err}"
+        strict_json(out)  # raises on NaN/Infinity tokens
+    report = (tmp_path / "p" / "report.json").read_text()
+    assert strict_json(report)["comparison"]["outputs"][0]["passed"] is True  # type: ignore[index]
+
+
 def test_dumps_writes_non_finite_floats_as_strings() -> None:
     data = {"a": float("inf"), "b": [float("-inf"), np.float32("nan")], "c": np.float64(1.5), "d": 2**70}
     text = dumps(data)
