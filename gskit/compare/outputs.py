@@ -387,7 +387,7 @@ def compare_runners(
     results.extend(_run_side(under_test, feeds, GskitError))
     try:
         with quiet_polygraphy():
-            atols, rtols = _per_output(results[0][1][0], atol, rtol, results[1][1][0])
+            atols, rtols = _per_output(results[0][1][0], atol, rtol, results[1][1][0], dtype_changes)
             compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
             accuracy = Comparator.compare_accuracy(_comparable(results), compare_func=compare_func)
     except PolygraphyException as err:
@@ -565,7 +565,7 @@ def compare_arrays(
             raise GskitError(f"the {side} lacks tensor(s) {missing}; tensors are matched by name")
     ref = {n: np.asarray(reference[n]) for n in names}
     test = {n: np.asarray(under_test[n]) for n in names}
-    atols, rtols = _per_output(ref, atol, rtol, test)
+    atols, rtols = _per_output(ref, atol, rtol)
     judged = {n: same_non_finite_cleared(ref[n], test[n]) for n in names}
     with quiet_polygraphy():
         verdicts = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)(
@@ -660,13 +660,18 @@ def _verdicts(accuracy: Any) -> dict[str, Any]:
 
 
 def _per_output(
-    reference: Mapping[str, Any], atol: float, rtol: float, under_test: Mapping[str, Any] | None = None
+    reference: Mapping[str, Any],
+    atol: float,
+    rtol: float,
+    under_test: Mapping[str, Any] | None = None,
+    expected_changes: Sequence[DtypeChange] | None = None,
 ) -> tuple[dict, dict]:
     """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes.
 
-    An output that the run under test gives in a lower precision (float16 outputs that a recipe's convert step
-    made, a dtype change allowed on the command line) gets that precision's floor too: its values cannot be
-    closer than that. Integer and bool references stay exact.
+    An output whose dtype change is expected (``expected_changes``: the float16 outputs a recipe's convert
+    step made, a change allowed on the command line) gets the floor of the dtype it was changed to as well:
+    its values cannot be closer than that. Any other change is a failure anyway; integer and bool references
+    stay exact.
     """
     atols: dict[str, float] = {"": atol}
     rtols: dict[str, float] = {"": rtol}
@@ -678,7 +683,9 @@ def _per_output(
             if under_test is not None and name in under_test
             else None
         )
-        if other is not None and not _exact(dtype) and not _exact(other):
+        if other is None or dtype is None or _exact(dtype) or _exact(other):
+            continue
+        if any(c.allows(name, str(dtype), str(other)) for c in expected_changes or ()):
             floor_atol, floor_rtol = tolerance_for(other, atol, rtol)
             atols[name], rtols[name] = max(atols[name], floor_atol), max(rtols[name], floor_rtol)
     return atols, rtols
