@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import difflib
 import importlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -167,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr()
         )
         _quiet_onnxruntime(level)
-        from gskit.io import model as gsmodel
+        from gskit.io.outputs import guarding_inputs
 
         # Whatever the command loads is its input: no output of it may replace one of those files.
         with (
-            gsmodel.guarding_inputs(),
+            guarding_inputs(),
             _sigterm_unwinds(),
             progress_display(enabled=not getattr(args, "json", False)),
         ):
@@ -186,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
-        return 130
+        return _ended(130)
     except _Terminated:
         print(f"{name}: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        return _ended(128 + signal.SIGTERM)
     except OSError as err:
         if debug:
             traceback.print_exc()
@@ -211,6 +214,27 @@ def main(argv: list[str] | None = None) -> int:
             f"unexpected {type(err).__name__}: {first} (a gskit bug: rerun with `gskit --debug ...` for the "
             "traceback and report it)",
         )
+
+
+def _ended(code: int) -> int:
+    """The exit code of an interrupted command, whose cleanup has run.
+
+    A native call that did not stop when asked (``gskit.io.interrupt.stranded``) still runs in its thread; an
+    interpreter that exits normally then aborts inside onnxruntime, so the process ends here, at once, after
+    the exit handlers (temporary folders) and with its output flushed.
+    """
+    from gskit.io import interrupt
+
+    if not interrupt.stranded():
+        return code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # atexit has no public way to run its handlers early; they remove temporary folders (fold's spill).
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is not None:
+        run_exit_handlers()
+    os._exit(code)
 
 
 def _fail(name: str, message: str) -> int:

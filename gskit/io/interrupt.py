@@ -1,0 +1,93 @@
+"""Long calls into native code kept interruptible: SIGINT and SIGTERM end a command within seconds.
+
+Python runs a signal handler (Ctrl-C's ``KeyboardInterrupt``, the command line's SIGTERM) only in the main
+thread and only between bytecodes. While onnxruntime evaluates a node in C++ (a constant ``Loop`` of 10^12
+iterations) no handler runs, so neither signal ended the command; only SIGKILL did.
+
+:func:`call` runs such a call in a worker thread while the main thread waits in a way a signal interrupts. On
+an interrupt it asks the call to stop (``cancel``: onnxruntime's ``RunOptions.terminate``, which its
+executors check between nodes and between loop iterations) and gives it :data:`CANCEL_GRACE_S` to do so,
+then lets the interrupt unwind the command, whose cleanup (work folders, temporary files) runs as usual. A
+call that does not stop (one long node, or a library's session gskit cannot cancel) is left in its daemon
+thread: :func:`stranded` says so, and the command line then ends the process with ``os._exit`` after its
+cleanup, since an interpreter that exits normally while onnxruntime still runs aborts in onnxruntime's
+destructors.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Seconds a call asked to stop may take before the interrupt goes on without it.
+CANCEL_GRACE_S = 2.0
+_RUNNING: set[threading.Thread] = set()
+_LOCK = threading.Lock()
+
+
+def call(fn: Callable[[], T], *, cancel: Callable[[], None] | None = None) -> T:
+    """``fn()``, run so that SIGINT and SIGTERM still interrupt the main thread while it runs.
+
+    Outside the main thread (no signal handler runs there) ``fn`` is called directly.
+
+    Args:
+        fn: the call; what it returns or raises is returned or raised here.
+        cancel: asks ``fn`` to stop early; called (from the main thread) when an interrupt arrives.
+
+    Raises:
+        BaseException: what ``fn`` raised, or the interrupt (``KeyboardInterrupt``, the CLI's SIGTERM
+            exception) that arrived while it ran.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    outcome: list[tuple[bool, object]] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as err:  # noqa: BLE001  # handed to the caller below, whatever it is
+            outcome.append((False, err))
+        finally:
+            with _LOCK:
+                _RUNNING.discard(threading.current_thread())
+            done.set()
+
+    worker = threading.Thread(target=work, name="gskit-native-call", daemon=True)
+    with _LOCK:
+        _RUNNING.add(worker)
+    worker.start()
+    try:
+        done.wait()
+    except BaseException:
+        _stop(done, cancel)
+        raise
+    ok, value = outcome[0]
+    if not ok:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
+
+
+def _stop(done: threading.Event, cancel: Callable[[], None] | None) -> None:
+    """Ask an interrupted call to stop and wait a little for it (a second signal cuts the wait short)."""
+    if cancel is not None:
+        try:
+            cancel()
+        except Exception as err:  # noqa: BLE001  # the interrupt goes on whatever the cancel did
+            log.debug("cancelling the interrupted call failed: %s", err)
+    try:
+        done.wait(CANCEL_GRACE_S)
+    except BaseException:  # noqa: BLE001  # a second Ctrl-C: the first interrupt goes on
+        pass
+
+
+def stranded() -> bool:
+    """A call :func:`call` ran is still running in its thread (it was interrupted and did not stop)."""
+    with _LOCK:
+        return any(thread.is_alive() for thread in _RUNNING)
