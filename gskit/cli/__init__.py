@@ -12,13 +12,12 @@ import os
 import re
 import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import NoReturn
 
 from gskit.errors import GskitError, describe_os_error
+from gskit.io.interrupt import Terminated
 from gskit.io.report import progress_display
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
@@ -170,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr()
         )
         _quiet_onnxruntime(level)
+        from gskit.io import interrupt
         from gskit.io.outputs import guarding_inputs
 
         # Whatever the command loads is its input: no output of it may replace one of those files.
         with (
             guarding_inputs(),
-            _sigterm_unwinds(),
+            interrupt.signals_unwind(),
             progress_display(enabled=not getattr(args, "json", False)),
         ):
             return int(args.func(args) or 0)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return _ended(130)
-    except _Terminated:
+    except Terminated:
         print(f"{name}: terminated", file=sys.stderr)
         return _ended(128 + signal.SIGTERM)
     except OSError as err:
@@ -240,27 +240,6 @@ def _ended(code: int) -> int:
 def _fail(name: str, message: str) -> int:
     print(f"{name}: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
-
-
-class _Terminated(BaseException):
-    """SIGTERM arrived; a BaseException so that no ``except Exception`` of a step swallows it."""
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """Turn SIGTERM into an exception, so that cleanup (work folders, TensorRT worker) runs as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum: int, frame: object) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

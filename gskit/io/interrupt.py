@@ -1,8 +1,9 @@
 """Long calls into native code kept interruptible: SIGINT and SIGTERM end a command within seconds.
 
-Python runs a signal handler (Ctrl-C's ``KeyboardInterrupt``, the command line's SIGTERM) only in the main
-thread and only between bytecodes. While onnxruntime evaluates a node in C++ (a constant ``Loop`` of 10^12
-iterations) no handler runs, so neither signal ended the command; only SIGKILL did.
+Python runs a signal handler (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's :class:`Terminated` inside
+:func:`signals_unwind`, which the command line uses) only in the main thread and only between bytecodes.
+While onnxruntime evaluates a node in C++ (a constant ``Loop`` of 10^12 iterations) no handler runs, so
+neither signal ended the command; only SIGKILL did.
 
 :func:`call` runs such a call in a worker thread while the main thread waits in a way a signal interrupts. On
 an interrupt it asks the call to stop (``cancel``: onnxruntime's ``RunOptions.terminate``, which its
@@ -17,8 +18,10 @@ destructors.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,42 @@ T = TypeVar("T")
 CANCEL_GRACE_S = 2.0
 _RUNNING: set[threading.Thread] = set()
 _LOCK = threading.Lock()
+#: Inside :func:`signals_unwind`: the signals that arrived (a library may have swallowed their exception).
+_ARRIVED: list[int] = []
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived; a BaseException so that no ``except Exception`` of a step swallows it."""
+
+
+@contextmanager
+def signals_unwind() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` and SIGTERM :class:`Terminated` in the block, and they stick.
+
+    Cleanup (work folders, temporary files, the TensorRT worker) then runs as the exception unwinds. A
+    library that swallows the exception (Polygraphy's lazy import of torch has a bare ``except:``, and the
+    import takes seconds) does not keep the command going: the next :func:`call` raises it again. Only in
+    the main thread (elsewhere no handler can be set).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def arrived(signum: int, frame: object) -> None:
+        _ARRIVED.append(signum)
+        raise _exception(signum)
+
+    previous = {sig: signal.signal(sig, arrived) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _ARRIVED.clear()
+
+
+def _exception(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
 def call(fn: Callable[[], T], *, cancel: Callable[[], None] | None = None) -> T:
@@ -46,6 +85,8 @@ def call(fn: Callable[[], T], *, cancel: Callable[[], None] | None = None) -> T:
     """
     if threading.current_thread() is not threading.main_thread():
         return fn()
+    if _ARRIVED:  # a signal whose exception something swallowed: the command still ends
+        raise _exception(_ARRIVED[0])
     outcome: list[tuple[bool, object]] = []
     done = threading.Event()
 

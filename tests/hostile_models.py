@@ -1,0 +1,160 @@
+"""Small models that are expensive to fold or to run (issue 22): built here, shared by the security tests and
+the seeded fuzz suite (tests/test_fuzz_processes.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSETS = [helper.make_opsetid("", 17)]
+
+
+def _model(nodes, inits, *, value_info=(), x_shape=(1,), name="hostile") -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x_shape))],
+        inits,
+        value_info=list(value_info),
+    )
+    return helper.make_model(graph, opset_imports=OPSETS)
+
+
+def _const(name: str, values, dtype=np.int64) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
+
+
+def expand_concat(copies: int = 400, elements: int = 2**20) -> onnx.ModelProto:
+    """``copies`` Expand results of ``elements`` floats each (4 MB by default, each under fold's 16 MiB
+    threshold), concatenated and summed into the output: 1.6 GB together from a 17 kB file."""
+    nodes = [
+        helper.make_node("Expand", ["one", "shape"], [f"e{i}"], name=f"expand{i}") for i in range(copies)
+    ]
+    nodes += [
+        helper.make_node("Concat", [f"e{i}" for i in range(copies)], ["c"], axis=0, name="concat"),
+        helper.make_node("ReduceSum", ["c"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Add", ["x", "s"], ["y"], name="add"),
+    ]
+    return _model(nodes, [_const("one", [1.0], np.float32), _const("shape", [elements])])
+
+
+def lying_expand(elements: int = 400 * 2**20, claim: tuple[int, ...] = (1,)) -> onnx.ModelProto:
+    """An Expand of ``elements`` floats (1.6 GB) whose value_info claims the shape ``claim``."""
+    nodes = [
+        helper.make_node("Expand", ["one", "shape"], ["e"], name="expand"),
+        helper.make_node("ReduceSum", ["e"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Add", ["x", "s"], ["y"], name="add"),
+    ]
+    claims = [helper.make_tensor_value_info("e", TensorProto.FLOAT, list(claim))]
+    return _model(nodes, [_const("one", [1.0], np.float32), _const("shape", [elements])], value_info=claims)
+
+
+def growing(op: str, factor: int, claim: tuple[int, ...] | None = (1,)) -> onnx.ModelProto:
+    """One op whose result holds ``factor`` elements from a few bytes of constants (Expand, Tile,
+    ConstantOfShape, Range, Pad, OneHot, an outer product or a broadcast), summed into the output; the
+    result's value_info claims ``claim`` (None: no claim)."""
+    side = max(1, int(np.sqrt(factor)))
+    inits: list[onnx.TensorProto] = []
+    if op == "Expand":
+        nodes = [helper.make_node("Expand", ["one", "n"], ["g"])]
+        inits = [_const("one", [1.0], np.float32), _const("n", [factor])]
+    elif op == "Tile":
+        nodes = [helper.make_node("Tile", ["one", "n"], ["g"])]
+        inits = [_const("one", [1.0], np.float32), _const("n", [factor])]
+    elif op == "ConstantOfShape":
+        value = numpy_helper.from_array(np.array([1.0], np.float32), "value")
+        nodes = [helper.make_node("ConstantOfShape", ["n"], ["g"], value=value)]
+        inits = [_const("n", [side, side])]
+    elif op == "Range":
+        nodes = [helper.make_node("Range", ["a", "b", "c"], ["g"])]
+        inits = [
+            _const("a", 0.0, np.float32),
+            _const("b", float(factor), np.float32),
+            _const("c", 1.0, np.float32),
+        ]
+    elif op == "Pad":
+        nodes = [helper.make_node("Pad", ["one2", "p"], ["g"])]
+        inits = [_const("one2", [[1.0]], np.float32), _const("p", [0, 0, side, side])]
+    elif op == "OneHot":
+        nodes = [helper.make_node("OneHot", ["i", "d", "v"], ["g"], axis=-1)]
+        inits = [_const("i", list(range(side))), _const("d", side), _const("v", [0.0, 1.0], np.float32)]
+    elif op == "Outer":
+        nodes = [
+            helper.make_node("Expand", ["one", "col"], ["a"]),
+            helper.make_node("Expand", ["one", "row"], ["b"]),
+            helper.make_node("MatMul", ["a", "b"], ["g"]),
+        ]
+        inits = [_const("one", [1.0], np.float32), _const("col", [side, 1]), _const("row", [1, side])]
+    else:  # a broadcast of a column and a row
+        nodes = [
+            helper.make_node("Expand", ["one", "col"], ["a"]),
+            helper.make_node("Expand", ["one", "row"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["g"]),
+        ]
+        inits = [_const("one", [1.0], np.float32), _const("col", [side, 1]), _const("row", [1, side])]
+    nodes += [
+        helper.make_node("ReduceSum", ["g"], ["s"], keepdims=0),
+        helper.make_node("Add", ["x", "s"], ["y"]),
+    ]
+    claims = [] if claim is None else [helper.make_tensor_value_info("g", TensorProto.FLOAT, list(claim))]
+    return _model(nodes, inits, value_info=claims, name=f"grow_{op}")
+
+
+def long_loop(
+    trips: int | None = 10**12, body_nodes: int = 1, *, nested: int | None = None
+) -> onnx.ModelProto:
+    """A constant Loop of ``trips`` iterations (None: no trip count, runs while its condition holds, which
+    stays true) whose body adds the iteration number ``body_nodes`` times; ``nested``: the body runs an
+    inner Loop of that many iterations too."""
+    nodes = [helper.make_node("Cast", ["i"], ["f0"], to=TensorProto.FLOAT)]
+    for k in range(body_nodes):
+        nodes.append(helper.make_node("Add", ["v" if k == 0 else f"a{k - 1}", "f0"], [f"a{k}"]))
+    last = f"a{body_nodes - 1}"
+    if nested is not None:
+        inner = long_loop(nested, 1).graph.node[0].attribute[0].g
+        nodes.append(helper.make_node("Loop", ["inner_m", "", last], ["inner_out"], body=inner))
+        nodes.append(helper.make_node("Identity", ["inner_out"], ["v2"]))
+    else:
+        nodes.append(helper.make_node("Identity", [last], ["v2"]))
+    nodes.append(helper.make_node("Identity", ["c"], ["c2"]))
+    inits = [_const("inner_m", nested)] if nested is not None else []
+    body = helper.make_graph(
+        nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v2", TensorProto.FLOAT, [1]),
+        ],
+        inits,
+    )
+    trip_input = "M" if trips is not None else ""
+    outer = [
+        helper.make_node("Loop", [trip_input, "cond", "v0"], ["vf"], body=body, name="loop"),
+        helper.make_node("Add", ["x", "vf"], ["y"], name="add"),
+    ]
+    consts = [_const("cond", True, np.bool_), _const("v0", [0.0], np.float32)]
+    if trips is not None:
+        consts.append(_const("M", trips))
+    return _model(outer, consts, name="loop")
+
+
+def matmul_chain(size: int = 2048, depth: int = 30) -> onnx.ModelProto:
+    """A chain of ``depth`` constant MatMuls of ``size`` x ``size`` floats (each result at fold's threshold):
+    allowed to fold, and slow, so a signal can land while onnxruntime evaluates it."""
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["A" if i == 0 else f"m{i - 1}", "A"], [f"m{i}"]) for i in range(depth)
+    ]
+    nodes += [
+        helper.make_node("ReduceSum", [f"m{depth - 1}"], ["s"], keepdims=0),
+        helper.make_node("Add", ["x", "s"], ["y"]),
+    ]
+    return _model(nodes, [numpy_helper.from_array(a, "A")], name="chain")
