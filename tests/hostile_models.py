@@ -1,11 +1,16 @@
-"""Small models that are expensive to fold or to run (issue 22): built here, shared by the security tests and
-the seeded fuzz suite (tests/test_fuzz_processes.py)."""
+"""Small models that are expensive to fold or to run, and the check that OUTDIR holds one prepare run's
+files (issue 22): shared by the security tests and the seeded fuzz suite (tests/test_fuzz_processes.py)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from gskit.io import model as gsmodel
 
 OPSETS = [helper.make_opsetid("", 17)]
 
@@ -158,3 +163,53 @@ def matmul_chain(size: int = 2048, depth: int = 30) -> onnx.ModelProto:
         helper.make_node("Add", ["x", "s"], ["y"]),
     ]
     return _model(nodes, [numpy_helper.from_array(a, "A")], name="chain")
+
+
+def small_model(path: Path, *, weights: int = 8) -> Path:
+    """y = x @ w (w of weights x weights floats) + b, saved at ``path`` (external data past 1 KiB tensors)."""
+    w = np.linspace(-1, 1, weights * weights, dtype=np.float32).reshape(weights, weights)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, weights])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, weights])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones(weights, np.float32), "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return gsmodel.save(model, path, external_data=weights * weights * 4 >= 1024)
+
+
+def _run_of(out: Path, name: str) -> str | None:
+    """Which input model the OUTDIR file ``name`` was written for: "a" or "b" (None when unreadable)."""
+    path = out / name
+    if name == "report.json":
+        return Path(json.loads(path.read_text())["model"]).stem
+    if name == "report.html":
+        text = path.read_text()
+        return "a" if "gskit prepare: a.onnx" in text else "b" if "gskit prepare: b.onnx" in text else None
+    if name == "model.onnx.data":
+        return "b"  # only b's weights are large enough for a data file
+    proto = onnx.load(str(path), load_external_data=False)
+    return {8: "a", 32: "b"}.get(proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+
+
+#: The files of each run: a has small weights (no data file), b large ones.
+ONE_RUN_SETS = {
+    "a": {"model.onnx", "report.json", "report.html"},
+    "b": {"model.onnx", "model.onnx.data", "report.json", "report.html"},
+}
+
+
+def check_one_run(out: Path) -> str | None:
+    """The run OUTDIR's files belong to (None: no file); asserts they all belong to that one run, and that
+    report.json is there only beside all of them."""
+    names = ("model.onnx", "model.onnx.data", "report.json", "report.html")
+    present = {name for name in names if (out / name).exists()}
+    runs = {_run_of(out, name) for name in present}
+    assert len(runs) <= 1, f"files of two runs: { {n: _run_of(out, n) for n in present} }"
+    run = next(iter(runs), None)
+    if "report.json" in present:
+        report = json.loads((out / "report.json").read_text())
+        expected = ONE_RUN_SETS[run] if report["error"] is None else {"report.json", "report.html"}  # type: ignore[index]
+        assert present == expected, (run, sorted(present))
+    return run

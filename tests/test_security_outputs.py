@@ -27,10 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from hostile_models import ONE_RUN_SETS, check_one_run, small_model
 
 from gskit.cli import main
 from gskit.errors import GskitError
@@ -40,20 +38,6 @@ from gskit.io import outputs
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
 rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
-
-
-def small_model(path: Path, *, weights: int = 8) -> Path:
-    """y = x @ w (w of weights x weights floats) + b, saved at ``path`` (external data past 1 KiB tensors)."""
-    w = np.linspace(-1, 1, weights * weights, dtype=np.float32).reshape(weights, weights)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
-        "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, weights])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, weights])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones(weights, np.float32), "b")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return gsmodel.save(model, path, external_data=weights * weights * 4 >= 1024)
 
 
 @contextlib.contextmanager
@@ -104,7 +88,7 @@ COMMANDS = {
     "sanitize": [],
     "convert": ["--opset", "18"],
     "edit": ["--rename", "y=z"],
-    "isolate": ["--outputs", "y"],
+    "isolate": ["--inputs", "x", "--outputs", "y"],
     "infer-shapes": [],
     "replace": [],
 }
@@ -281,42 +265,6 @@ def test_a_forged_or_foreign_mark_is_not_enough(tmp_path) -> None:
 # ------------------------------------------------------------------- one run's files or none (item 4)
 
 
-def _run_of(out: Path, name: str) -> str | None:
-    """Which input model the OUTDIR file ``name`` was written for: "a" or "b" (None when unreadable)."""
-    path = out / name
-    if name == "report.json":
-        return Path(json.loads(path.read_text())["model"]).stem
-    if name == "report.html":
-        text = path.read_text()
-        return "a" if "gskit prepare: a.onnx" in text else "b" if "gskit prepare: b.onnx" in text else None
-    if name == "model.onnx.data":
-        return "b"  # only b's weights are large enough for a data file
-    proto = onnx.load(str(path), load_external_data=False)
-    return {8: "a", 32: "b"}.get(proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
-
-
-#: The files of each run: a has small weights (no data file), b large ones.
-SETS = {
-    "a": {"model.onnx", "report.json", "report.html"},
-    "b": {"model.onnx", "model.onnx.data", "report.json", "report.html"},
-}
-
-
-def check_one_run(out: Path) -> str | None:
-    """The run OUTDIR's files belong to (None: no file); asserts they all belong to that one run, and that
-    report.json is there only beside all of them."""
-    names = ("model.onnx", "model.onnx.data", "report.json", "report.html")
-    present = {name for name in names if (out / name).exists()}
-    runs = {_run_of(out, name) for name in present}
-    assert len(runs) <= 1, f"files of two runs: { {n: _run_of(out, n) for n in present} }"
-    run = next(iter(runs), None)
-    if "report.json" in present:
-        report = json.loads((out / "report.json").read_text())
-        expected = SETS[run] if report["error"] is None else {"report.json", "report.html"}  # type: ignore[index]
-        assert present == expected, (run, sorted(present))
-    return run
-
-
 class _Snapshots:
     """Audit hook: the OUTDIR state before every rename and removal a run makes (where a SIGKILL may land)."""
 
@@ -359,7 +307,7 @@ def test_outdir_holds_one_runs_files_at_every_step(tmp_path, capsys) -> None:
         assert not _SNAPSHOTS.broken, _SNAPSHOTS.broken
         assert len(_SNAPSHOTS.seen) > 3  # the check ran at every rename and removal
         assert check_one_run(out) == run
-    assert sorted(p.name for p in out.iterdir()) == sorted(SETS["b"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(sorted(ONE_RUN_SETS["b"]))
 
 
 def _full_disk_run(out: Path, model: Path, env_limit: int | None) -> subprocess.CompletedProcess:

@@ -153,7 +153,7 @@ def save(
     """
     proto = to_model(model) if isinstance(model, gs.Graph) else model
     path = output_entry(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():  # a link is replaced, whatever it points at
         raise GskitError(f"{path}: is a folder; give the path of the .onnx file to write")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
