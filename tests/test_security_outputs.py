@@ -242,6 +242,7 @@ def test_cleanup_keeps_the_scratch_folder_of_a_live_process(tmp_path) -> None:
     live = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         folder = Path(live.stdout.readline().strip())  # type: ignore[union-attr]
+        assert folder.name.startswith(".model.onnx.") and folder.is_dir()
         assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", _sanitize(tmp_path)]) == 0
         assert folder.is_dir()
     finally:
@@ -310,18 +311,18 @@ def test_outdir_holds_one_runs_files_at_every_step(tmp_path, capsys) -> None:
     assert sorted(p.name for p in out.iterdir()) == sorted(sorted(ONE_RUN_SETS["b"]))
 
 
-def _full_disk_run(out: Path, model: Path, env_limit: int | None) -> subprocess.CompletedProcess:
-    def limit() -> None:
-        if env_limit is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (env_limit, env_limit))
+def _full_disk_run(out: Path, model: Path, limit: int | None, steps: str) -> subprocess.CompletedProcess:
+    def set_limit() -> None:
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     recipe = out.parent / "recipe.yaml"
-    recipe.write_text("steps: [sanitize, fold]\n")  # the final save is the first large write
+    recipe.write_text(f"steps: [{steps}]\n")
     return subprocess.run(
         [sys.executable, "-m", "gskit.cli", "prepare", str(model), "-o", str(out), "--recipe", str(recipe)],
         capture_output=True,
         text=True,
-        preexec_fn=limit,
+        preexec_fn=set_limit,
         timeout=300,
     )
 
@@ -332,37 +333,50 @@ def _small_disk(folder: Path, size: str) -> Iterator[Path]:
     command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
     done = subprocess.run(command, capture_output=True, check=False)
     if done.returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root (the file-size limit case runs everywhere)")
+        pytest.skip("mounting a small tmpfs needs root (the file-size limit cases run everywhere)")
     try:
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=False)
 
 
-@pytest.mark.parametrize("how", ["file-size limit", "full disk"])
+@pytest.mark.parametrize(
+    "how", ["weights over a file-size limit", "report.html over a file-size limit", "full disk"]
+)
 def test_a_full_disk_leaves_no_mixed_run_and_names_the_file(tmp_path, how) -> None:
-    """The first run fits, the second's weights (2 MiB) do not: OUTDIR then holds the second run's failure
-    reports alone (or nothing), never the first run's report.html beside the second's files."""
+    """The first run fits, the second does not (its weights, or its report.html, which is written after the
+    model and report.json): OUTDIR then holds the second run's failure reports alone, or nothing; never the
+    first run's files beside the second's, never ``passed: true`` with exit 2."""
     small, big = small_model(tmp_path / "a.onnx"), small_model(tmp_path / "b.onnx", weights=724)
+    steps, second, culprit = "sanitize, fold", big, "model.onnx"  # the final save is the first large write
     with contextlib.ExitStack() as stack:
+        out, limit = tmp_path / "out", None
         if how == "full disk":
             out = stack.enter_context(_small_disk(tmp_path / "disk", "1m")) / "out"
-            limit = None
-        else:
-            out, limit = tmp_path / "out", 1_000_000
-        first = _full_disk_run(out, small, limit)
+        first = _full_disk_run(out, small, None, "sanitize, fold, validate")
         assert first.returncode == 0, first.stderr
-        second = _full_disk_run(out, big, limit)
-        assert second.returncode == 2, second.stderr
-        last = second.stderr.strip().splitlines()[-1]
-        assert "Traceback" not in second.stderr and last.startswith("gskit prepare: error: cannot write "), (
-            last
-        )
-        assert f"{out}/model.onnx" in last and ("no space left" in last or "file too large" in last), last
+        if how.startswith("weights"):
+            limit = 1_000_000
+        elif how.startswith("report.html"):  # between the sizes of report.json and report.html
+            json_size, html_size = ((out / name).stat().st_size for name in ("report.json", "report.html"))
+            assert json_size < html_size
+            limit, steps, second, culprit = (
+                (json_size + html_size) // 2,
+                "sanitize, fold, validate",
+                small,
+                "report.html",
+            )
+            second = small_model(tmp_path / "c.onnx")
+        done = _full_disk_run(out, second, limit, steps)
+        assert done.returncode == 2, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in done.stderr, done.stderr
+        assert last.startswith(f"gskit prepare: error: cannot write {out}/{culprit}"), last
+        assert "no space left" in last or "file too large" in last, last
         present = sorted(p.name for p in out.iterdir())
         assert present in ([], ["report.html", "report.json"]), present
         if present:
             report = json.loads((out / "report.json").read_text())
             assert report["passed"] is False and "cannot write" in report["error"]
-            assert "gskit prepare: b.onnx" in (out / "report.html").read_text()
+            assert f"gskit prepare: {second.name}" in (out / "report.html").read_text()
         shutil.rmtree(out)

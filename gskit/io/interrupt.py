@@ -66,6 +66,15 @@ def signals_unwind() -> Iterator[None]:
         _ARRIVED.clear()
 
 
+def arrived() -> int | None:
+    """Inside :func:`signals_unwind`: the first SIGINT or SIGTERM that arrived, or None.
+
+    An exception of any kind that follows one is the interrupt's doing (an extension module whose import it
+    cut short reports "initialization failed"), so the command line reports the interrupt instead.
+    """
+    return _ARRIVED[0] if _ARRIVED else None
+
+
 def _exception(signum: int) -> BaseException:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
