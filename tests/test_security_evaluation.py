@@ -191,7 +191,8 @@ def test_signals_end_a_long_evaluation_within_seconds(tmp_path, command, sig) ->
         pytest.skip("the command ended before the signal")
     word = "interrupted" if sig == signal.SIGINT else "terminated"
     assert code == 128 + sig, err
-    assert err.strip().splitlines()[-1] == f"gskit {command}: {word}", err
+    # "gskit: terminated" when a loaded machine was still importing the subcommands
+    assert err.strip().splitlines()[-1] in (f"gskit {command}: {word}", f"gskit: {word}"), err
     assert "Traceback" not in err and "terminate called" not in err, err
     assert seconds < END_SECONDS, seconds
     assert _files(tmp_path / "out") == []  # no output, no work folder, no lock
@@ -205,5 +206,26 @@ def test_sigterm_ends_a_build(tmp_path) -> None:
     code, seconds, err = _signalled(argv, signal.SIGTERM, 4.0, tmp_path)
     if code == 0:
         pytest.skip("the build ended before the signal")
-    assert code == 143 and err.strip().splitlines()[-1] == "gskit build: terminated", err
+    assert code == 143 and err.strip().splitlines()[-1] in ("gskit build: terminated", "gskit: terminated"), (
+        err
+    )
     assert seconds < END_SECONDS and _files(tmp_path / "out") == []
+
+
+def test_a_signal_stops_onnxruntime_inside_a_loop(tmp_path) -> None:
+    """In-process, at a known moment: SIGTERM during a run of a 10^12-iteration Loop raises within a second or
+    two, and onnxruntime's terminate flag has stopped the run (no thread is left running)."""
+    import os
+    import threading
+
+    from gskit.io import interrupt
+
+    session = gsort.session(long_loop(10**12))
+    with interrupt.signals_unwind():
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(interrupt.Terminated):
+            gsort.run(session, {"x": np.ones(1, np.float32)})
+        assert time.monotonic() - start < 1.0 + interrupt.CANCEL_GRACE_S + 1.0
+    assert not interrupt.stranded()
