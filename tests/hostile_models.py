@@ -4,6 +4,13 @@ files (issue 22): shared by the security tests and the seeded fuzz suite (tests/
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +20,17 @@ from onnx import TensorProto, helper, numpy_helper
 from gskit.io import model as gsmodel
 
 OPSETS = [helper.make_opsetid("", 17)]
+REPO = Path(__file__).resolve().parents[1]
+#: Commands with ``-o FILE`` and the arguments each needs besides MODEL (for small_model's models).
+OUTPUT_COMMANDS = {
+    "fold": [],
+    "sanitize": [],
+    "convert": ["--opset", "18"],
+    "edit": ["--rename", "y=z"],
+    "isolate": ["--inputs", "x", "--outputs", "y"],
+    "infer-shapes": [],
+    "replace": [],
+}
 
 
 def _model(nodes, inits, *, value_info=(), x_shape=(1,), name="hostile") -> onnx.ModelProto:
@@ -213,3 +231,57 @@ def check_one_run(out: Path) -> str | None:
         expected = ONE_RUN_SETS[run] if report["error"] is None else {"report.json", "report.html"}  # type: ignore[index]
         assert present == expected, (run, sorted(present))
     return run
+
+
+def start_gskit(argv: list[str], cwd: Path) -> subprocess.Popen:
+    """``python -m gskit.cli ARGV`` from ``cwd`` (this checkout's gskit), stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gskit.cli", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def signalled(argv: list[str], sig: signal.Signals, delay: float, cwd: Path) -> tuple[int | None, float, str]:
+    """Start ``gskit ARGV``, send ``sig`` after ``delay`` s: (exit code, seconds it took to end, stderr); the
+    code is None when it still ran 60 s later (it is killed then)."""
+    proc = start_gskit(argv, cwd)
+    time.sleep(delay)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None, time.monotonic() - sent, ""
+    return proc.returncode, time.monotonic() - sent, err
+
+
+def make_entry(path: Path, kind: str, keep: list[socket.socket]) -> bool:
+    """Put an entry of ``kind`` at ``path``: fifo, socket (kept open in ``keep``), folder, chardev (a node
+    like /dev/null), "link to KIND", regular, absent; False when this machine cannot (a device needs root)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "chardev":
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            return False
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        keep.append(sock)
+    elif kind.startswith("link to "):
+        target = path.parent / f"target-{path.name}"
+        make_entry(target, kind[len("link to ") :], keep)
+        path.symlink_to(target)
+    elif kind == "regular":
+        path.write_bytes(b"the user's file")
+    return True

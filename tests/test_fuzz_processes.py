@@ -30,17 +30,14 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import random
 import resource
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,14 +49,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hostile_models import (  # noqa: E402  # beside this file, also when run as a script
     ONE_RUN_SETS,
+    OUTPUT_COMMANDS,
     check_one_run,
     expand_concat,
     growing,
     long_loop,
     lying_expand,
+    make_entry,
     matmul_chain,
+    signalled,
     small_model,
+    start_gskit,
 )
+from test_fuzz import CaseTimeout  # noqa: E402
+from test_fuzz import _alarm as alarm  # noqa: E402
 
 #: Seconds one case may take before it counts as a hang.
 CASE_SECONDS = 30
@@ -106,43 +109,9 @@ def _crash(err: str) -> str | None:
 
 # ---- outputs -----------------------------------------------------------------------------------------------
 
-COMMANDS = {
-    "fold": [],
-    "sanitize": [],
-    "convert": ["--opset", "18"],
-    "edit": ["--rename", "y=z"],
-    "isolate": ["--inputs", "x", "--outputs", "y"],
-    "infer-shapes": [],
-    "replace": [],
-}
 KINDS = ("fifo", "socket", "folder", "chardev", "link to fifo", "link to folder", "regular", "absent")
 #: kinds that must be refused (the others are replaced or created)
 REFUSED = {"fifo", "socket", "folder", "chardev"}
-
-
-def _make(path: Path, kind: str, keep: list[socket.socket]) -> bool:
-    """Put an entry of ``kind`` at ``path``; False when this machine cannot (a device node needs root)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    elif kind == "chardev":
-        try:
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        except PermissionError:
-            return False
-    elif kind == "socket":
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(path))
-        keep.append(sock)
-    elif kind.startswith("link to "):
-        target = path.parent / f"target-{path.name}"
-        _make(target, kind[len("link to ") :], keep)
-        path.symlink_to(target)
-    elif kind == "regular":
-        path.write_bytes(b"the user's file")
-    return True
 
 
 def _entries(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -156,7 +125,7 @@ def _entries(folder: Path) -> dict[str, tuple[int, int, int]]:
 def output_case(root: Path, rng: random.Random) -> Tally:
     """One command writing to a name that holds something (see the module's docstring)."""
     tally = Tally(tried=1)
-    command = rng.choice([*COMMANDS, "prepare"])
+    command = rng.choice([*OUTPUT_COMMANDS, "prepare"])
     kind = rng.choice([k for k in KINDS if command != "prepare" or not k.startswith("link to ")])
     weights = rng.choice([8, 32])  # 32: the model's weights go to a data file beside it
     model = small_model(root / "in" / "m.onnx", weights=weights)
@@ -169,11 +138,11 @@ def output_case(root: Path, rng: random.Random) -> Tally:
         argv = ["prepare", str(model), "-o", str(out), "--recipe", str(recipe)]
     else:
         name = rng.choice(["o.onnx", "o.onnx.data"])
-        argv = [command, str(model), "-o", str(out / "o.onnx"), *COMMANDS[command]]
+        argv = [command, str(model), "-o", str(out / "o.onnx"), *OUTPUT_COMMANDS[command]]
     sockets: list[socket.socket] = []
     label = f"outputs: {command} with {name} a {kind}"
     try:
-        if not _make(out / name, kind, sockets):
+        if not make_entry(out / name, kind, sockets):
             return Tally()
         before = _entries(out)
         code, err = _cli(argv)
@@ -271,24 +240,6 @@ def _fold_bombs(seed: int, count: int, root: Path) -> None:
 # ---- loops -------------------------------------------------------------------------------------------------
 
 
-class _Hang(BaseException):
-    pass
-
-
-@contextlib.contextmanager
-def _alarm(seconds: int) -> Iterator[None]:
-    def expired(signum: int, frame: object) -> None:
-        raise _Hang
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def loop_case(rng: random.Random) -> Tally:
     from gskit.backends import ort as gsort
     from gskit.passes.fold import fold
@@ -301,9 +252,9 @@ def loop_case(rng: random.Random) -> Tally:
     label = f"loops: trips {trips}, body {body}, nested {nested}"
     model = long_loop(trips, body, nested=nested)
     try:
-        with _alarm(CASE_SECONDS):
+        with alarm(CASE_SECONDS):
             folded, report = fold(model)
-    except _Hang:
+    except CaseTimeout:
         tally.problems.append(("wrong", f"{label}: fold ran over {CASE_SECONDS} s"))
         return tally
     except Exception as err:  # noqa: BLE001  # any exception is the finding
@@ -326,17 +277,6 @@ def loop_case(rng: random.Random) -> Tally:
 # ---- signals and kills -------------------------------------------------------------------------------------
 
 
-def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gskit.cli", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
 def signal_case(root: Path, rng: random.Random) -> Tally:
     """SIGINT or SIGTERM at a random moment of a command that evaluates for a long time."""
     tally = Tally(tried=1)
@@ -355,26 +295,18 @@ def signal_case(root: Path, rng: random.Random) -> Tally:
         if command == "prepare":
             argv = ["prepare", str(root / "m.onnx"), "-o", str(out)]
     label = f"signals: {command}, {sig.name} after {delay:.1f} s"
-    proc = _start(argv, root)
-    time.sleep(delay)
-    sent = time.monotonic()
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+    code, seconds, err = signalled(argv, sig, delay, root)
+    if code is None:
         tally.problems.append(("wrong", f"{label}: still running 60 s later"))
         return tally
-    seconds = time.monotonic() - sent
     tally.slowest_end = seconds
     crash = _crash(err)
-    if proc.returncode == -sig:
+    if code == -sig:
         pass  # ended by the signal's default action: it came before the command started, nothing was written
     elif crash:
         tally.problems.append(("traceback", f"{label}: {crash}"))
-    elif proc.returncode != 128 + sig:
-        tally.problems.append(("wrong", f"{label}: exit {proc.returncode}: {err.strip()[-200:]}"))
+    elif code != 128 + sig:
+        tally.problems.append(("wrong", f"{label}: exit {code}: {err.strip()[-200:]}"))
     if seconds > END_SECONDS:
         tally.problems.append(("wrong", f"{label}: ended {seconds:.1f} s after the signal"))
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
@@ -394,7 +326,7 @@ def kills(root: Path, seed: int, count: int) -> Tally:
     out = root / "out"
 
     def run(name: str) -> subprocess.Popen:
-        return _start(["prepare", str(models[name]), "-o", str(out), "--recipe", str(recipe)], root)
+        return start_gskit(["prepare", str(models[name]), "-o", str(out), "--recipe", str(recipe)], root)
 
     start = time.monotonic()
     full = run("a")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hostile_models import expand_concat, growing, long_loop, lying_expand, matmul_chain
+from hostile_models import expand_concat, growing, long_loop, lying_expand, matmul_chain, signalled
 
 from gskit.backends import ort as gsort
 from gskit.passes.fold import fold
@@ -142,27 +142,6 @@ def test_loop_cost_is_estimated_before_evaluating(trips, body, nested, left) -> 
 # ---------------------------------------------------------------------------------- signals end commands
 
 
-def _signalled(argv: list[str], sig: signal.Signals, delay: float, tmp_path: Path) -> tuple[int, float, str]:
-    """Start ``gskit ARGV``, send ``sig`` after ``delay`` s: (exit code, seconds it took to end, stderr)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gskit.cli", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    time.sleep(delay)
-    sent = time.monotonic()
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"gskit {argv[0]} still ran 60 s after {sig.name}")
-    return proc.returncode, time.monotonic() - sent, err
-
-
 def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
@@ -186,7 +165,8 @@ def test_signals_end_a_long_evaluation_within_seconds(tmp_path, command, sig) ->
         argv = ["compare", str(model), str(model)] if command == "compare" else []
         argv = argv or ["prepare", str(model), "-o", str(tmp_path / "out")]
     (tmp_path / "out").mkdir()
-    code, seconds, err = _signalled(argv, sig, 6.0, tmp_path)
+    code, seconds, err = signalled(argv, sig, 6.0, tmp_path)
+    assert code is not None, f"gskit {command} still ran 60 s after {sig.name}"
     if code == 0:
         pytest.skip("the command ended before the signal")
     word = "interrupted" if sig == signal.SIGINT else "terminated"
@@ -203,7 +183,7 @@ def test_sigterm_ends_a_build(tmp_path) -> None:
     model = _save(matmul_chain(256, 400), tmp_path / "chain.onnx")
     (tmp_path / "out").mkdir()
     argv = ["build", str(model), "-o", str(tmp_path / "out" / "m.engine"), "--compute-capability", "8.9"]
-    code, seconds, err = _signalled(argv, signal.SIGTERM, 4.0, tmp_path)
+    code, seconds, err = signalled(argv, signal.SIGTERM, 4.0, tmp_path)
     if code == 0:
         pytest.skip("the build ended before the signal")
     assert code == 143 and err.strip().splitlines()[-1] in ("gskit build: terminated", "gskit: terminated"), (

@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_models import ONE_RUN_SETS, check_one_run, small_model
+from hostile_models import ONE_RUN_SETS, OUTPUT_COMMANDS, check_one_run, make_entry, small_model
+from test_security_files import _one_line_error
 
 from gskit.cli import main
 from gskit.errors import GskitError
@@ -43,37 +44,17 @@ rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reaso
 @contextlib.contextmanager
 def special(path: Path, kind: str) -> Iterator[Path]:
     """An entry of ``kind`` at ``path``: fifo, socket, folder, chardev (a node like /dev/null; root only)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sock = None
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    elif kind == "chardev":
-        try:
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        except PermissionError:
-            pytest.skip("creating a device node needs root")
-    else:
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(path))
+    sockets: list[socket.socket] = []
     try:
+        if not make_entry(path, kind, sockets):
+            pytest.skip("creating a device node needs root")
         yield path
     finally:
-        if sock is not None:
+        for sock in sockets:
             sock.close()
 
 
 KINDS = {"fifo": stat.S_ISFIFO, "socket": stat.S_ISSOCK, "folder": stat.S_ISDIR, "chardev": stat.S_ISCHR}
-
-
-def _one_line_error(capsys, command: str, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and lines[-1].startswith(f"gskit {command}: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[-1], lines[-1]
-    return lines[-1]
 
 
 def _entries(folder: Path) -> dict[str, tuple[int, int]]:
@@ -83,25 +64,14 @@ def _entries(folder: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-COMMANDS = {
-    "fold": [],
-    "sanitize": [],
-    "convert": ["--opset", "18"],
-    "edit": ["--rename", "y=z"],
-    "isolate": ["--inputs", "x", "--outputs", "y"],
-    "infer-shapes": [],
-    "replace": [],
-}
-
-
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(OUTPUT_COMMANDS))
 def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, capsys, command, kind) -> None:
     model = small_model(tmp_path / "in" / "m.onnx")
     out = tmp_path / "out"
     with special(out / "o.onnx", kind) as target:
         before = _entries(out)
-        assert main([command, str(model), "-o", str(target), *COMMANDS[command]]) == 2
+        assert main([command, str(model), "-o", str(target), *OUTPUT_COMMANDS[command]]) == 2
         _one_line_error(capsys, command, str(target))
         assert KINDS[kind](target.lstat().st_mode)
         assert _entries(out) == before  # nothing replaced, nothing left beside it

@@ -49,21 +49,45 @@ def signals_unwind() -> Iterator[None]:
     import takes seconds) does not keep the command going: the next :func:`call` raises it again. Only in
     the main thread (elsewhere no handler can be set).
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
-    def arrived(signum: int, frame: object) -> None:
+    def unwind(signum: int, frame: object) -> None:
         _ARRIVED.append(signum)
         raise _exception(signum)
 
-    previous = {sig: signal.signal(sig, arrived) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _handling(unwind):
+            yield
+    finally:
+        _ARRIVED.clear()
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block take effect at its end, with the handlers of before (a
+    few renames that must not stop half way, ``gskit.io.outputs.replace_set``)."""
+    pending: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    with _handling(hold):
+        yield
+    for sig in dict.fromkeys(pending):
+        signal.raise_signal(sig)
+
+
+@contextmanager
+def _handling(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for SIGINT and SIGTERM in the block (main thread only; Python runs none elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _ARRIVED.clear()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def arrived() -> int | None:

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
 from gskit.errors import GskitError, write_error
+from gskit.io.interrupt import signals_held
 
 #: Inside :func:`guarding_inputs`: files that loaded models read (-> the model), never written over.
 _INPUT_FILES: ContextVar[dict[Path, Path] | None] = ContextVar("gskit_input_files", default=None)
@@ -233,14 +232,15 @@ def remove_abandoned_scratch(parent: str | os.PathLike) -> list[Path]:
         if path.is_symlink() or not path.is_dir():
             continue
         owner = scratch_owner(path)
-        if owner is None or owner[1] != host or _alive(owner[0]) or holds_input(path):
+        if owner is None or owner[1] != host or process_alive(owner[0]) or holds_input(path):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (someone else's counts; this one always does)."""
     if pid == os.getpid():
         return True
     try:
@@ -288,7 +288,7 @@ def replace_set(
         check_output(final)
     seal = pairs[-1][1] if pairs else None
     earlier = sorted((output_entry(name) for name in names), key=lambda name: name != seal)
-    with _signals_held():
+    with signals_held():
         for name in earlier:
             if (name.is_symlink() or name.is_file()) and input_reading(name) is None:
                 with blaming(name):
@@ -296,25 +296,3 @@ def replace_set(
         for tmp, final in pairs:
             with blaming(final):
                 place_file(tmp, final)
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM that arrive in the block take effect at its end (in the main thread; elsewhere no
-    Python signal handler runs anyway)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-
-    def hold(signum: int, frame: object) -> None:
-        pending.append(signum)
-
-    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for sig in dict.fromkeys(pending):
-            signal.raise_signal(sig)

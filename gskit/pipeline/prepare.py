@@ -249,22 +249,31 @@ def prepare(
             except GskitError as err:
                 failure = _named_in(out_dir, staged, err)
                 _stage_failure(failure, report, original, state, recipe, staged)
-            replace_set(_staged_files(staged, out_dir, state), [out_dir / name for name in SET_NAMES])
+            replace_set(_staged_files(staged, out_dir, state), [out_dir / name for name in set_names()])
             if failure is not None:
                 raise failure
     return report
 
 
-#: Every file a run may put in OUTDIR, in the order they take their names: the model's data before the
-#: model, the engine's sidecar before the engine, report.json last (it seals the set: see ``replace_set``).
-SET_NAMES = (MODEL_NAME + ".data", MODEL_NAME, ENGINE_NAME + ".json", ENGINE_NAME, *REPORT_NAMES[::-1])
+def set_names() -> tuple[str, ...]:
+    """Every file a run may put in OUTDIR, in the order they take their names: the model's data before the
+    model, the engine's sidecar before the engine, report.json last (it seals the set, ``replace_set``)."""
+    from gskit.backends.trt_build import sidecar_path  # the sidecar's name is the builder's to say
+
+    return (
+        MODEL_NAME + ".data",
+        MODEL_NAME,
+        sidecar_path(ENGINE_NAME).name,
+        ENGINE_NAME,
+        *REPORT_NAMES[::-1],
+    )
 
 
 def _set_names(recipe: Recipe) -> list[str]:
     """The names this recipe's run may write (the engine's only with a build step): none may be a folder,
     a device or a FIFO, or a file the input reads."""
     builds = any(step.name == "build" for step in recipe.steps)
-    return [name for name in SET_NAMES if builds or not name.startswith(ENGINE_NAME)]
+    return [name for name in set_names() if builds or not name.startswith(ENGINE_NAME)]
 
 
 def _stage(
@@ -319,12 +328,12 @@ def _named_in(out_dir: Path, staged: Path, err: GskitError) -> GskitError:
 
 
 def _staged_files(staged: Path, out_dir: Path, state: RunState) -> list[tuple[Path, Path]]:
-    """``(staged file, final name)`` of the run's files, in ``SET_NAMES`` order (report.json last)."""
+    """``(staged file, final name)`` of the run's files, in ``set_names()`` order (report.json last)."""
     found = {path.name: path for path in staged.iterdir() if path.is_file()}
     if state.engine is not None:
         found[ENGINE_NAME] = state.engine.engine
-        found[ENGINE_NAME + ".json"] = state.engine.sidecar
-    return [(found[name], out_dir / name) for name in SET_NAMES if name in found]
+        found[state.engine.sidecar.name] = state.engine.sidecar
+    return [(found[name], out_dir / name) for name in set_names() if name in found]
 
 
 def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]:
