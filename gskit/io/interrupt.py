@@ -142,10 +142,16 @@ def call(fn: Callable[[], T], *, cancel: Callable[[], None] | None = None) -> T:
     except BaseException:
         _stop(done, cancel)
         raise
-    ok, value = outcome[0]
-    if not ok:
+    # The list and the frames of an exception's traceback make a cycle (the worker's frame holds the list);
+    # left to the cyclic GC, a session held by those frames would be freed at any later moment, even inside
+    # another session's run, which onnxruntime does not survive. Emptied here, it is freed with the exception.
+    ok, value = outcome.pop()
+    if ok:
+        return value  # type: ignore[return-value]
+    try:
         raise value  # type: ignore[misc]
-    return value  # type: ignore[return-value]
+    finally:
+        del value
 
 
 def _stop(done: threading.Event, cancel: Callable[[], None] | None) -> None:
