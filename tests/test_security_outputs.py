@@ -35,6 +35,7 @@ from gskit.cli import main
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io import outputs
+from gskit.pipeline.prepare import set_names
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
@@ -278,7 +279,14 @@ def test_outdir_holds_one_runs_files_at_every_step(tmp_path, capsys) -> None:
         assert not _SNAPSHOTS.broken, _SNAPSHOTS.broken
         assert len(_SNAPSHOTS.seen) > 3  # the check ran at every rename and removal
         assert check_one_run(out) == run
-    assert sorted(p.name for p in out.iterdir()) == sorted(sorted(ONE_RUN_SETS["b"]))
+    assert sorted(p.name for p in out.iterdir()) == sorted(ONE_RUN_SETS["b"])
+    # a run whose reports could not be written either leaves no run, the earlier seal going first
+    _SNAPSHOTS.out, _SNAPSHOTS.broken = out, []
+    try:
+        outputs.replace_set([], [out / name for name in set_names()])
+    finally:
+        _SNAPSHOTS.out = None
+    assert not _SNAPSHOTS.broken and list(out.iterdir()) == [], _SNAPSHOTS.broken
 
 
 def _full_disk_run(out: Path, model: Path, limit: int | None, steps: str) -> subprocess.CompletedProcess:

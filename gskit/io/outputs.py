@@ -267,17 +267,19 @@ def replace_set(
     """Put a set of finished files under their final names in place of the set that those names held.
 
     Args:
-        staged: ``(finished file, final name)`` pairs, each file on its final name's file system. The last
-            final name is the set's seal (``prepare``: ``report.json``).
-        names: every name a set may hold, the seal among them; what the new set leaves out is removed (an
-            earlier run's engine when this run built none).
+        staged: ``(finished file, final name)`` pairs, each file on its final name's file system, in the
+            order of ``names``.
+        names: every name a set may hold, in the order they take their names; the last is the set's seal
+            (``prepare``: ``report.json``). What the new set leaves out is removed (an earlier run's engine
+            when this run built none); an empty ``staged`` leaves no set.
 
     What holds: at any moment the files under ``names`` all belong to one set, the earlier or the new one,
     and a seal is there only beside the rest of its set. The earlier seal is removed first, then the rest of
     the earlier set, then the new files are renamed into place, the seal last. SIGINT and SIGTERM arriving
-    meanwhile take effect when it is done; a SIGKILL or a power cut in between leaves part of one set and no
-    seal. Only regular files and links are removed: a folder, a device or a FIFO under a name the new set
-    does not use is left alone, and so is a file an input model reads.
+    meanwhile take effect when it is done; a SIGKILL in between leaves part of one set and no seal (nothing
+    is synced to the disk: after a power cut the file system's own ordering decides). Only regular files and
+    links are removed: a folder, a device or a FIFO under a name the new set does not use is left alone, and
+    so is a file an input model reads.
 
     Raises:
         GskitError: a final name of the new set may not be replaced (:func:`check_output`; checked before
@@ -286,8 +288,7 @@ def replace_set(
     pairs = [(Path(tmp), output_entry(final)) for tmp, final in staged]
     for _, final in pairs:
         check_output(final)
-    seal = pairs[-1][1] if pairs else None
-    earlier = sorted((output_entry(name) for name in names), key=lambda name: name != seal)
+    earlier = [output_entry(name) for name in names][::-1]  # the seal first
     with signals_held():
         for name in earlier:
             if (name.is_symlink() or name.is_file()) and input_reading(name) is None:
