@@ -12,7 +12,8 @@ violation (exit 1) or nothing (exit 0). The rules and the layers are described i
   lower ones. Core may import a backend lazily (inside a function) only where :data:`LAZY_CORE_IMPORTS`
   says so, with the reason.
 * Heavy optional dependencies (:data:`HEAVY`) only in backends, front-ends and plugin kernels
-  (``plugins/*/kernel.py``, ``plugins/*/trt_plugin.py``).
+  (``plugins/*/kernel.py``, ``plugins/*/trt_plugin.py``); ``torch`` also inside the functions of a plugin's
+  ``patterns.py`` (the PyTorch code ``from_torch`` derives rules from, run only when no cache holds them).
 * Execution libraries (:data:`EXECUTION`: onnxruntime, Polygraphy's runners and CUDA wrapper) only in
   backends.
 
@@ -53,6 +54,10 @@ LAZY_CORE_IMPORTS = {
         "gskit.passes.tensor_types",
         "gskit.backends.ort",
     ): "onnxruntime ships the symbolic shape inference Polygraphy uses",
+    (
+        "gskit.plugin.derive",
+        "gskit.torch_export.derive",
+    ): "from_torch exports a plugin's PyTorch code when no cache holds its rules (torch only then)",
 }
 #: Heavy optional dependencies: only in backends, front-ends and plugin kernels.
 HEAVY = ("tensorrt", "tensorrt_rtx", "torch", "triton")
@@ -60,6 +65,9 @@ HEAVY = ("tensorrt", "tensorrt_rtx", "torch", "triton")
 EXECUTION = ("onnxruntime", "onnxruntime_extensions", "polygraphy.backend", "polygraphy.cuda")
 #: Plugin folder files that may import heavy dependencies (the GPU kernel and the TensorRT plugin).
 PLUGIN_KERNEL_FILES = ("kernel.py", "trt_plugin.py")
+#: The plugin file whose functions may import torch inside their body: the PyTorch code ``from_torch`` derives
+#: rules from, which runs only when no cache holds them (the file itself loads on any CPU).
+PLUGIN_TORCH_SOURCE = "patterns.py"
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,9 @@ def check_plugin_file(path: Path) -> list[Violation]:
         return []
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     found = []
-    for line, name, _ in _imports(tree, path.stem, False):
+    for line, name, module_level in _imports(tree, path.stem, False):
+        if path.name == PLUGIN_TORCH_SOURCE and not module_level and _within(name, ("torch",)):
+            continue  # the PyTorch code of from_torch: imported only when rules are derived
         heavy = _within(name, HEAVY) or _within(name, EXECUTION)
         if heavy:
             message = (

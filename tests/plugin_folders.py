@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnx
@@ -88,3 +89,21 @@ def one_node_model(spec: PluginSpec, arrays: list[np.ndarray], opset: int = 17) 
     graph = gs.Graph(nodes=[spec.make_node(inputs, outputs)], inputs=inputs, outputs=outputs, opset=opset)
     graph.import_domains = [onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid(spec.domain, 1)]
     return gsmodel.to_model(graph)
+
+
+def run_compiles(script: str | os.PathLike, out: Path) -> dict[str, Any]:
+    """Run ``python script out`` in a fresh interpreter without ``TRITON_INTERPRET``; read the JSON ``out``.
+
+    Triton kernels compile only in a process that never imported Triton in interpreter mode, which the plugin
+    kernel tests set for the whole session on machines without a GPU (tests/test_trt_aot_ptx.py).
+    """
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, str(script), str(out)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())

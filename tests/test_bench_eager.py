@@ -106,3 +106,64 @@ def test_kernel_benchmark_runs_end_to_end_on_a_cpu() -> None:
         limit = 1e-4 if row["dtype"] == "float32" else 5e-2
         assert row["max_abs_diff_torch"] <= limit, row
         assert row["goal"] != "ok" or row["gskit_over_torch"] <= 1.0
+
+
+#: The GPU runs behind the README's kernel rows (bench/gpu_lease.sh on an H100), oldest first.
+GPU_RUNS = Path(__file__).resolve().parents[1] / "bench" / "gpu_runs"
+
+
+def test_shipped_launch_rules_pick_configurations_the_sweep_timed() -> None:
+    """Every pick of ``row_launch``/``dcn_launch`` on the committed runs' shapes was timed by the newest run
+    of that shape, and each DeformConv2d pick is of the method (fused or im2col) that run found fastest.
+
+    A rule edited without a new sweep would pick an untimed configuration (``ms`` None) and the README's
+    numbers would no longer be the shipped kernels'. The norms' picks also stay within the goals the
+    README states for them, and DeformConv2d's within "no slower than torchvision" on the corpus's shapes.
+    """
+    import json
+
+    pytest.importorskip("triton")
+    from bench.tune_kernels import COMMITTED_RUNS, newest_picks
+
+    assert sorted(p.name for p in GPU_RUNS.iterdir() if (p / "tune.json").exists()) == sorted(COMMITTED_RUNS)
+    runs = [(name, json.loads((GPU_RUNS / name / "tune.json").read_text())) for name in COMMITTED_RUNS]
+    picks = newest_picks(runs)
+    assert len(picks["norm"]) == 2 * 3 * 4 * 3 and len(picks["dcn"]) == 14
+    assert [p for p in picks["norm"] + picks["dcn"] if p["ms"] is None] == []
+    assert [p for p in picks["dcn"] if p["aot_ms"] is None] == []
+    for pick in picks["norm"]:
+        assert pick["over_eager"] <= 1.0, pick
+        if pick["rows"] == 16384 and pick["cols"] >= 4096:
+            assert pick["over_floor"] <= 1.3, pick
+    assert {p["run"] for p in picks["dcn"]} == {"h100-2026-11-27-dcn"}
+    sweeps = {(r["shape"]["name"], r["dtype"]): r for r in dict(runs)["h100-2026-11-27-dcn"]["dcn"]}
+    for pick in picks["dcn"]:
+        assert pick["rule"]["method"] == sweeps[pick["shape"], pick["dtype"]]["best"]["method"], pick
+        if not pick["shape"].startswith("r50-"):
+            assert pick["over_torchvision"] <= 1.0, pick
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_tuning_sweep_runs_end_to_end_on_a_cpu(tmp_path: Path) -> None:
+    """``bench/tune_kernels.py --smoke``: the sweep's checks pass and each phase writes rows (about 20 s)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "bench" / "tune_kernels.py"), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert data["checks"] and all(c["ok"] for c in data["checks"]), data["checks"]
+    assert {(r["kernel"], r["rows"]) for r in data["norm"]} == {
+        (k, n) for k in ("rms_norm", "layer_norm") for n in (1, 5)
+    }
+    assert all(r["rule"] is not None for r in data["norm"])
+    assert data["dcn"] and all("best" in r for r in data["dcn"]) and data["clamp_swish"]

@@ -92,6 +92,22 @@ CASES = {
     "plugins/demo/trt_plugin.py": ("import tensorrt.plugin as trtp\n", None),
     "plugins/demo/test_kernel.py": ("import torch\n", None),
     "plugins/demo/spec.py": ("def f():\n    import torch\n", "plugin file demo/spec.py imports torch"),
+    # from_torch's PyTorch code: torch inside a function of patterns.py, never at module level
+    "plugins/demo/patterns.py": ("def gelu(x):\n    import torch\n    return torch.tanh(x)\n", None),
+    "plugins/other/patterns.py": ("import torch\n", "plugin file other/patterns.py imports torch"),
+    "plugins/other/reference.py": (
+        "def f():\n    import torch\n",
+        "plugin file other/reference.py imports torch",
+    ),
+    # from_torch exports only when no cache holds the rules: the one lazy core-to-front-end import
+    "gskit/plugin/derive.py": (
+        "def derive():\n    from gskit.torch_export import derive\n",
+        None,
+    ),
+    "gskit/plugin/spec.py": (
+        "def f():\n    from gskit.torch_export.derive import derive_descriptions\n",
+        "gskit.plugin.spec (core) imports front-ends (gskit.torch_export) inside a function",
+    ),
 }
 
 

@@ -147,9 +147,11 @@ def test_wrong_constant_is_explained() -> None:
     report = replace(graph, [LAYER_NORM], explain=True)
     assert report.replaced == 0
     deepest = max(report.explanations, key=lambda e: e.depth)
-    assert deepest.rule == "layer_norm[pow,div]" and deepest.depth == 9
-    assert deepest.reason == "constant 'two' is 3.0, pattern wants 2.0"
+    assert deepest.depth == 9 and deepest.reason == "constant 'two' is 3.0, pattern wants 2.0"
     assert deepest.node == "Constant(two)" and deepest.anchor == "Add(y)"
+    # the hand-written rule and the one derived from the same PyTorch decomposition stop at the same place
+    same = {e.rule for e in report.explanations if e.depth == 9 and e.reason == deepest.reason}
+    assert "layer_norm[pow,div]" in same and any(r.startswith("layer_norm[torchscript-") for r in same)
 
 
 def test_axes_other_than_last_are_not_matched() -> None:
@@ -546,24 +548,27 @@ def test_hugging_face_rms_norm_found_without_cleanup(dtype_name, dynamo, tmp_pat
 
 
 def test_explain_names_the_cast_that_blocks_a_match() -> None:
-    """A Cast that changes the dtype inside an RMSNorm is not looked through; --explain names it."""
+    """A Cast that changes the dtype inside an RMSNorm is not looked through; --explain names it. (A
+    float32 x normalized and cast to float16 before a float16 weight is one RMSNorm: test_replace_explain.)"""
     model = parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
-    g (float[2,8] x) => (float16[2,8] y) <float16[8] w = {1,1,1,1,1,1,1,1}> {
+    g (float[2,8] x) => (float[2,8] y) <float[8] w = {1,1,1,1,1,1,1,1}> {
       sq = Mul (x, x)
       ms = ReduceMean <axes = [-1]> (sq)
-      eps = Constant <value = float {1e-6}> ()
-      ve = Add (ms, eps)
+      ms16 = Cast <to = 10> (ms)
+      eps = Constant <value = float {1e-3}> ()
+      eps16 = Cast <to = 10> (eps)
+      ve = Add (ms16, eps16)
       std = Sqrt (ve)
-      n = Div (x, std)
-      h = Cast <to = 10> (n)
-      y = Mul (h, w)
+      std32 = Cast <to = 1> (std)
+      n = Div (x, std32)
+      y = Mul (n, w)
     }""")
     graph = to_graph(model)
     report = replace(graph, [RMS_NORM], explain=True)
     assert report.replaced == 0
-    reasons = [e.reason for e in report.explanations if e.node == "Cast(h)"]
-    assert reasons and "Cast node 'Cast(h)' (to FLOAT16, from FLOAT)" in reasons[0]
+    reasons = [e.reason for e in report.explanations if e.node == "Cast(std32)"]
+    assert reasons and "Cast node 'Cast(std32)' (to FLOAT, from FLOAT16)" in reasons[0]
 
 
 def test_no_op_cast_between_pattern_nodes_joins_the_match(rng: np.random.Generator) -> None:

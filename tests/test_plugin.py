@@ -31,13 +31,24 @@ from gskit.plugin.spec import (
 REPO_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
 SPEC_PY = """
+from gskit.passes.patterns import GraphPattern
 from gskit.plugin import Attribute, AttrType, PluginSpec, same_as_input
 from .reference import scaled_tanh
+
+
+def p1(op, x):
+    return op.Mul(op.Tanh(x), op.capture("alpha"))
+
+
+def p2(op, x):
+    return op.Mul(op.capture("alpha"), op.Tanh(x))
+
 
 SPEC = PluginSpec(
     name="ScaledTanh", namespace="test.gskit", version="{version}",
     attributes=(Attribute("alpha", AttrType.FLOAT, 1.0, "scale"),),
-    infer=same_as_input(0), reference=scaled_tanh, patterns=("p1", "p2"),
+    infer=same_as_input(0), reference=scaled_tanh,
+    patterns=(GraphPattern(p1, attrs={"alpha": "alpha"}), GraphPattern(p2, attrs={"alpha": "alpha"})),
 )
 """
 

@@ -149,3 +149,33 @@ def test_dcnv2_exports_in_its_environment_with_ground_truth(tmp_path) -> None:
         assert row["exit_code"] == 0, row["reason"]
         assert sum(n for k, n in row["plugins"].items() if "DeformConv" in k) == 2
     assert "Traceback" not in done.stdout and done.returncode == 0, result["problems"]
+
+
+@pytest.mark.real
+@pytest.mark.torch
+@pytest.mark.timeout(3000)
+def test_derived_rules_find_every_instance_hand_written_rules_find_on_corpus(tmp_path_factory) -> None:
+    """Each shipped plugin with from_torch rules, on every corpus model (third-party files and transformers
+    exports): the derived rules alone find each instance the hand-written rules alone find, and every
+    instance only they find matches its region on onnxruntime."""
+    pytest.importorskip("transformers", reason="the corpus extra: pip install -e '.[corpus]'")
+    cache = os.environ.get("GSKIT_CORPUS_CACHE") or str(tmp_path_factory.mktemp("corpus-cache"))
+    out = tmp_path_factory.mktemp("corpus") / "patterns.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--derived-vs-hand-written", "--json", str(out), "--cache", cache],
+        capture_output=True,
+        text=True,
+        timeout=2900,
+    )
+    assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["pattern_rows"]
+    assert [r["model"] for r in rows if not r["exporter"]] == PINNED, result["skipped"]
+    # 10 architectures x 2 exporters, and the models of [[exported]] whose exports are cached (or can be made)
+    assert len([r for r in rows if r["exporter"]]) >= 20, result["skipped"]
+    assert result["problems"] == [] and done.returncode == 0, result["problems"]
+    for row in rows:
+        for plugin, count in row["hand_written"].items():
+            assert row["derived"].get(plugin, 0) >= count, (row["model"], row["exporter"], plugin)
+    # not a comparison of two empty sets: both find the corpus's norms
+    assert sum(sum(r["derived"].values()) for r in rows) >= 100

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_folders import REPO, plugin_folders
+from plugin_folders import plugin_folders, run_compiles
 
 from gskit.backends import trt_plugin
 from gskit.backends.trt_plugin import KernelParam, PtxParam, TritonPtx
@@ -176,14 +176,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What ``main`` wrote: one entry per case (by ``str(case)``) and per refused kernel, and ``ptxas``."""
     if importlib.util.find_spec("triton") is None:  # find_spec: importing Triton here would be interpreted
         pytest.skip("AOT kernels are compiled with Triton (the dev extra installs it)")
-    out = tmp_path_factory.mktemp("aot_ptx") / "compiled.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_compiles(__file__, tmp_path_factory.mktemp("aot_ptx") / "compiled.json")
 
 
 def _result(compiled: dict[str, Any], key: str) -> dict[str, Any]:

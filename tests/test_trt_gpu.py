@@ -87,3 +87,27 @@ def test_plugin_engine_matches_its_reference(tmp_path, rng, folder):
     expected = spec.run_reference(arrays, {})
     for name, want in zip(spec.outputs, expected, strict=True):
         np.testing.assert_allclose(actual[name], want, rtol=RTOL, atol=ATOL)
+
+
+def test_rms_norm_engine_reads_float32_and_writes_the_float16_weight_dtype(tmp_path, rng):
+    """The fp16 TorchScript form of Hugging Face norms: a float32 x, a float16 weight, a float16 output."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import model as gsmodel
+
+    folder = next(f for f in TRT_PLUGIN_FOLDERS if f.name == "rms_norm")
+    (spec, *_) = load_spec_file(folder / "spec.py")
+    x = gs.Variable("x", dtype=np.float32, shape=(2, 8, 64))
+    w = gs.Constant("w", rng.standard_normal(64).astype(np.float16))
+    y = gs.Variable("y", dtype=np.float16, shape=(2, 8, 64))
+    graph = gs.Graph(
+        nodes=[spec.make_node([x, w], [y], {"epsilon": 1e-6})], inputs=[x], outputs=[y], opset=17
+    )
+    path = tmp_path / "mixed.onnx"
+    gsmodel.save(graph, path, check=False)
+    info = build_engine(path, tmp_path / "mixed.engine", plugins=[folder])
+    feeds = {"x": (rng.standard_normal((2, 8, 64)) * 3).astype(np.float32)}
+    actual = run_engine(info.engine, feeds, plugins=[folder])["y"]
+    (want,) = spec.run_reference([feeds["x"], w.values], {"epsilon": 1e-6})
+    assert actual.dtype == want.dtype == np.float16
+    np.testing.assert_allclose(actual.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)

@@ -174,6 +174,7 @@ def register_from_spec(
     aot_impl: AotImplFn | None = None,
     dtypes: Sequence[str] = DEFAULT_TYPES,
     formats: str = "LINEAR",
+    types: str | None = None,
 ) -> str:
     """Register ``spec``'s plugin with ``tensorrt.plugin``: register, impl, autotune and optional aot_impl.
 
@@ -184,6 +185,10 @@ def register_from_spec(
         aot_impl: the ahead-of-time implementation, or None (then engines need Python at run time).
         dtypes: TensorRT type names that every input and output take together, for autotune.
         formats: tensor formats for autotune.
+        types: the autotune type string itself, for plugins whose inputs and outputs differ in type (one
+            ``|``-separated list per input and output, paired position by position: ``"FP32|FP16|FP32,
+            FP32|FP16|FP16, FP32|FP16|FP16"`` adds a float32 x with a float16 weight and output); overrides
+            ``dtypes``.
 
     Returns:
         The plugin id (``namespace::name``). Registering an id again in the same process is a no-op
@@ -230,7 +235,7 @@ def register_from_spec(
 
     def tune(*args: Any, **kwargs: Any) -> list[Any]:
         tune_sig.bind(*args, **kwargs)
-        return [trtp.AutoTuneCombination(type_combination(spec, dtypes), formats)]
+        return [trtp.AutoTuneCombination(types or type_combination(spec, dtypes), formats)]
 
     for fn, sig in ((describe, reg_sig), (run, impl_sig), (tune, tune_sig)):
         fn.__signature__ = sig  # type: ignore[attr-defined]
@@ -354,6 +359,9 @@ def triton_ptx(
     pointer_types: Mapping[str, str],
     constexprs: Mapping[str, Any],
     target: Any | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    divisible_by_16: Sequence[str] = (),
 ) -> TritonPtx:
     """Compile a ``@triton.jit`` kernel to PTX for an ``aot_impl``; unnamed arguments are ``i32`` scalars.
 
@@ -366,6 +374,12 @@ def triton_ptx(
         pointer_types: pointer parameter -> element type (``fp32``, ``fp16``...).
         constexprs: compile-time parameter -> value.
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
+        num_warps: warps per program (the launch's ``block_x`` is ``32 * num_warps``).
+        num_stages: software-pipelining depth of the kernel's loops; None: Triton's default.
+        divisible_by_16: arguments the caller promises are multiples of 16 (pointers: 16-byte aligned
+            addresses; ints: values), which lets Triton emit 16-byte loads as its JIT does when it sees
+            such values. A promise TensorRT breaks at run time gives wrong results: the shipped plugins
+            make none (``bench/tune_kernels.py`` measures what it would gain).
 
     Raises:
         PluginError: Triton is missing or fails to compile the kernel, the kernel needs scratch memory,
@@ -385,9 +399,18 @@ def triton_ptx(
         else "i32"
         for name in kernel.arg_names
     }
+    unknown = set(divisible_by_16) - set(kernel.arg_names)
+    if unknown:
+        raise PluginError(f"{kernel_name}: divisible_by_16 names no argument: {', '.join(sorted(unknown))}")
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
     try:
         compiled = triton.compile(
-            ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs)), target=target
+            ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs), attrs=attrs),
+            target=target,
+            options={
+                "num_warps": int(num_warps),
+                **({} if num_stages is None else {"num_stages": num_stages}),
+            },
         )
     except Exception as err:  # Triton raises many types; name the kernel
         raise PluginError(f"Triton cannot compile {kernel_name}: {err}") from err

@@ -1,5 +1,8 @@
 """``gskit plugin list``: the plugins gskit can find, where each one came from, and its implementations.
 
+``gskit plugin new`` writes a plugin folder; ``gskit plugin check`` and ``gskit plugin derive``
+(``gskit/cli/plugin_author.py``) are the author's loop and the derived-rule cache.
+
 Sources, later ones winning for the same plugin: the shipped plugins, installed packages' ``gskit.plugins``
 entry points, ``$GSKIT_PLUGINS``, ``./plugins`` (where ``gskit plugin new`` writes) and ``--plugins DIR``.
 """
@@ -10,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from gskit.cli import add_plugins_option
+from gskit.cli import add_plugins_option, plugin_author
 from gskit.io import report
 from gskit.plugin.spec import LOCAL_PLUGINS, REQUIRED, load_plugins, plugin_files
 from gskit.plugin.stubs import stub_parts
@@ -30,16 +33,21 @@ class PluginRow:
     origin: str
     #: implementations that are still the stubs ``gskit plugin new`` wrote (raise NotImplementedError)
     stubs: list[str]
+    #: of ``patterns``, the rules derived from PyTorch code (``from_torch``)
+    derived: int = 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("plugin", help="list the plugins gskit finds", description=__doc__)
+    parser = subparsers.add_parser(
+        "plugin", help="list, create, check and derive plugins", description=__doc__
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="namespace, name, version, attributes and implementations")
     add_plugins_option(listing)
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=run)
     _add_new_parser(actions)
+    plugin_author.add_parsers(actions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                 str(spec.source) if spec.source else None,
                 registry.origin(spec),
                 list(stub_parts(spec)),
+                sum(1 for rule in spec.patterns if hasattr(rule, "forms")),
             )
         )
     if args.json:
@@ -74,13 +83,16 @@ def run(args: argparse.Namespace) -> int:
             r.name,
             r.version,
             "\n".join(r.attributes) or "-",
-            r.patterns,
+            f"{r.patterns} ({r.derived})" if r.derived else r.patterns,
             ", ".join(f"{kind} (stub)" if kind in r.stubs else kind for kind in r.implementations) or "-",
             r.origin or "-",
         )
         for r in rows
     ]
-    report.console().print(report.table(f"{len(rows)} plugin(s)", columns, table_rows))
+    out = report.console()
+    out.print(report.table(f"{len(rows)} plugin(s)", columns, table_rows))
+    if any(r.derived for r in rows):
+        out.print("patterns: N (M): N rules, M of them derived from PyTorch code (from_torch)")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 from gskit.cli import add_plugins_option
 from gskit.cli.options import add_options, options_from_args
@@ -16,9 +17,6 @@ from gskit.passes.transform import run_pass
 from gskit.plugin.spec import load_plugins
 
 log = logging.getLogger(__name__)
-
-#: Explanation rows shown in the table (all of them are in --json).
-MAX_EXPLAIN_ROWS = 40
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--output", required=True, help="where to write the model")
     add_plugins_option(parser)
     add_options(parser, ReplaceOptions)
+    parser.epilog = (
+        "--explain adds one row per plugin and rule: what it replaced, and for the rest the attempt that got "
+        "furthest (the anchor it started from, how many of the rule's nodes matched, the node or constant "
+        "where it stopped, and why); with --only NAME, that plugin's rules only. --json lists every attempt."
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -93,14 +96,28 @@ def _print(report: ReplaceReport, written: str) -> None:
             f"{' ...' if len(left) > 3 else ''}); --explain says which check failed"
         )
     if report.explanations:
-        ranked = sorted(report.explanations, key=lambda e: -e.depth)
-        shown = ranked[:MAX_EXPLAIN_ROWS]
+        out.print(explain_table(report))
         out.print(
-            table(
-                "Why rules did not fire (deepest failure per anchor)",
-                ("plugin", "rule", "anchor", "matched", "failed at", "reason"),
-                ((e.plugin, e.rule, e.anchor, e.depth, e.node, e.reason) for e in shown),
-            )
+            f"{len(report.explanations)} failed attempt(s) in all; --json lists each one "
+            "(plugin, rule, anchor, matched, failed at, reason)"
         )
-        if len(ranked) > len(shown):
-            out.print(f"... {len(ranked) - len(shown)} more (all of them with --json)")
+
+
+def explain_table(report: ReplaceReport, title: str = "Rules: matches, and the best partial match") -> Any:
+    """One row per plugin and rule: what it replaced, or where its furthest attempt stopped (the anchor it
+    started from, how many of its nodes matched, the node or constant where it stopped, and why)."""
+    rows = []
+    for r in report.rules:
+        best = r.best
+        if r.replaced or best is None:  # a rule that replaced instances: its other attempts are noise
+            where, matched, failed_at, reason = "-", "-", "-", "-"
+        else:
+            where = best.anchor or "-"
+            matched = f"{best.depth} of {r.size}"
+            failed_at, reason = best.node or "-", best.reason
+        rows.append((r.plugin, r.rule, r.replaced, where, matched, failed_at, reason))
+    return table(
+        title,
+        ("plugin", "rule", "replaced", "best attempt at", "matched", "failed at", "reason"),
+        rows,
+    )

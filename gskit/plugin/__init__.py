@@ -3,6 +3,7 @@
 ``ops``: standard domains, op labels, what makes a node a plugin node and its identity. ``spec``: a plugin's
 :class:`PluginSpec` (attributes, tensor info, output rules, reference), the registry and plugin discovery
 (shipped, installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``).
+``derive``: ``from_torch``, a plugin's patterns derived from the PyTorch code it replaces, and their caches.
 ``scaffold``: the folder ``gskit plugin new`` writes.
 
 The plugin folders themselves live outside this package (the repository's ``plugins/``, installed as
@@ -11,6 +12,7 @@ plugin runs is not here: ``gskit.backends.ort`` runs its reference, ``gskit.back
 it with TensorRT. Core layer (docs/architecture.md).
 """
 
+from gskit.plugin.derive import from_torch
 from gskit.plugin.spec import (
     Attribute,
     AttrType,
@@ -31,6 +33,8 @@ __all__ = [
     "TensorInfo",
     "per_channel_of",
     "same_as_input",
+    # Patterns derived from the PyTorch code a plugin replaces (torch imported only to derive)
+    "from_torch",
     # Where plugins come from
     "PluginRegistry",
     "load_plugins",

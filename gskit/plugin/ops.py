@@ -61,6 +61,38 @@ def op_label(domain: str | None, op_type: str) -> str:
     return op_type if is_default_domain(domain) else f"{domain}::{op_type}"
 
 
+def is_onnx_op(domain: str | None, op_type: str) -> bool:
+    """Whether ONNX (any opset) defines ``op_type`` in ``domain``; op names are case-sensitive."""
+    return onnx.defs.has(op_type, canonical_domain(domain))
+
+
+def onnx_op_since(domain: str | None, op_type: str, opset: int) -> int | None:
+    """None when ``op_type`` exists at ``opset`` of ``domain``, else the first opset having it (0: none)."""
+    domain = canonical_domain(domain)
+    try:
+        onnx.defs.get_schema(op_type, opset, domain)
+        return None
+    except onnx.defs.SchemaError:
+        pass
+    versions = [
+        s.since_version
+        for s in onnx.defs.get_all_schemas_with_history()
+        if s.name == op_type and s.domain == domain
+    ]
+    return min(versions, default=0)
+
+
+def similar_onnx_ops(op_type: str, limit: int = 3) -> list[str]:
+    """ONNX op types spelled like ``op_type`` (``tanh`` -> ``Tanh``), for "did you mean" hints."""
+    import difflib
+
+    lower = {name.lower(): name for name in ONNX_OP_TYPES}
+    exact = lower.get(op_type.lower())
+    if exact is not None:
+        return [exact]
+    return [lower[m] for m in difflib.get_close_matches(op_type.lower(), list(lower), n=limit, cutoff=0.75)]
+
+
 def op_counts(graph: gs.Graph) -> Counter[str]:
     """Nodes per :func:`op_label` in ``graph`` and all its subgraphs."""
     counts: Counter[str] = Counter()

@@ -27,7 +27,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
-from gskit.plugin.ops import node_key
+from gskit.plugin.ops import DEFAULT_DOMAINS, ONNX_DOMAINS, is_onnx_op, node_key, op_label, similar_onnx_ops
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +112,22 @@ def same_as_input(index: int = 0) -> InferFn:
     return infer
 
 
-def per_channel_of(index: int = 0, weight: int = 1) -> InferFn:
+def per_channel_of(index: int = 0, weight: int = 1, *, dtype_of: int | None = None) -> InferFn:
     """Output rule for norms over the last axis: input ``index``'s dtype and shape, with an unknown last dim
-    taken from the ``(C,)`` input ``weight`` (upstream ops whose output dims onnx cannot infer)."""
+    taken from the ``(C,)`` input ``weight`` (upstream ops whose output dims onnx cannot infer).
+
+    ``dtype_of`` declares an output dtype that differs from input ``index``'s: the dtype of that input
+    (RMSNorm takes its weight's, so a float32 ``x`` whose result is cast to float16 before a float16 weight
+    is one plugin node).
+    """
 
     same = same_as_input(index)
 
     def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> Sequence[TensorInfo]:
         (out,) = same(inputs, attrs)
+        typed = inputs[dtype_of] if dtype_of is not None and dtype_of < len(inputs) else None
+        if typed is not None and typed.dtype:
+            out = TensorInfo(typed.dtype, out.shape)
         scale = inputs[weight] if weight < len(inputs) else None
         if out.shape and not isinstance(out.shape[-1], int) and scale is not None and scale.shape:
             last = scale.shape[-1]
@@ -127,7 +135,9 @@ def per_channel_of(index: int = 0, weight: int = 1) -> InferFn:
                 return [TensorInfo(out.dtype, (*out.shape[:-1], last))]
         return [out]
 
-    infer.__name__ = f"per_channel_of_{index}_{weight}"
+    infer.__name__ = f"per_channel_of_{index}_{weight}" + (
+        f"_dtype_of_{dtype_of}" if dtype_of is not None else ""
+    )
     return infer
 
 
@@ -384,6 +394,28 @@ class PluginRegistry:
         """ONNX domains used by the plugins."""
         return {s.namespace for s in self._specs.values()}
 
+    def check_plugin_ops(self) -> None:
+        """A pattern that names an op of its own plugin's namespace names a loaded plugin of it.
+
+        Ops of other non-ONNX domains are not checked: a rule may match a third party's custom node (an
+        exporter symbolic's ``custom::deform_conv2d``) that no plugin defines.
+
+        Raises:
+            PluginError: naming the pattern, the op and the plugins of that namespace.
+        """
+        names: dict[str, set[str]] = {}
+        for spec in self._specs.values():
+            names.setdefault(spec.namespace, set()).add(spec.name)
+        for spec in self._specs.values():
+            for rule in spec.patterns:
+                for domain, op in sorted(rule.ops()):
+                    if domain == spec.namespace and op not in names[domain]:
+                        raise PluginError(
+                            f"{spec.source or spec.qualified_name}: pattern '{rule.name}' names op "
+                            f"'{domain}::{op}', but no loaded plugin of namespace '{domain}' is called {op} "
+                            f"(there are: {', '.join(sorted(names[domain]))})"
+                        )
+
 
 # Where plugins come from, lowest precedence first. A plugin (namespace, name, version) found again in a
 # source of a higher level replaces the lower one (a local copy of a shipped plugin is the one used); two
@@ -485,6 +517,7 @@ def load_plugins(
                 registry.remove(spec.key)
             registry.add(spec, origin=source.origin)
             levels[spec.key] = source.level
+    registry.check_plugin_ops()
     log.debug("loaded plugins: %s", registry.names())
     return registry
 
@@ -626,6 +659,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
                 coerce_attribute(spec, attr, attr.default)
             except PluginError as err:
                 raise PluginError(f"{where}: default of {err}") from err
+    check_patterns(spec, where)
     if onnx.defs.has(spec.name):
         log.warning(
             "%s: plugin name '%s' is also an ONNX op; the TensorRT parser ignores domains, so only TensorRT "
@@ -634,6 +668,42 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
             spec.name,
         )
     return spec
+
+
+def check_patterns(spec: PluginSpec, where: str) -> None:
+    """Each pattern is a rule, names ops ONNX defines (in ONNX's domains) and attributes the spec has.
+
+    Raises:
+        PluginError: naming the rule and what to fix (an op ONNX does not have would never match: the
+            replacement would report "0 replaced" and pass validation, hiding the typo).
+    """
+    from gskit.passes.patterns.rules import Rule  # the pattern package imports this module
+
+    known = {a.name for a in spec.attributes}
+    for rule in spec.patterns:
+        if not isinstance(rule, Rule):
+            raise PluginError(
+                f"{where}: pattern {rule!r} is not a gskit.passes.patterns rule (GraphPattern, OpPattern, "
+                "FunctionPattern, or from_torch(...))"
+            )
+        for domain, op in sorted(rule.ops()):
+            if domain in ONNX_DOMAINS and not is_onnx_op(domain, op):
+                close = similar_onnx_ops(op) if domain in DEFAULT_DOMAINS else []
+                hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+                raise PluginError(
+                    f"{where}: pattern '{rule.name}' names op '{op_label(domain, op)}', which ONNX does not "
+                    f"define{hint}; ONNX op types are case-sensitive"
+                )
+        named = getattr(rule, "attrs", None)
+        description = getattr(rule, "description", None)
+        wanted = set(named) if isinstance(named, Mapping) else set()
+        wanted |= set(getattr(description, "attributes", ()))
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise PluginError(
+                f"{where}: pattern '{rule.name}' sets attribute(s) {unknown}, which the spec does not "
+                f"declare (declared: {sorted(known) or 'none'})"
+            )
 
 
 def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:

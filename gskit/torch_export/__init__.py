@@ -16,6 +16,9 @@ Two exporters are covered:
 
 Every export goes through :func:`export`, which runs the written model on onnxruntime (plugin nodes
 through their numpy references) against PyTorch on the same inputs.
+
+``derive`` exports a plugin's PyTorch code with every exporter form for ``gskit.plugin.from_torch``, which
+imports it only when no cache holds the rules.
 """
 
 from gskit.torch_export.autograd import as_plugin

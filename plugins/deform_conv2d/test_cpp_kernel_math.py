@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,35 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize(("x_shape", "c_out", "kernel", "attrs", "with_bias", "with_mask"), CASES)
-def test_kernel_math_matches_reference(
-    harness, tmp_path, x_shape, c_out, kernel, attrs, with_bias, with_mask
-) -> None:
+@dataclass(frozen=True)
+class WrittenCase:
+    """One case's inputs as the harnesses read them, and what they take on the command line."""
+
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+    out_shape: tuple[int, int, int, int]
+    #: The sizes, attributes and flags after the harnesses' DIR (and TYPE) arguments, in their order.
+    args: list[str]
+
+    def expected(self) -> np.ndarray:
+        a = self.arrays
+        return deform_conv2d(a["x"], a["weight"], a["offset"], a.get("bias"), a.get("mask"), **self.attrs)
+
+
+def write_case(
+    folder: Path,
+    x_shape: tuple[int, ...],
+    c_out: int,
+    kernel: tuple[int, int],
+    attrs: dict[str, Any],
+    with_bias: bool,
+    with_mask: bool,
+    *,
+    seed: int = 0,
+    weight_scale: float = 1.0,
+    store: type = np.float32,
+) -> WrittenCase:
+    """Random inputs for a case written to ``folder/{name}.f32`` (values rounded to ``store`` first)."""
     full = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1, "offset_group": 1}
     full.update(attrs)
     n, c, h, w = x_shape
@@ -49,10 +75,10 @@ def test_kernel_math_matches_reference(
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = full["strides"], full["pads"], full["dilations"]
     oh, ow = output_size(h, kh, sh, pt, pb, dh), output_size(w, kw, sw, pl, pr, dw)
     groups, offset_groups = full["group"], full["offset_group"]
-    rng = np.random.default_rng(sum(x_shape) + c_out)
+    rng = np.random.default_rng(sum(x_shape) + c_out + seed)
     arrays = {
         "x": rng.standard_normal(x_shape),
-        "weight": rng.standard_normal((c_out, c // groups, kh, kw)),
+        "weight": rng.standard_normal((c_out, c // groups, kh, kw)) * weight_scale,
         # Offsets of a few pixels: samples land between pixels, on borders and outside the image.
         "offset": rng.standard_normal((n, offset_groups * kh * kw * 2, oh, ow)) * 3,
     }
@@ -60,17 +86,22 @@ def test_kernel_math_matches_reference(
         arrays["bias"] = rng.standard_normal(c_out)
     if with_mask:
         arrays["mask"] = rng.random((n, offset_groups * kh * kw, oh, ow))
-    arrays = {name: a.astype(np.float32) for name, a in arrays.items()}
+    arrays = {name: a.astype(store).astype(np.float32) for name, a in arrays.items()}
     for name, array in arrays.items():
-        array.tofile(tmp_path / f"{name}.f32")
+        array.tofile(folder / f"{name}.f32")
     sizes = [n, c, h, w, c_out, kh, kw, oh, ow, sh, sw, pt, pl, dh, dw, groups, offset_groups]
-    flags = [int(with_bias), int(with_mask)]
-    subprocess.run([str(harness), str(tmp_path), *map(str, sizes + flags)], check=True)
-    got = np.fromfile(tmp_path / "y.f32", dtype=np.float32).reshape(n, c_out, oh, ow)
-    expected = deform_conv2d(
-        arrays["x"], arrays["weight"], arrays["offset"], arrays.get("bias"), arrays.get("mask"), **full
-    )
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    args = [str(v) for v in [*sizes, int(with_bias), int(with_mask)]]
+    return WrittenCase(arrays, full, (n, c_out, oh, ow), args)
+
+
+@pytest.mark.parametrize(("x_shape", "c_out", "kernel", "attrs", "with_bias", "with_mask"), CASES)
+def test_kernel_math_matches_reference(
+    harness, tmp_path, x_shape, c_out, kernel, attrs, with_bias, with_mask
+) -> None:
+    case = write_case(tmp_path, x_shape, c_out, kernel, attrs, with_bias, with_mask)
+    subprocess.run([str(harness), str(tmp_path), *case.args], check=True)
+    got = np.fromfile(tmp_path / "y.f32", dtype=np.float32).reshape(case.out_shape)
+    np.testing.assert_allclose(got, case.expected(), rtol=1e-5, atol=1e-5)
 
 
 def test_bad_input_file_is_refused(harness, tmp_path):

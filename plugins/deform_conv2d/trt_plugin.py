@@ -54,7 +54,7 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     c_out = w_shape[0]
     oh, ow = outputs[0].shape_expr[2], outputs[0].shape_expr[3]
     co_blocks = -(-(c_out // a["group"]) // ptx.constexprs["BLOCK_CO"])
-    grid = [trtp.cdiv(oh * ow, kernel.BLOCK_P), n * (a["group"] * co_blocks)]
+    grid = [trtp.cdiv(oh * ow, ptx.constexprs["BLOCK_P"]), n * (a["group"] * co_blocks)]
     return launch(ptx, grid=grid, scalars=[n, c, h, w, c_out, oh, ow])
 
 

@@ -1,5 +1,14 @@
 """What LayerNorm replaces: layer normalization over the last axis, decomposed or as one ONNX op.
 
+Derived rules (``from_torch``, cached in ``derived_patterns.json``; ``gskit plugin derive layer_norm`` writes
+it again): ``torch_layer_norm`` (``F.layer_norm``: ``LayerNormalization`` from opset 17, decomposed before),
+``layer_norm`` (the decomposition written out, as PaddlePaddle and hand-written modules compute it) and
+``keras_layer_norm`` / ``keras_layer_norm_pooled`` (Keras' folded scale, as tf2onnx writes it, with means as
+ReduceMean or as GlobalAveragePool). The hand-written rules below cover these and what PyTorch code does not
+describe as the plugin's inputs (no bias: the plugin gets a zero bias).
+
+Hand-written rules:
+
 Decomposed (TorchScript and dynamo exporters; ``axes`` as attribute or, from opset 18, as input)::
 
     mean = ReduceMean(x, axes=[-1]); d = Sub(x, mean)
@@ -36,6 +45,76 @@ from gskit.passes.patterns import (
     constant_value,
 )
 from gskit.passes.patterns.checks import all_of, one_number, per_last_axis
+from gskit.plugin import from_torch
+
+# ---- the PyTorch code (torch is imported only when the rules are derived) --------------------------------
+
+
+def torch_layer_norm(x: Any, weight: Any, bias: Any, *, epsilon: float) -> Any:
+    """``torch.nn.functional.layer_norm`` over the last axis (``nn.LayerNorm``)."""
+    import torch
+
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, epsilon)
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, *, epsilon: float) -> Any:
+    """The decomposition written out: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+    import torch
+
+    d = x - x.mean(-1, keepdim=True)
+    return d / torch.sqrt(d.pow(2).mean(-1, keepdim=True) + epsilon) * weight + bias
+
+
+def keras_layer_norm(x: Any, weight: Any, bias: Any, *, epsilon: float) -> Any:
+    """Keras' LayerNormalization as tf2onnx writes it: the scale folded into both terms."""
+    import torch
+
+    mean = x.mean(-1, keepdim=True)
+    d = x - mean
+    scale = torch.reciprocal(torch.sqrt((d * d).mean(-1, keepdim=True) + epsilon)) * weight
+    return x * scale + (bias - mean * scale)
+
+
+def keras_layer_norm_pooled(x: Any, weight: Any, bias: Any, *, epsilon: float) -> Any:
+    """The same with the means of a 3-D tensor as GlobalAveragePool (tf2onnx's optimizer writes them so)."""
+    import torch
+
+    mean = torch.nn.functional.adaptive_avg_pool1d(x, 1)
+    d = x - mean
+    var = torch.nn.functional.adaptive_avg_pool1d(d * d, 1)
+    scale = torch.reciprocal(torch.sqrt(var + epsilon)) * weight
+    return x * scale + (bias - mean * scale)
+
+
+def _per_channel(match: Match) -> MatchResult:
+    return per_last_axis(match, "x", "weight", "bias")
+
+
+def _three_d_per_channel(match: Match) -> MatchResult:
+    """GlobalAveragePool is the mean over the last axis only for a 3-D input."""
+    shape = match.inputs["x"].shape
+    if shape is None or len(shape) != 3:
+        return MatchResult.fail(
+            f"GlobalAveragePool is the mean over the last axis only for a 3-D input; "
+            f"'{match.inputs['x'].name}' has shape {shape}",
+            match.anchor,
+        )
+    return _per_channel(match)
+
+
+#: x, weight and bias of the exports: a 3-D activation, one weight and bias per channel (sizes other than 1).
+EXAMPLE = [(2, 5, 16), (16,), (16,)]
+
+DERIVED: tuple = (
+    *(
+        rule
+        for fn in (torch_layer_norm, layer_norm, keras_layer_norm)
+        for rule in from_torch(fn, EXAMPLE, {"epsilon": 1e-5}, check=_per_channel)
+    ),
+    *from_torch(keras_layer_norm_pooled, EXAMPLE, {"epsilon": 1e-5}, check=_three_d_per_channel),
+)
+
+# ---- hand-written rules ------------------------------------------------------------------------------------
 
 
 def _square(op: Any, d: Any, form: str) -> Any:
@@ -197,7 +276,7 @@ def _torch_function(match: Match) -> MatchResult:
 
 _SQUARES, _NORMALIZE = ("pow", "mul"), ("div", "reciprocal", "one_div")
 
-PATTERNS: tuple = (
+HAND_WRITTEN: tuple = (
     *(
         _decomposed(s, n, with_eps=e, bias=b)
         for b in (True, False)
@@ -224,3 +303,5 @@ PATTERNS: tuple = (
         name="torch nn.LayerNorm function",
     ),
 )
+
+PATTERNS: tuple = (*DERIVED, *HAND_WRITTEN)

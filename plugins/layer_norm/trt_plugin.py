@@ -2,10 +2,12 @@
 
 Load with ``gskit build --plugins plugins/layer_norm`` (full TensorRT >= 10.9, Triton, torch).
 Name, namespace and attributes come from ``spec.py``; the output is x's shape and dtype. The AOT kernel
-needs x's last dim fixed at build time (it sets the kernel's chunk length).
+needs x's last dim fixed at build time (it sets the launch configuration).
 """
 
 from typing import Any
+
+import tensorrt.plugin as trtp
 
 from gskit.backends.trt_plugin import (
     as_torch,
@@ -38,7 +40,7 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
         raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed last dim of x")
     ptx = kernel.aot_kernel(triton_type(x.dtype), cols.constant_value(), attrs["epsilon"])
     rows = x.shape_expr.numel() // cols
-    return launch(ptx, grid=[rows], scalars=[cols])
+    return launch(ptx, grid=[trtp.cdiv(rows, ptx.constexprs["ROWS"])], scalars=[rows, cols])
 
 
 PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl)

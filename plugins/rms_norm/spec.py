@@ -4,6 +4,10 @@
 hand-written ``x * rsqrt(mean(x^2) + eps) * w`` that exporters write as Pow/Mul, ReduceMean, Add,
 Sqrt, Reciprocal or Div, Mul, and ``F.rms_norm``. The name does not collide with ONNX's
 RMSNormalization (opset 23).
+
+The output takes the weight's dtype (``per_channel_of(0, 1, dtype_of=1)``), which is ``x``'s in every form
+but one: fp16 TorchScript exports of Hugging Face models keep the residual stream (``x``) in float32 and cast
+the normalized value to float16 before the float16 weight.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ SPEC = PluginSpec(
     attributes=(
         Attribute("epsilon", AttrType.FLOAT, 1e-5, doc="added to the mean of squares before the square root"),
     ),
-    infer=per_channel_of(0, 1),
+    infer=per_channel_of(0, 1, dtype_of=1),
     reference=rms_norm,
     patterns=PATTERNS,
     doc=(
         "Root-mean-square normalization over the last axis: y = x / sqrt(mean(x^2) + epsilon) * weight. "
-        "weight has the size of x's last axis. Output: x's dtype and shape."
+        "weight has the size of x's last axis. Output: x's shape, weight's dtype (x's, but for a float32 x "
+        "normalized into a float16 model)."
     ),
 )

@@ -1,11 +1,14 @@
 """RMSNorm as a TensorRT Python plugin (``tensorrt.plugin``), JIT and ahead-of-time (Triton PTX).
 
 Load with ``gskit build --plugins plugins/rms_norm`` (full TensorRT >= 10.9, Triton, torch).
-Name, namespace and attributes come from ``spec.py``; the output is x's shape and dtype. The AOT kernel
-needs x's last dim fixed at build time (it sets the kernel's chunk length).
+Name, namespace and attributes come from ``spec.py``; the output is x's shape in the weight's dtype (x's,
+or float16 for a float32 x with a float16 weight). The AOT kernel needs x's last dim fixed at build time (it
+sets the launch configuration).
 """
 
 from typing import Any
+
+import tensorrt.plugin as trtp
 
 from gskit.backends.trt_plugin import (
     as_torch,
@@ -18,11 +21,13 @@ from gskit.backends.trt_plugin import (
 from gskit.errors import PluginError
 
 SPEC, kernel = load_plugin_folder(__file__)
+#: (x, weight, y): all float32, all float16, or a float32 x with a float16 weight and output.
+TYPES = "FP32|FP16|FP32, FP32|FP16|FP16, FP32|FP16|FP16"
 
 
 def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    """Mirrors ``SPEC.infer`` (same_as_input(0))."""
-    return [inputs[0].like()]
+    """Mirrors ``SPEC.infer`` (per_channel_of(0, 1, dtype_of=1)): x's shape, the weight's dtype."""
+    return [trtp.from_shape_expr(inputs[0].shape_expr, dtype=inputs[1].dtype)]
 
 
 def impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any], stream: int) -> None:
@@ -36,9 +41,14 @@ def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tu
     cols = x.shape_expr[x.ndim - 1]
     if cols.is_fake or not cols.is_constant:
         raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed last dim of x")
-    ptx = kernel.aot_kernel(triton_type(x.dtype), cols.constant_value(), attrs["epsilon"])
+    ptx = kernel.aot_kernel(
+        triton_type(x.dtype),
+        cols.constant_value(),
+        attrs["epsilon"],
+        weight_dtype=triton_type(inputs[1].dtype),
+    )
     rows = x.shape_expr.numel() // cols
-    return launch(ptx, grid=[rows], scalars=[cols])
+    return launch(ptx, grid=[trtp.cdiv(rows, ptx.constexprs["ROWS"])], scalars=[rows, cols])
 
 
-PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl)
+PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl, types=TYPES)

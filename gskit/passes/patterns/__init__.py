@@ -3,6 +3,7 @@
 Plugin authors write rules in ``plugins/<name>/patterns.py``; ``replace`` applies them to a graph.
 """
 
+from gskit.passes.patterns.derived import DerivedPattern, RuleDescription
 from gskit.passes.patterns.dsl import ATTRIBUTE_INPUTS, COMMUTATIVE, OpBuilder, PatternGraph, trace
 from gskit.passes.patterns.match import GraphIndex, MatchResult, Tracer, constant_value
 from gskit.passes.patterns.replace import (
@@ -10,6 +11,7 @@ from gskit.passes.patterns.replace import (
     PluginReport,
     ReplacedRegion,
     ReplaceReport,
+    RuleReport,
     Skip,
     replace,
 )
@@ -31,6 +33,10 @@ __all__ = [
     "ReplacedRegion",
     "Skip",
     "Explanation",
+    "RuleReport",
+    # rules derived from exported graphs (gskit.plugin.from_torch)
+    "DerivedPattern",
+    "RuleDescription",
     # pattern language internals
     "OpBuilder",
     "PatternGraph",

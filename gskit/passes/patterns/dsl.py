@@ -15,14 +15,20 @@ pattern's output value(s)::
   (the call then returns a tuple).
 * An input is another pattern value, a pattern argument (any tensor, bound consistently: the same
   argument used twice must be the same tensor), a number (a constant that must have this value, from an
-  initializer or a ``Constant`` node, scalar or any shape whose elements all equal it),
-  ``op.capture(name)`` (any constant, recorded under ``name``) or ``None`` (an absent optional input).
+  initializer or a ``Constant`` node, scalar or any shape whose elements all equal it), a list or numpy
+  array (a constant with these values, leading 1-dims aside), ``op.capture(name)`` (any constant, recorded
+  under ``name``) or ``None`` (an absent optional input). A float literal matches within the precision of
+  the constant's dtype (float32: a relative 1e-6; float16 and bfloat16: their machine epsilon), so one
+  rule written with ``0.044715`` matches float32 and float16 models alike.
 * An attribute is a literal (the node's value, or the schema default when the node omits it, must be
   equal) or ``op.capture(name)`` (recorded). Attributes that newer opsets moved to inputs (``axes`` of
-  Reduce*/Squeeze/Unsqueeze, ``min``/``max`` of Clip, ...) match in either form; ``axes`` compare after
-  normalizing negative axes when the input rank is known. Attributes the pattern does not name are not
-  checked, except the attribute-or-input ones, which must then be absent.
+  Reduce*/Squeeze/Unsqueeze, ``min``/``max`` of Clip, ...) match in either form; ``axes`` and ``axis``
+  compare after normalizing negative axes when the input rank is known; floats compare within a relative
+  1e-6. Attributes the pattern does not name are not checked, except the attribute-or-input ones, which
+  must then be absent.
 * Add, Mul, Max, Min, Sum, And, Or, Xor, Equal match their two inputs in either order.
+* A ``Cast`` to the dtype its input already has is looked through in the model; a ``Cast`` the pattern
+  wants may be missing from the model where it would be such a no-op (see ``gskit.passes.patterns.match``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from gskit.errors import PluginError
 
@@ -83,10 +91,15 @@ class Var:
 
 @dataclass(frozen=True, eq=False)
 class ConstValue:
-    """A constant input: equal to ``value`` (``capture`` None) or captured (``value`` None)."""
+    """A constant input: equal to ``value`` (``capture`` None) or captured (``value`` None).
 
-    value: float | int | None = None
+    ``value`` is a number or an array; ``dtype`` is the precision the value is known to (a numpy dtype
+    name: a rule derived from a float16 export knows its literals to float16 precision), None for exact.
+    """
+
+    value: float | int | np.ndarray | None = None
     capture: str | None = None
+    dtype: str | None = None
 
 
 @dataclass(eq=False)
@@ -157,7 +170,13 @@ def _as_value(v: Any) -> Value | None:
         return ConstValue(capture=v.name)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return ConstValue(value=v)
-    raise PluginError(f"pattern input {v!r} is not a pattern value, a number, op.capture(...) or None")
+    if isinstance(v, (list, tuple, np.ndarray)):
+        array = np.asarray(v)
+        if array.dtype.kind in "biuf" and array.size:
+            return ConstValue(value=array)
+    raise PluginError(
+        f"pattern input {v!r} is not a pattern value, a number, a list of numbers, op.capture(...) or None"
+    )
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,6 +11,11 @@ the matcher looks through such a Cast: between two pattern nodes the Cast joins 
 with the rest and its output must not be used outside), in front of a pattern argument the argument binds
 to the Cast's input. So matching does not depend on a cleanup having run first. A Cast is a no-op only
 when its input's dtype is known; ``gskit.passes.patterns.replace`` infers missing dtypes before matching.
+
+The other way round, a ``Cast`` the pattern wants may be missing from the model where it would be a no-op (the
+tensor already has the dtype the Cast names; ``sanitize`` removed it, or this exporter never wrote it): the
+pattern's Cast then matches no node and its input is that same tensor. So a rule derived from a float16
+export, ``Cast(x, to=float)`` first, also matches where ``x`` is float32 and nothing casts it.
 """
 
 from __future__ import annotations
@@ -176,6 +181,8 @@ class Binding:
     constants: tuple[gs.Tensor, ...] = ()
     #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
     casts: tuple[gs.Node, ...] = ()
+    #: pattern Casts the model does not need (its tensor has that dtype already) -> that tensor
+    virtual: Mapping[int, gs.Tensor] = field(default_factory=dict)
 
     def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
         return dataclasses.replace(self, nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
@@ -191,6 +198,9 @@ class Binding:
 
     def with_cast(self, node: gs.Node) -> Binding:
         return dataclasses.replace(self, used=self.used | {id(node)}, casts=(*self.casts, node))
+
+    def with_virtual(self, pnode: PNode, tensor: gs.Tensor) -> Binding:
+        return dataclasses.replace(self, virtual={**self.virtual, id(pnode): tensor})
 
 
 def label(node: gs.Node) -> str:
@@ -293,6 +303,8 @@ def _rank(tensor: gs.Tensor) -> int | None:
 
 def _same_value(name: str, want: Any, have: Any, rank: int | None) -> bool:
     want, have = _plain(want), _plain(have)
+    if name == "axis" and isinstance(want, int) and isinstance(have, int) and want != have:
+        return rank is not None and rank > 0 and want % rank == have % rank  # -1 is the last axis
     if name == "axes" and isinstance(want, list) and isinstance(have, list):
         if len(want) != len(have):
             return False
@@ -319,13 +331,14 @@ class Matcher:
     def __init__(self, pattern: PatternGraph, tracer: Tracer = NULL_TRACER) -> None:
         self.pattern = pattern
         self.tracer = tracer
+        self._outputs = [o.node for o in pattern.outputs]
 
     def match(self, anchor: gs.Node) -> Binding | None:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
         if self.tracer is NULL_TRACER and not self._skeleton(self.pattern.anchor, anchor, {}):
             return None  # op types alone rule it out; the full matcher would fail too, only slower
         for binding in self._node(self.pattern.anchor, anchor, Binding()):
-            if all(id(o.node) in binding.nodes for o in self.pattern.outputs):
+            if all(id(o.node) in binding.nodes for o in self.pattern.outputs):  # outputs are real nodes
                 return binding
             self.tracer.fail(len(binding.nodes), anchor, "some pattern outputs are not produced by the match")
         return None
@@ -339,17 +352,29 @@ class Matcher:
             seen[key] = True  # provisional: a DAG pattern reaches a node twice
             seen[key] = any(
                 all(
-                    not isinstance(v, NodeOutput)
-                    or (
-                        i < len(node.inputs)
-                        and bool((source := self._source(v, node.inputs[i])).inputs)
-                        and self._skeleton(v.node, source.inputs[0], seen)
-                    )
+                    i < len(node.inputs) and self._skeleton_value(v, node.inputs[i], seen)
                     for i, v in enumerate(order)
                 )
                 for order in pn.orders
             )
         return seen[key]
+
+    def _skeleton_value(self, v: Value | None, tensor: gs.Tensor, seen: dict[tuple[int, int], bool]) -> bool:
+        if not isinstance(v, NodeOutput):
+            return True
+        source = self._source(v, tensor)
+        if source.inputs and self._skeleton(v.node, source.inputs[0], seen):
+            return True
+        # a pattern Cast the model may not need: its input stands where the Cast would be
+        return self._may_be_virtual(v.node, tensor) and self._skeleton_value(v.node.inputs[0], tensor, seen)
+
+    def _may_be_virtual(self, pn: PNode, tensor: gs.Tensor) -> bool:
+        """A pattern Cast (not an output) to the dtype ``tensor`` has already: the model needs no node."""
+        if pn.op_type != "Cast" or pn.domain or len(pn.inputs) != 1 or pn in self._outputs:
+            return False
+        have = elem_type(tensor.dtype)
+        want = pn.attrs.get("to")
+        return have is not None and (isinstance(want, Capture) or want == have)
 
     @staticmethod
     def _source(pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
@@ -460,6 +485,20 @@ class Matcher:
         if isinstance(pv, ConstValue):
             yield from self._constant(pv, tensor, b)
             return
+        virtual = b.virtual.get(id(pv.node))
+        if virtual is not None:  # a Cast the model does not need, reached again through another path
+            if virtual is tensor:
+                yield b
+            else:
+                self._fail(
+                    b, producer(tensor), f"'{tensor.name}' and '{virtual.name}' would be one Cast's input"
+                )
+            return
+        if self._may_be_virtual(pv.node, tensor) and not (
+            tensor.inputs and op_key(tensor.inputs[0]) == ("", "Cast")
+        ):
+            yield from self._virtual_cast(pv.node, tensor, b)  # no Cast there: it would be a no-op
+            return
         source = self._source(pv, tensor)
         while tensor is not source:  # no-op Casts between two pattern nodes join the match
             cast = producer(tensor)
@@ -497,6 +536,17 @@ class Matcher:
             self._fail(b, node, _wrong_op(node, pv.node.op_type))
             return
         yield from self._node(pv.node, node, b)
+        if self._may_be_virtual(
+            pv.node, tensor
+        ):  # the model's Cast, or none: its output is already that dtype
+            yield from self._virtual_cast(pv.node, tensor, b)
+
+    def _virtual_cast(self, pn: PNode, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
+        """The pattern Cast ``pn`` is a no-op here: it matches no node, its input is ``tensor`` itself."""
+        want = pn.attrs.get("to")
+        if isinstance(want, Capture):
+            b = b.with_capture(want.name, elem_type(tensor.dtype))
+        yield from self._value(pn.inputs[0], tensor, b.with_virtual(pn, tensor))
 
     def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
         value = constant_value(tensor)
@@ -506,9 +556,10 @@ class Matcher:
         if pv.capture is not None:
             yield b.with_capture(pv.capture, value).with_constant(tensor)
             return
-        if value.size == 0 or value.size > MAX_LITERAL_ELEMENTS or not _all_equal(value, pv.value):
+        if not literal_matches(value, pv.value, pv.dtype):
             shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
-            self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {pv.value}")
+            want = pv.value.tolist() if isinstance(pv.value, np.ndarray) else pv.value
+            self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {want}")
             return
         yield b.with_constant(tensor)
 
@@ -524,7 +575,46 @@ def _wrong_op(node: gs.Node, want: str) -> str:
     return f"node '{label(node)}' is {node.op}, pattern wants {want}"
 
 
-def _all_equal(value: np.ndarray, want: float | int) -> bool:
-    if value.dtype.kind in "fc":
-        return bool(np.allclose(value.astype(np.float64), float(want), rtol=1e-6, atol=0))
-    return bool(np.all(value == want))
+#: Relative tolerance of a float literal against a float32 (or wider) constant.
+LITERAL_RTOL = 1e-6
+#: Machine epsilon of the narrow float types, whose constants hold a literal only to that precision.
+_NARROW_EPS = {"float16": float(np.finfo(np.float16).eps), "bfloat16": 2.0**-7}
+
+
+def literal_tolerance(*dtypes: Any) -> float:
+    """Relative tolerance between a literal and a constant: :data:`LITERAL_RTOL`, or the machine epsilon
+    of the narrowest float dtype among ``dtypes`` (numpy dtypes, their names, onnx enums; None skipped)."""
+    rtol = LITERAL_RTOL
+    for dtype in dtypes:
+        if dtype is None:
+            continue
+        name = elem_type_name(dtype).lower() if isinstance(dtype, (int, np.integer)) else str(dtype)
+        rtol = max(rtol, _NARROW_EPS.get(name, LITERAL_RTOL))
+    return rtol
+
+
+def literal_matches(value: np.ndarray, want: Any, want_dtype: str | None = None) -> bool:
+    """Whether constant ``value`` is the literal ``want``: a number (every element equal to it) or an array
+    (the same values, leading 1-dims aside). Floats compare within :func:`literal_tolerance` of the two
+    dtypes, integers exactly."""
+    if value.size == 0 or value.size > MAX_LITERAL_ELEMENTS:
+        return False
+    target = np.asarray(want)
+    if target.ndim:
+        if _squeezed(value.shape) != _squeezed(target.shape):
+            return False
+        value, target = value.reshape(target.shape), target
+    if value.dtype.kind in "fc" or target.dtype.kind in "fc":
+        rtol = literal_tolerance(value.dtype, want_dtype)
+        try:
+            return bool(np.allclose(value.astype(np.float64), target.astype(np.float64), rtol=rtol, atol=0))
+        except (TypeError, ValueError):
+            return False
+    return bool(np.all(value == target))
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)

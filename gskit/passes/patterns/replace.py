@@ -25,10 +25,20 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError, PluginError
 from gskit.passes.edit import unique_name
-from gskit.passes.patterns.match import GraphIndex, MatchResult, Tracer, constant_value, label, op_key
+from gskit.passes.patterns.match import (
+    GraphIndex,
+    MatchResult,
+    Tracer,
+    constant_value,
+    elem_type,
+    elem_type_name,
+    label,
+    op_key,
+)
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
-from gskit.plugin.spec import PluginSpec
+from gskit.plugin.ops import DEFAULT_DOMAINS, onnx_op_since
+from gskit.plugin.spec import PluginSpec, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +55,10 @@ class Skip:
 
 @dataclass
 class Explanation:
-    """Why a rule did not match at one anchor: the deepest check that failed (``--explain``)."""
+    """Why a rule did not match at one anchor: the deepest check that failed (``--explain``).
+
+    ``depth`` is the number of pattern nodes matched before it failed, of the ``size`` the rule has.
+    """
 
     plugin: str
     rule: str
@@ -53,6 +66,32 @@ class Explanation:
     depth: int
     node: str | None
     reason: str
+    size: int = 0
+
+
+@dataclass
+class RuleReport:
+    """One rule of one plugin on the model: how often it matched, and its best partial match.
+
+    Attributes:
+        plugin: the plugin's qualified name.
+        rule: the rule's name.
+        size: pattern nodes of the rule.
+        origin: ``hand-written``, or where a derived rule came from (``from_torch(fn): torchscript-17:...``).
+        anchors: nodes of the rule's last op in the model (each one an attempt).
+        found: structural matches.
+        replaced: matches replaced by a plugin node.
+        best: with ``explain``, the attempt that got furthest without replacing (None when none failed).
+    """
+
+    plugin: str
+    rule: str
+    size: int
+    origin: str
+    anchors: int = 0
+    found: int = 0
+    replaced: int = 0
+    best: Explanation | None = None
 
 
 @dataclass
@@ -89,6 +128,8 @@ class ReplaceReport:
     functions_kept: list[str] = field(default_factory=list)
     #: norm-like computations still in the graph after replacement (see :func:`norm_like_left`)
     norm_like_left: list[str] = field(default_factory=list)
+    #: one entry per plugin and rule, in the order they were tried
+    rules: list[RuleReport] = field(default_factory=list)
 
     @property
     def replaced(self) -> int:
@@ -103,6 +144,7 @@ class _Candidate:
     rewrite: Rewrite
     rank: tuple[int, ...]
     report: PluginReport
+    rule_report: RuleReport
 
 
 @dataclass(frozen=True)
@@ -221,12 +263,21 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     functions = {(f.domain or "", f.name): f for f in graph.functions}
     indexes = [GraphIndex.build(g, functions) for g in graphs]
 
+    rule_reports = {
+        (si, ri): RuleReport(
+            spec.qualified_name, getattr(rule, "name", repr(rule)), _size(rule), _origin(rule)
+        )
+        for si, spec in enumerate(specs)
+        for ri, rule in enumerate(spec.patterns)
+    }
+    report.rules = list(rule_reports.values())
     candidates: list[_Candidate] = []
     for gi, index in enumerate(indexes):
         for si, (spec, preport) in enumerate(zip(specs, report.plugins, strict=True)):
             for ri, rule in enumerate(spec.patterns):
+                found = _Found(preport, rule_reports[(si, ri)], explain, report, graph.opset)
                 try:
-                    candidates.extend(_find(spec, preport, rule, (si, ri, gi), index, explain, report))
+                    candidates.extend(_find(spec, rule, (si, ri, gi), index, found))
                 except GskitError:
                     raise
                 except Exception as err:  # the plugin's own pattern code (a check, an attribute function)
@@ -237,6 +288,18 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     report.norm_like_left = norm_like_left(graphs)
     log.info("replaced %d region(s) with plugin nodes", report.replaced)
     return report
+
+
+def _size(rule: Any) -> int:
+    return int(getattr(rule, "size", 1))
+
+
+def _origin(rule: Any) -> str:
+    """``hand-written``, or ``from_torch(fn): torchscript-17:float32, ...`` for a derived rule."""
+    forms = getattr(rule, "forms", None)
+    if forms is None:
+        return "hand-written"
+    return f"{getattr(rule, 'source', '') or 'derived'}: {', '.join(forms)}"
 
 
 def _pattern_error(spec: PluginSpec, rule: Any, err: Exception) -> PluginError:
@@ -305,37 +368,56 @@ def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
         infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
 
 
+@dataclass
+class _Found:
+    """Where ``_find`` records what it saw for one rule."""
+
+    plugin: PluginReport
+    rule: RuleReport
+    explain: bool
+    report: ReplaceReport
+    opset: int | None
+
+    def explanation(self, explanation: Explanation) -> None:
+        self.report.explanations.append(explanation)
+        best = self.rule.best
+        if best is None or explanation.depth > best.depth:
+            self.rule.best = explanation
+
+
 def _find(
-    spec: PluginSpec,
-    preport: PluginReport,
-    rule: Rule,
-    order: tuple[int, int, int],
-    index: GraphIndex,
-    explain: bool,
-    report: ReplaceReport,
+    spec: PluginSpec, rule: Rule, order: tuple[int, int, int], index: GraphIndex, seen: _Found
 ) -> list[_Candidate]:
     if not isinstance(rule, Rule):
         raise PluginError(f"{spec.qualified_name}: pattern {rule!r} is not a gskit.passes.patterns rule")
     anchors = index.by_op.get(rule.anchor, [])
-    if explain and not anchors and order[2] == 0:
-        what = f"{rule.anchor[0]}::{rule.anchor[1]}" if rule.anchor[0] else rule.anchor[1]
-        report.explanations.append(
-            Explanation(spec.qualified_name, rule.name, None, 0, None, f"no {what} node in the graph")
+    seen.rule.anchors += len(anchors)
+    size = _size(rule)
+    if seen.explain and not anchors and order[2] == 0:
+        seen.explanation(
+            Explanation(spec.qualified_name, rule.name, None, 0, None, _no_anchor(rule, seen.opset), size)
         )
     found: list[_Candidate] = []
     for anchor in anchors:
-        tracer = Tracer() if explain else None
+        tracer = Tracer() if seen.explain else None
         match = rule.find(anchor, index, tracer) if tracer else rule.find(anchor, index)
         if match is None:
             if tracer is not None and tracer.best is not None:
                 best = tracer.best
-                report.explanations.append(
+                seen.explanation(
                     Explanation(
-                        spec.qualified_name, rule.name, label(anchor), best.depth, best.node, best.reason
+                        spec.qualified_name,
+                        rule.name,
+                        label(anchor),
+                        best.depth,
+                        best.node,
+                        best.reason,
+                        size,
                     )
                 )
             continue
-        preport.found += 1
+        seen.plugin.found += 1
+        seen.rule.found += 1
         result = rule.validate(match, index)
         if result:
             try:
@@ -344,10 +426,12 @@ def _find(
                 spec.node_attrs(rewrite.attrs)
             except PluginError as err:
                 result = MatchResult.fail(f"rewrite failed: {err}", anchor)
+            else:
+                result = _check_output_dtypes(spec, rewrite, match)
         if not result:
-            preport.skipped.append(Skip(rule.name, label(anchor), result.reason, result.culprit))
-            if explain:
-                report.explanations.append(
+            seen.plugin.skipped.append(Skip(rule.name, label(anchor), result.reason, result.culprit))
+            if seen.explain:
+                seen.explanation(
                     Explanation(
                         spec.qualified_name,
                         rule.name,
@@ -355,12 +439,59 @@ def _find(
                         len(match.nodes),
                         result.culprit,
                         result.reason,
+                        size,
                     )
                 )
             continue
         rank = (-len(match.nodes), order[0], order[1], order[2], index.position[id(anchor)])
-        found.append(_Candidate(spec, rule, match, rewrite, rank, preport))
+        found.append(_Candidate(spec, rule, match, rewrite, rank, seen.plugin, seen.rule))
     return found
+
+
+def _no_anchor(rule: Rule, opset: int | None) -> str:
+    """Why a rule had nothing to start from: an op the model's opset does not have, or no such node."""
+    if opset is not None:
+        for domain, op in sorted(rule.ops()):
+            if domain in DEFAULT_DOMAINS:
+                since = onnx_op_since(domain, op, opset)
+                if since is not None:
+                    when = f"it is from opset {since}" if since else "no opset has it"
+                    return f"{op} is not an ONNX op at the model's opset {opset} ({when})"
+    what = f"{rule.anchor[0]}::{rule.anchor[1]}" if rule.anchor[0] else rule.anchor[1]
+    return f"no {what} node in the graph"
+
+
+def _check_output_dtypes(spec: PluginSpec, rewrite: Rewrite, match: Match) -> MatchResult:
+    """The plugin's output rule gives each output the dtype the model has there (when both are known).
+
+    A plugin node must write what the replaced nodes wrote; the spec's ``infer`` declares the output dtype
+    (RMSNorm: the weight's, so a float32 input cast to float16 at the end is one node).
+    """
+    infos: list[TensorInfo | None] = [
+        None if t is None else TensorInfo(elem_type(t.dtype) or 0, _shape_of(t)) for t in rewrite.inputs
+    ]
+    infos += [None] * (len(spec.inputs) - len(infos))
+    attrs = {a.name: rewrite.attrs.get(a.name, a.default) for a in spec.attributes}
+    try:
+        outputs = list(spec.infer(infos, attrs))
+    except PluginError:
+        return MatchResult.success()  # the output rule cannot tell; shape inference reports it later
+    for info, tensor in zip(outputs, match.outputs, strict=False):
+        want, have = info.dtype, elem_type(tensor.dtype)
+        if want and have is not None and want != have:
+            return MatchResult.fail(
+                f"the plugin's output rule gives {elem_type_name(want)} for '{tensor.name}', which is "
+                f"{elem_type_name(have)} in the model",
+                match.anchor,
+            )
+    return MatchResult.success()
+
+
+def _shape_of(tensor: gs.Tensor) -> tuple[int | str | None, ...] | None:
+    shape = getattr(tensor, "shape", None)
+    if shape is None:
+        return None
+    return tuple(d if isinstance(d, (int, str)) else None for d in shape)
 
 
 def _check_rewrite(spec: PluginSpec, rewrite: Rewrite, match: Match) -> None:
@@ -388,6 +519,7 @@ def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
         winner = next((claimed[id(n)] for n in cand.match.nodes if id(n) in claimed), None)
         if winner is not None and winner.spec is cand.spec and _inside(cand, winner):
             cand.report.found -= 1  # the same instance, seen by a smaller form of the same plugin
+            cand.rule_report.found -= 1
             continue
         if winner is not None:
             cand.report.skipped.append(
@@ -477,6 +609,7 @@ def _apply(
         _drop_dead_constants(match, index, removed, detached)
         changed[id(match.graph)] = match.graph
         cand.report.replaced += 1
+        cand.rule_report.replaced += 1
         report.regions.append(region)
     for tensor in detached.values():
         kept = [c for c in tensor.outputs if id(c) not in removed]

@@ -107,6 +107,15 @@ class Rule:
     def rewrite(self, match: Match) -> Rewrite:
         raise NotImplementedError
 
+    def ops(self) -> set[tuple[str, str]]:
+        """``(domain, op_type)`` of every op the rule names (checked when the plugin loads)."""
+        return {self.anchor}
+
+    @property
+    def size(self) -> int:
+        """Nodes of the pattern (1 for a single op or a function call)."""
+        return 1
+
     def validate(self, match: Match, index: GraphIndex) -> MatchResult:
         """Boundary rules, then the rule's own check.
 
@@ -125,16 +134,21 @@ class Rule:
         for name, tensor in match.inputs.items():
             if tensor.inputs and id(tensor.inputs[0]) in inside:
                 return MatchResult.fail(f"input '{name}' is computed inside the match", tensor.inputs[0])
-        if self.check is None:
-            return MatchResult.success()
-        result = self.check(match)
-        if isinstance(result, MatchResult):
-            return result
-        return (
-            MatchResult.success()
-            if result
-            else MatchResult.fail(f"check of '{self.name}' failed", match.anchor)
-        )
+        return run_check(self.check, match)
+
+
+def run_check(check: CheckFn | None, match: Match) -> MatchResult:
+    """A rule's ``check`` on a match, as a MatchResult (a check may return a bool)."""
+    if check is None:
+        return MatchResult.success()
+    result = check(match)
+    if isinstance(result, MatchResult):
+        return result
+    return (
+        MatchResult.success()
+        if result
+        else MatchResult.fail(f"check of '{match.rule.name}' failed", match.anchor)
+    )
 
 
 class GraphPattern(Rule):
@@ -178,11 +192,19 @@ class GraphPattern(Rule):
     def __repr__(self) -> str:
         return f"GraphPattern({self.name!r}, {len(self.graph.nodes)} nodes)"
 
+    def ops(self) -> set[tuple[str, str]]:
+        return {(n.domain, n.op_type) for n in self.graph.nodes}
+
+    @property
+    def size(self) -> int:
+        return len(self.graph.nodes)
+
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         binding = Matcher(self.graph, tracer).match(node)
         if binding is None:
             return None
-        nodes = (*(binding.nodes[id(p)] for p in self.graph.nodes), *binding.casts)
+        # pattern Casts the model does not need (binding.virtual) have no node to replace
+        nodes = (*(binding.nodes[id(p)] for p in self.graph.nodes if id(p) in binding.nodes), *binding.casts)
         outputs = tuple(binding.nodes[id(o.node)].outputs[o.index] for o in self.graph.outputs)
         return Match(
             self,
@@ -302,6 +324,9 @@ class FunctionPattern(OpPattern):
             check=check,
             name=name or f"function {domain}::{function}",
         )
+
+    def ops(self) -> set[tuple[str, str]]:
+        return set()  # a model-local function, not an op
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         function = index.functions.get(self.anchor)
