@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -233,32 +234,68 @@ def check_one_run(out: Path) -> str | None:
     return run
 
 
-def start_gskit(argv: list[str], cwd: Path) -> subprocess.Popen:
-    """``python -m gskit.cli ARGV`` from ``cwd`` (this checkout's gskit), stderr piped."""
+def start_gskit(argv: list[str], cwd: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """``python -m gskit.cli ARGV`` from ``cwd`` (this checkout's gskit)."""
     return subprocess.Popen(
         [sys.executable, "-m", "gskit.cli", *argv],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
 
-def signalled(argv: list[str], sig: signal.Signals, delay: float, cwd: Path) -> tuple[int | None, float, str]:
-    """Start ``gskit ARGV``, send ``sig`` after ``delay`` s: (exit code, seconds it took to end, stderr); the
-    code is None when it still ran 60 s later (it is killed then)."""
-    proc = start_gskit(argv, cwd)
-    time.sleep(delay)
-    sent = time.monotonic()
-    proc.send_signal(sig)
+Ready = Callable[[int, str], bool]
+
+
+def signalled(
+    argv: list[str], sig: signal.Signals, delay: float, cwd: Path, ready: Ready | None = None
+) -> tuple[int | None, float, str]:
+    """Start ``gskit ARGV``, wait until ``ready(pid, stderr so far)`` (at most 120 s), then ``delay`` s, and
+    send ``sig``: (exit code, seconds it took to end, stderr); the code is None when it still ran 60 s later
+    (it is killed then)."""
+    log = cwd / f"stderr-{time.monotonic_ns()}.txt"
+    with open(log, "w") as err_file:
+        proc = start_gskit(argv, cwd, stderr=err_file)
+        deadline = time.monotonic() + 120
+        while ready is not None and proc.poll() is None and time.monotonic() < deadline:
+            if ready(proc.pid, log.read_text()):
+                break
+            time.sleep(0.1)
+        time.sleep(delay)
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None, time.monotonic() - sent, log.read_text()
+    seconds = time.monotonic() - sent
+    err = log.read_text()
+    log.unlink()
+    return proc.returncode, seconds, err
+
+
+def threads_at_least(count: int) -> Ready:
+    """Ready once the process runs ``count`` threads (onnxruntime's pool and gskit's worker: evaluating)."""
+
+    def ready(pid: int, err: str) -> bool:
+        try:
+            return len(os.listdir(f"/proc/{pid}/task")) >= count
+        except FileNotFoundError:
+            return True
+
+    return ready
+
+
+def has_child(pid: int, err: str) -> bool:
+    """Ready once the process started a child (the TensorRT worker)."""
     try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return None, time.monotonic() - sent, ""
-    return proc.returncode, time.monotonic() - sent, err
+        return bool(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    except FileNotFoundError:
+        return True
 
 
 def make_entry(path: Path, kind: str, keep: list[socket.socket]) -> bool:
