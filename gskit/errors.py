@@ -53,6 +53,20 @@ def describe_os_error(err: OSError, path: object = None) -> str:
     return f"{target}: {why}" if target is not None else why
 
 
-def write_error(path: object, err: OSError) -> GskitError:
-    """The GskitError for an OSError while writing ``path`` (a full disk, a read-only folder)."""
-    return GskitError(f"cannot write {describe_os_error(err, path)}")
+class WriteError(GskitError):
+    """A file could not be written (a full disk, a file-size limit, a read-only folder).
+
+    Attributes:
+        path: the file that could not be written.
+        error: the OSError that said why.
+    """
+
+    def __init__(self, path: object, error: OSError) -> None:
+        super().__init__(f"cannot write {describe_os_error(error, path)}")
+        self.path = path
+        self.error = error
+
+
+def write_error(path: object, err: OSError) -> WriteError:
+    """The error for an OSError while writing ``path``: one line naming the file and why."""
+    return WriteError(path, err)

@@ -40,6 +40,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
+from gskit.io import interrupt
 from gskit.io import model as gsmodel
 from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
 from gskit.plugin.spec import PluginRegistry, PluginSpec, attribute_value
@@ -108,15 +109,15 @@ def _session(
     providers = ["CPUExecutionProvider"]
     try:
         if isinstance(model, (str, os.PathLike)):
-            return ort.InferenceSession(str(model), options, providers=providers)
+            return _interruptible(ort.InferenceSession(str(model), options, providers=providers))
         proto = model
         if _has_disk_weights(proto) or proto.ByteSize() > gsmodel.EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory(prefix="gskit-ort-") as tmp:
                 path = gsmodel.save(proto, Path(tmp) / "model.onnx", external_data=True, check=False)
-                return ort.InferenceSession(str(path), options, providers=providers)
+                return _interruptible(ort.InferenceSession(str(path), options, providers=providers))
         with gsmodel._ir_version_for_onnxruntime(proto):
             payload = proto.SerializeToString()
-        return ort.InferenceSession(payload, options, providers=providers)
+        return _interruptible(ort.InferenceSession(payload, options, providers=providers))
     except (
         ort.capi.onnxruntime_pybind11_state.Fail,
         ort.capi.onnxruntime_pybind11_state.InvalidGraph,
@@ -461,17 +462,36 @@ def _void_outputs(target: _PyOpTarget) -> np.ndarray | tuple[np.ndarray, ...]:
     return tuple(void) if len(void) > 1 else void[0]
 
 
+def _interruptible(sess: ort.InferenceSession) -> ort.InferenceSession:
+    """``sess`` whose ``run`` SIGINT and SIGTERM interrupt (``gskit.io.interrupt.call``): onnxruntime runs in
+    a worker thread, and an interrupt sets the run's ``terminate`` flag, which ends a long ``Loop`` at its
+    next iteration. onnxruntime's own report of the terminated run is kept quiet like its other lines."""
+    session_run = type(sess).run
+    owner = weakref.ref(sess)  # a bound method here would make a cycle: the session freed only by the GC
+
+    def run(output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
+        options = run_options if run_options is not None else ort.RunOptions()
+        if run_options is None:
+            options.log_severity_level = log_severity()
+        return interrupt.call(
+            lambda: session_run(owner(), output_names, input_feed, options),
+            cancel=lambda: setattr(options, "terminate", True),
+        )
+
+    sess.run = run  # type: ignore[method-assign]  # Polygraphy's runner and run() both call sess.run
+    return sess
+
+
 def _guarded(sess: ort.InferenceSession) -> ort.InferenceSession:
     """``sess`` whose ``run`` raises what a plugin reference raised inside it (as a ``PluginError`` naming the
     plugin, the node and the exception; ``KeyboardInterrupt`` and other ``BaseException`` as they were),
     also when an op after the failed node then failed on its void output."""
-    session_run = type(sess).run
-    owner = weakref.ref(sess)  # a bound method here would make a cycle: the session freed only by the GC
+    session_run = sess.run  # the interruptible run: a closure that holds the session weakly
 
     def run(*args: Any, **kwargs: Any) -> Any:
         _FAILURES.clear()
         try:
-            values = session_run(owner(), *args, **kwargs)
+            values = session_run(*args, **kwargs)
         except Exception:
             _raise_plugin_failure()
             raise

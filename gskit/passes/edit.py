@@ -31,6 +31,7 @@ from gskit.io import model as gsmodel
 from gskit.io.limits import check_int64, number_array, short_number
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
 from gskit.passes.inspect import tensor_name_hint
+from gskit.passes.tensor_types import data_propagation_bounded
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 
@@ -928,7 +929,7 @@ def _infer_node_outputs(graph: gs.Graph, node: gs.Node) -> None:
     opsets += [d for d in graph.import_domains or [] if d.domain not in DEFAULT_DOMAINS]
     model = onnx.helper.make_model(proto, opset_imports=opsets)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_propagation_bounded(model))
     except (onnx.shape_inference.InferenceError, RuntimeError) as err:
         raise GskitError(f"node '{node.name}' ({node.op}) is invalid for its inputs: {err}") from err
     types = _types(inferred.graph)
@@ -947,7 +948,7 @@ def _inferred_types(graph: gs.Graph) -> dict[str, tuple[Any, Any]]:
             copy.inputs.append(tensor)
     model = gsmodel.to_model(copy)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_propagation_bounded(model))
     except (onnx.shape_inference.InferenceError, RuntimeError) as err:
         raise GskitError(
             f"shape inference failed on graph '{graph.name}': {str(err).splitlines()[0]}"

@@ -37,6 +37,8 @@ from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.io import model as gsmodel
+from gskit.io.outputs import place_file
+from gskit.passes.tensor_types import data_propagation_bounded
 from gskit.passes.transform import GraphPass, PassResult, option, run_pass
 from gskit.plugin.spec import (
     REQUIRED,
@@ -197,10 +199,11 @@ def _infer_model(model: onnx.ModelProto, registry: PluginRegistry, strict: bool)
     register_schemas(registry)
     with _stubbed_initializers(model) as light:
         payload = light.SerializeToString()
+        data_prop = data_propagation_bounded(light)
     token = _STRICT.set(strict)
     try:
         inferred = onnx.shape_inference.infer_shapes(
-            payload, check_type=True, strict_mode=strict, data_prop=True
+            payload, check_type=True, strict_mode=strict, data_prop=data_prop
         )
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as err:
         raise GskitError(f"shape inference failed: {_first_line(err)}") from err
@@ -247,8 +250,9 @@ def infer_shapes_path(
     try:
         token = _STRICT.set(strict)
         try:
+            data_prop = data_propagation_bounded(onnx.load(str(path), load_external_data=False))
             onnx.shape_inference.infer_shapes_path(
-                str(path), str(tmp), check_type=True, strict_mode=strict, data_prop=True
+                str(path), str(tmp), check_type=True, strict_mode=strict, data_prop=data_prop
             )
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as err:
             raise GskitError(f"{path}: shape inference failed: {_first_line(err)}") from err
@@ -256,7 +260,7 @@ def infer_shapes_path(
             _STRICT.reset(token)
         if output.resolve().parent == tmp.parent:
             gsmodel.check_file(tmp)
-            gsmodel.place_file(tmp, output)
+            place_file(tmp, output)
         else:
             gsmodel.save(gsmodel.load(tmp, load_weights=False), output)
     finally:
