@@ -234,6 +234,16 @@ def check_one_run(out: Path) -> str | None:
     return run
 
 
+def peak_resident_bytes() -> int:
+    """This process's own peak resident memory (``VmHWM``).
+
+    Not ``ru_maxrss``: Linux carries that over fork + exec, so a child of a large pytest process would report
+    the parent's size (4.5 GB in the full suite) and no fold would ever look small enough.
+    """
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
 def start_gskit(argv: list[str], cwd: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
     """``python -m gskit.cli ARGV`` from ``cwd`` (this checkout's gskit)."""
     return subprocess.Popen(

@@ -37,7 +37,7 @@ from gskit.passes.fold import fold
 
 REPO = Path(__file__).resolve().parents[1]
 rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
-# ru_maxrss is in KiB on Linux (bytes on macOS), and signals and /proc are Linux's here.
+# Peak memory is read from /proc (VmHWM), and signals are Linux's here.
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process accounting")
 #: Peak memory (resident) a fold of the hostile models may take, whole process included (it was 13-23 GB).
 PEAK_BYTES = 1500 * 2**20
@@ -48,18 +48,20 @@ END_SECONDS = 8.0
 
 
 def _gskit(*argv: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int]:
-    """``gskit ARGV`` in a real process: the finished process and its peak resident memory in bytes."""
+    """``gskit ARGV`` in a real process: the finished process and its peak resident memory in bytes (VmHWM:
+    see hostile_models.peak_resident_bytes)."""
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from gskit.cli import main\n"
         "code = main(sys.argv[1:])\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
+        "print(int(hwm.split()[1]) * 1024, file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
-    peak = int(done.stderr.strip().splitlines()[-1]) * 1024  # ru_maxrss is in KiB on Linux
+    peak = int(done.stderr.strip().splitlines()[-1])
     return done, peak
 
 

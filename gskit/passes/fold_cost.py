@@ -49,6 +49,8 @@ _NO_LARGER_OPS = frozenset(
         "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare",
     }
 )  # fmt: skip
+#: onnxruntime's elementwise contrib ops (no ONNX schema): a result as large as the largest input.
+_ORT_ELEMENTWISE_OPS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu"})
 #: The largest element of any ONNX tensor type (double, int64, complex128: 16).
 _WIDEST_ITEM = 16
 
@@ -71,6 +73,7 @@ class ResultSizes:
 
     def nbytes(self, node: gs.Node) -> tuple[int, dict[str, onnx.TypeProto]] | None:
         """``(bytes of all of node's results, their types)``; None when unknown before evaluating."""
+        types: dict[str, onnx.TypeProto] | None = {}
         try:
             types, data = self._input_types(node)
             if types is None:
@@ -79,9 +82,9 @@ class ResultSizes:
                 outputs = _loop_outputs(node, types, data, self.opsets)
             else:
                 outputs = _node_outputs(node, types, data, self.opsets)
-        except Exception as err:  # onnx raises InferenceError, ValidationError, RuntimeError...: unknown
+        except Exception as err:  # onnx raises InferenceError, ValidationError, SchemaError...: unknown
             log.debug("fold: no result size for %s (%s)", node.name or node.op, err)
-            return None
+            outputs = None  # an op with a bound of its own (_no_larger_bound) still has a size
         total = 0
         for tensor in node.outputs:
             if tensor.is_empty():
@@ -321,12 +324,18 @@ def _no_larger_bound(
     node: gs.Node, types: dict[str, onnx.TypeProto], outputs: dict[str, onnx.TypeProto] | None
 ) -> int | None:
     """Bytes one result of an op in ``_NO_LARGER_OPS`` may take: its data input's elements at the widest
-    element size; None for other ops or when that input's shape is unknown."""
-    if not is_default_domain(node.domain) or node.op not in _NO_LARGER_OPS or not node.inputs:
+    element size (for onnxruntime's elementwise contrib ops, its largest input's); None for other ops or when
+    that input's shape is unknown."""
+    if node.domain == "com.microsoft" and node.op in _ORT_ELEMENTWISE_OPS:
+        reads = [node.inputs[i] for i in range(len(node.inputs)) if not node.inputs[i].is_empty()]
+    elif is_default_domain(node.domain) and node.op in _NO_LARGER_OPS and node.inputs:
+        reads = node.inputs[:1]
+    else:
         return None
-    data = types.get(node.inputs[0].name)
-    shape = _static_shape(data) if data is not None else None
-    return None if shape is None else volume(shape) * _WIDEST_ITEM
+    shapes = [_static_shape(types[t.name]) if t.name in types else None for t in reads]
+    if not shapes or any(shape is None for shape in shapes):
+        return None
+    return max(volume(shape) for shape in shapes) * _WIDEST_ITEM
 
 
 def volume(dims: Iterable[Any]) -> int:

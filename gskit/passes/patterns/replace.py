@@ -517,13 +517,18 @@ def _check_rewrite(spec: PluginSpec, rewrite: Rewrite, match: Match) -> None:
 def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
     claimed: dict[int, _Candidate] = {}
     accepted: list[_Candidate] = []
+    refused: set[tuple[int, int]] = set()  # (spec, anchor) already reported as overlapping
     for cand in sorted(candidates, key=lambda c: c.rank):
         winner = next((claimed[id(n)] for n in cand.match.nodes if id(n) in claimed), None)
-        if winner is not None and winner.spec is cand.spec and _inside(cand, winner):
-            cand.report.found -= 1  # the same instance, seen by a smaller form of the same plugin
+        seen = (id(cand.spec), id(cand.match.anchor))
+        if winner is not None and (
+            (winner.spec is cand.spec and _inside(cand, winner)) or seen in refused
+        ):
+            cand.report.found -= 1  # the same instance, seen by another form of the same plugin
             cand.rule_report.found -= 1
             continue
         if winner is not None:
+            refused.add(seen)
             cand.report.skipped.append(
                 Skip(
                     cand.rule.name,
