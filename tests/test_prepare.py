@@ -435,9 +435,10 @@ def test_check_steps_see_every_transform(tmp_path: Path, rng: np.random.Generato
     assert {t.data_type for t in onnx.load(str(out / "model.onnx")).graph.initializer} == {fp16}
 
 
-def test_final_save_failure_still_writes_reports(tmp_path: Path, rng: np.random.Generator, capsys) -> None:
-    """The input's weights live in OUTDIR/model.onnx.data: saving the result there would destroy them."""
-    _matmul_model(tmp_path / "model.onnx", rng)
+def test_outdir_name_the_input_reads_is_refused_before_running(tmp_path: Path, capsys) -> None:
+    """The input's weights live in OUTDIR/model.onnx.data: saving the result there would destroy them, so
+    the run is refused before its steps, and OUTDIR is left as it was."""
+    _matmul_model(tmp_path / "model.onnx", np.random.default_rng(0))
     source = tmp_path / "renamed.onnx"
     os.replace(tmp_path / "model.onnx", source)  # still reads model.onnx.data
     data = (tmp_path / "model.onnx.data").read_bytes()
@@ -445,9 +446,7 @@ def test_final_save_failure_still_writes_reports(tmp_path: Path, rng: np.random.
     assert main(["prepare", str(source), "-o", str(tmp_path), "--recipe", recipe]) == 2
     _one_line_error(capsys, "model.onnx.data", "still read from this file")
     assert (tmp_path / "model.onnx.data").read_bytes() == data
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert "still read from this file" in report["error"] and report["prepared_model"] is None
-    assert not (tmp_path / "model.onnx").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx.data", "recipe.yaml", "renamed.onnx"]
 
 
 def test_engine_from_an_earlier_run_is_removed(tmp_path: Path) -> None:
@@ -809,3 +808,69 @@ def test_a_failing_plugin_pattern_names_the_plugin(tmp_path: Path, capsys) -> No
     )
     line = _one_line_error(capsys, "plugin gskit::ClampSwish v1: pattern 'broken' raised KeyError")
     assert "a gskit bug" not in line and str(patterns) in line
+
+
+def test_outputs_the_recipe_made_float16_are_compared_with_the_float16_floor(tmp_path: Path, capsys) -> None:
+    """convert: {fp16: true, keep_io_fp32: false} makes the output float16, as the recipe asked: it used to
+    fail on the float32 tolerance (1e-5) while its note said the change was expected."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - convert: {fp16: true, keep_io_fp32: false}\n  - validate\n")
+    assert (
+        main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe), "--json"]) == 0
+    )
+    (row,) = json.loads(capsys.readouterr().out)["comparison"]["outputs"]
+    assert (row["dtype"], row["dtype_under_test"], row["atol"], row["rtol"]) == (
+        "float32",
+        "float16",
+        4e-3,
+        4e-3,
+    )
+    assert (
+        row["passed"] and row["note"] == "dtype changed float32 -> float16, made by the recipe's convert step"
+    )
+
+
+def test_a_lost_output_is_named_in_the_prepared_model_not_a_work_file(tmp_path: Path, capsys) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - edit: {rename: {y: z}}\n  - validate\n")
+    assert main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"failed: the prepared model lacks output(s) ['y'] of {EXAMPLE}; outputs are matched by name" in err
+    )
+    assert ".gskit-work-" not in err
+
+
+def _sequence_output_model(path: Path) -> Path:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = onnx.helper.make_tensor_sequence_value_info("y", onnx.TensorProto.FLOAT, None)
+    nodes = [
+        onnx.helper.make_node("Neg", ["x"], ["n"]),
+        onnx.helper.make_node("SequenceConstruct", ["x", "n"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [x], [y])
+    onnx.save(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), path
+    )
+    return path
+
+
+def test_a_sequence_output_keeps_its_type_and_is_refused_by_name_for_comparison(
+    tmp_path: Path, capsys
+) -> None:
+    """check_trt's snapshot (a graphsurgeon copy) used to turn the sequence output into a shapeless tensor
+    that onnx's checker refused; validation then advised --shape, which cannot help a sequence."""
+    model = _sequence_output_model(tmp_path / "seq.onnx")
+    assert main(["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build"]) == 2
+    err = capsys.readouterr().err
+    assert "ok check_trt" in err and "--shape" not in err
+    assert err.splitlines()[-1].endswith(
+        "failed: "
+        + f"{model}: output(s) 'y' (sequence_type) are not tensors, and gskit compares tensor outputs "
+        "only; compare the tensors they are made of (gskit edit --expose NAME), or leave validate out"
+    )
+    assert (
+        main(["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build", "--skip", "validate"])
+        == 0
+    )
+    assert onnx.load(tmp_path / "out" / "model.onnx").graph.output[0].type.HasField("sequence_type")

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             r.namespace,
             r.name,
             r.version,
-            "\n".join(r.attributes) or "-",
+            report.lines(r.attributes) if r.attributes else "-",
             f"{r.patterns} ({r.derived})" if r.derived else r.patterns,
             "\n".join(r.forms),
         ]

@@ -7,12 +7,10 @@ import sys
 import time
 from contextlib import ExitStack
 
-from rich.markup import escape
-
 from gskit.cli import add_plugins_option
 from gskit.errors import GskitError
 from gskit.io import progress
-from gskit.io.report import console, print_json, table
+from gskit.io.report import console, print_json, styled, table
 from gskit.io.shape_args import parse_fixed_shape
 from gskit.pipeline.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
 from gskit.pipeline.recipe import Recipe, load_recipe
@@ -103,11 +101,17 @@ class _Progress:
         self._step.close()
         if self._quiet:
             return
-        mark = {"ok": "[green]ok[/]", "skipped": "[yellow]skip[/]", "failed": "[red]FAIL[/]"}[result.status]
+        mark = {"ok": ("ok", "green"), "skipped": ("skip", "yellow"), "failed": ("FAIL", "red")}[
+            result.status
+        ]
         total = time.perf_counter() - self._start
         self._console.print(
-            f"{mark} {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
-            f"{result.nodes_after:<6} {escape(result.summary)}  [dim](total {total:.1f}s)[/]"
+            styled(
+                mark,
+                f" {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
+                f"{result.nodes_after:<6} {result.summary}  ",
+                (f"(total {total:.1f}s)", "dim"),
+            )
         )
 
 
@@ -193,8 +197,11 @@ def _print_summary(report: PrepareReport) -> None:
     )
     if report.passed is None:
         out.print(
-            "[yellow]not validated[/]: the recipe has no validate step, so the written model was not "
-            "compared with the original (run `gskit compare` on it, or keep the validate step)"
+            styled(
+                ("not validated", "yellow"),
+                ": the recipe has no validate step, so the written model was not compared with the original "
+                "(run `gskit compare` on it, or keep the validate step)",
+            )
         )
     else:
-        out.print("[green]validation passed[/]" if report.passed else "[red]validation FAILED[/]")
+        out.print(styled(("validation passed", "green") if report.passed else ("validation FAILED", "red")))

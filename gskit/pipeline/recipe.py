@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from gskit.errors import GskitError
+from gskit.io.limits import check_integers
 
 #: A float as YAML 1.2 writes it; PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -348,7 +349,9 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: P
                     f"{_where(source, value_node)}: {name}.{option}: cannot read the value: "
                     f"{getattr(err, 'problem', err)}"
                 ) from err
-            value = _check_type(value, hints[option], f"{_where(source, value_node)}: {name}.{option}")
+            where = f"{_where(source, value_node)}: {name}.{option}"
+            check_integers(value, where)  # one rule for every option: no 400-digit dim, seed or attribute
+            value = _check_type(value, hints[option], where)
             if base is not None and fields[option].metadata.get("file_path") and isinstance(value, str):
                 value = str(base / value)  # an absolute value stays as it is
             values[option] = value

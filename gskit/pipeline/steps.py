@@ -29,6 +29,7 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
+from gskit.io.gs_export import copy_graph
 from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options, format_shape
 from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
@@ -146,7 +147,7 @@ class RunState:
         if self._snapshot is None:
             self._snapshots_taken += 1
             target = self.work_dir / f"step{self._snapshots_taken}" / "model.onnx"
-            self._snapshot = gsmodel.save(self.graph.copy(), target)
+            self._snapshot = gsmodel.save(copy_graph(self.graph), target)
         return self._snapshot
 
     def graph_changed(self) -> None:
@@ -351,14 +352,26 @@ class Validate(Pass[ValidateOptions]):
         from gskit.compare.outputs import ReferenceRunError, compare, describe_feeds, failing_node
         from gskit.io.feeds import load_feeds, random_feeds
 
-        prepared = state.snapshot()
+        snapshot = state.snapshot()
         common = dict(
             atol=options.atol, rtol=options.rtol, plugins=state.registry, dtype_changes=state.dtype_changes
         )
+
+        def prepared(feeds: dict) -> Any:
+            """The comparison; a message naming the run's snapshot file names "the prepared model" instead."""
+            try:
+                return compare(state.original_path, snapshot, feeds=feeds, **common)
+            except ReferenceRunError:
+                raise
+            except GskitError as err:
+                if str(snapshot) not in str(err):
+                    raise
+                raise StepError(str(err).replace(str(snapshot), "the prepared model")) from err
+
         if options.inputs:
             feeds = load_feeds(options.inputs)
             try:
-                report = compare(state.original_path, prepared, feeds=feeds, **common)
+                report = prepared(feeds)
             except ReferenceRunError as err:
                 raise StepError(
                     f"validate: {err}; check the file given as inputs ({options.inputs})"
@@ -377,7 +390,7 @@ class Validate(Pass[ValidateOptions]):
             if failures and describe_feeds(feeds) == failures[-1][0]:
                 continue  # nothing left open to grow: the same inputs would fail the same way
             try:
-                report = compare(state.original_path, prepared, feeds=feeds, **common)
+                report = prepared(feeds)
             except ReferenceRunError as err:
                 failures.append((describe_feeds(feeds), err.failure))
                 continue

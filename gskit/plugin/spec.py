@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, PluginError
 from gskit.plugin.native import NativeForm, validate_native_forms
 from gskit.plugin.ops import DEFAULT_DOMAINS, ONNX_DOMAINS, is_onnx_op, node_key, op_label, similar_onnx_ops
 
@@ -254,7 +254,19 @@ class PluginSpec:
         if missing:
             raise PluginError(f"{self.qualified_name}: node lacks required attribute(s) {missing}")
         result = self.reference(*inputs, **plugin_attrs)
-        return list(result) if isinstance(result, (tuple, list)) else [result]
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        for index, output in enumerate(outputs):
+            kind = np.asarray(output).dtype.kind if output is not None else None
+            if kind is None or kind not in "biufc":
+                got = (
+                    "None"
+                    if output is None
+                    else f"{type(output).__name__} of dtype {np.asarray(output).dtype}"
+                )
+                raise PluginError(
+                    f"{self.qualified_name}: the reference returned {got} as output {index}, not numbers"
+                )
+        return outputs
 
 
 def coerce_attribute(spec: PluginSpec, attr: Attribute, value: Any) -> Any:
@@ -574,6 +586,20 @@ def _normalized(dist_name: str) -> str:
     return dist_name.lower().replace("_", "-").replace(".", "-")
 
 
+def check_identity(value: object, label: str, where: str) -> None:
+    """A plugin's name or namespace: a non-empty string of printable characters without spaces or ':'
+    (TensorRT's creator lookup joins them with '::'; a control character could only hide in a terminal).
+
+    Raises:
+        PluginError: ``where: plugin {label} must be ...``.
+    """
+    if not isinstance(value, str) or not value or not value.isprintable() or any(c in value for c in " :"):
+        raise PluginError(
+            f"{where}: plugin {label} must be a non-empty string of printable characters without spaces or "
+            f"':', got {value!r}"
+        )
+
+
 def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
     """Import one ``spec.py`` as a package and return its specs with ``source`` set.
 
@@ -598,7 +624,7 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         import_spec.loader.exec_module(module)
-    except Exception as err:  # user code: any failure becomes one line naming the file
+    except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
         del sys.modules[module_name]
         raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
     finally:
@@ -639,10 +665,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
         spec = dataclasses.replace(spec, source=source)
     where = str(spec.source or spec.qualified_name)
     for label, value in (("name", spec.name), ("namespace", spec.namespace)):
-        if not isinstance(value, str) or not value or any(c in value for c in " :\t\n"):
-            raise PluginError(
-                f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
-            )
+        check_identity(value, label, where)
     if not isinstance(spec.version, str) or not spec.version:
         raise PluginError(f'{where}: version must be a non-empty string like "1", got {spec.version!r}')
     for label, names in (("inputs", spec.inputs), ("outputs", spec.outputs)):
@@ -785,7 +808,7 @@ def _load_entry_point(ep: Any) -> tuple[list[Path], list[PluginSpec]]:
     where = f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP})"
     try:
         loaded = ep.load()
-    except Exception as err:  # third-party code
+    except PLUGIN_CODE_FAILURES as err:  # third-party code
         raise PluginError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
     if isinstance(loaded, types.ModuleType):
         folders = [Path(p) for p in getattr(loaded, "__path__", ())]

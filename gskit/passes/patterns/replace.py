@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import GskitError, PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, PluginError
 from gskit.passes.edit import unique_name
 from gskit.passes.patterns.match import (
     GraphIndex,
@@ -387,7 +387,9 @@ def _match(
                     candidates.extend(_find(spec, rule, (si, ri, gi), index, found))
                 except GskitError:
                     raise
-                except Exception as err:  # the plugin's own pattern code (a check, an attribute function)
+                except (
+                    PLUGIN_CODE_FAILURES
+                ) as err:  # the plugin's own pattern code (a check, an attribute function)
                     raise _pattern_error(spec, rule, err) from err
     return report, _resolve_overlaps(candidates), indexes
 
@@ -647,13 +649,16 @@ def _check_rewrite(spec: PluginSpec, rewrite: Rewrite, match: Match) -> None:
 def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
     claimed: dict[int, _Candidate] = {}
     accepted: list[_Candidate] = []
+    refused: set[tuple[int, int]] = set()  # (spec, anchor) already reported as overlapping
     for cand in sorted(candidates, key=lambda c: c.rank):
         winner = next((claimed[id(n)] for n in cand.match.nodes if id(n) in claimed), None)
-        if winner is not None and winner.spec is cand.spec and _inside(cand, winner):
-            cand.report.found -= 1  # the same instance, seen by a smaller form of the same plugin
+        seen = (id(cand.spec), id(cand.match.anchor))
+        if winner is not None and ((winner.spec is cand.spec and _inside(cand, winner)) or seen in refused):
+            cand.report.found -= 1  # the same instance, seen by another form of the same plugin
             cand.rule_report.found -= 1
             continue
         if winner is not None:
+            refused.add(seen)
             cand.report.skipped.append(
                 Skip(
                     cand.rule.name,
