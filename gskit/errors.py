@@ -21,6 +21,13 @@ class PluginError(GskitError):
     """A plugin spec or plugin file is invalid, or plugin code (a numpy reference) raised."""
 
 
+#: What plugin code (a spec, a reference, a pattern, an output rule) raising counts as its failure, said
+#: in one line naming the plugin (exit 2): any Exception, and SystemExit (``sys.exit()`` in a plugin) and
+#: GeneratorExit, which would otherwise end gskit with exit 0 and no word, or with a traceback. Ctrl-C
+#: (KeyboardInterrupt) and the command line's own unwinding on SIGTERM pass through as they were raised.
+PLUGIN_CODE_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit, GeneratorExit)
+
+
 class ModelLoadError(GskitError):
     """A runtime (onnxruntime) cannot load the model at all: no other input or shape can make it run."""
 
@@ -46,6 +53,20 @@ def describe_os_error(err: OSError, path: object = None) -> str:
     return f"{target}: {why}" if target is not None else why
 
 
-def write_error(path: object, err: OSError) -> GskitError:
-    """The GskitError for an OSError while writing ``path`` (a full disk, a read-only folder)."""
-    return GskitError(f"cannot write {describe_os_error(err, path)}")
+class WriteError(GskitError):
+    """A file could not be written (a full disk, a file-size limit, a read-only folder).
+
+    Attributes:
+        path: the file that could not be written.
+        error: the OSError that said why.
+    """
+
+    def __init__(self, path: object, error: OSError) -> None:
+        super().__init__(f"cannot write {describe_os_error(error, path)}")
+        self.path = path
+        self.error = error
+
+
+def write_error(path: object, err: OSError) -> WriteError:
+    """The error for an OSError while writing ``path``: one line naming the file and why."""
+    return WriteError(path, err)

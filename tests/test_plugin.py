@@ -149,6 +149,7 @@ SHIPPED_NAMES = [
     "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
     "gskit::ClampSwish v1",
     "gskit::DeformConv2d v1",
+    "gskit::GroupNorm v1",
     "gskit::LayerNorm v1",
     "gskit::RMSNorm v1",
 ]

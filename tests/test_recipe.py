@@ -31,7 +31,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
     },
     "isolate": {"inputs": ("a",), "outputs": ("b", "c")},
     "lower": {"only": ("Col2Im",)},
-    "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True},
+    "replace": {"only": ("LayerNorm",), "keep_function": True, "explain": True, "tensorrt": "10.3"},
     "nms": {
         "score_threshold": 0.3,
         "iou_threshold": 0.5,

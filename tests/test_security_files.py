@@ -297,16 +297,34 @@ def test_second_prepare_into_a_locked_outdir_is_refused(tmp_path, capsys) -> Non
     assert not (out / "model.onnx").exists() and not (out / "report.json").exists()
 
 
-def test_stale_work_folders_are_removed_by_the_next_run(tmp_path) -> None:
+def _abandoned_scratch(folder: Path, prefix: str) -> Path:
+    """A scratch folder marked by a gskit process that has ended (as a killed run leaves it)."""
+    code = (
+        "import sys; from gskit.io.outputs import make_scratch_folder; "
+        "print(make_scratch_folder(sys.argv[1], sys.argv[2]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(folder), prefix], capture_output=True, text=True)
+    return Path(done.stdout.strip())
+
+
+def test_abandoned_work_folders_are_removed_by_the_next_run(tmp_path) -> None:
+    """Only folders a gskit process marked as its own go, once that process is gone; names decide nothing."""
     out = tmp_path / "out"
-    (out / ".gskit-work-old").mkdir(parents=True)
-    (out / ".gskit-work-old" / "model.onnx").write_bytes(b"half")
-    (out / ".model.onnx.abc123").mkdir()  # gsmodel.save's temporary folder
+    out.mkdir()
+    work = _abandoned_scratch(out, ".gskit-work-")
+    (work / "model.onnx").write_bytes(b"half")
+    saving = _abandoned_scratch(out, ".model.onnx.")  # gsmodel.save's temporary folder
+    (out / ".gskit-work-old").mkdir()  # the user's, unmarked: kept whatever its name
+    (out / ".model.onnx.abc123").mkdir()
     (out / ".report.json.abc123.tmp").write_text("{")
     (out / ".model.onnx.bak").write_text("the user's")
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--recipe", _sanitize_recipe(tmp_path)]) == 0
+    assert not work.exists() and not saving.exists()
     assert sorted(p.name for p in out.iterdir()) == [
+        ".gskit-work-old",
+        ".model.onnx.abc123",
         ".model.onnx.bak",
+        ".report.json.abc123.tmp",
         "model.onnx",
         "report.html",
         "report.json",

@@ -38,6 +38,7 @@ SHIPPED = {
     "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
     "gskit::ClampSwish v1",
     "gskit::DeformConv2d v1",
+    "gskit::GroupNorm v1",
     "gskit::LayerNorm v1",
     "gskit::RMSNorm v1",
 }
@@ -163,7 +164,7 @@ def copy_tree(dest: Path) -> Path:
 def test_wheel_in_a_fresh_virtualenv_finds_the_shipped_plugins_and_prepares_the_example(
     installed: Installed, tmp_path: Path
 ) -> None:
-    assert "4 plugin(s)" in installed.output
+    assert "5 plugin(s)" in installed.output
     rows = installed.plugin_rows(tmp_path)
     shipped = {name: row for name, row in rows.items() if row["origin"] == "shipped with gskit"}
     assert set(shipped) == SHIPPED

@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import sys
 import tempfile
 import traceback
 import weakref
@@ -38,7 +39,8 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from gskit.errors import GskitError, ModelLoadError, PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
+from gskit.io import interrupt
 from gskit.io import model as gsmodel
 from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
 from gskit.plugin.spec import PluginRegistry, PluginSpec, attribute_value
@@ -107,15 +109,15 @@ def _session(
     providers = ["CPUExecutionProvider"]
     try:
         if isinstance(model, (str, os.PathLike)):
-            return ort.InferenceSession(str(model), options, providers=providers)
+            return _interruptible(ort.InferenceSession(str(model), options, providers=providers))
         proto = model
         if _has_disk_weights(proto) or proto.ByteSize() > gsmodel.EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory(prefix="gskit-ort-") as tmp:
                 path = gsmodel.save(proto, Path(tmp) / "model.onnx", external_data=True, check=False)
-                return ort.InferenceSession(str(path), options, providers=providers)
+                return _interruptible(ort.InferenceSession(str(path), options, providers=providers))
         with gsmodel._ir_version_for_onnxruntime(proto):
             payload = proto.SerializeToString()
-        return ort.InferenceSession(payload, options, providers=providers)
+        return _interruptible(ort.InferenceSession(payload, options, providers=providers))
     except (
         ort.capi.onnxruntime_pybind11_state.Fail,
         ort.capi.onnxruntime_pybind11_state.InvalidGraph,
@@ -421,7 +423,7 @@ def _run_target(
     values = iter(np.asarray(a, dtype=t) for a, t in zip(arrays, target.input_dtypes, strict=True))
     inputs = [next(values) if present else None for present in target.present]
     outputs = target.spec.run_reference(inputs, _decode_attrs(attrs.get(PYOP_ATTRS, "{}")))
-    if len(outputs) < len(target.output_dtypes):
+    if len(outputs) != len(target.output_dtypes):
         raise PluginError(
             f"{target.spec.qualified_name}: reference returned {len(outputs)} output(s), "
             f"the node has {len(target.output_dtypes)}"
@@ -460,17 +462,36 @@ def _void_outputs(target: _PyOpTarget) -> np.ndarray | tuple[np.ndarray, ...]:
     return tuple(void) if len(void) > 1 else void[0]
 
 
+def _interruptible(sess: ort.InferenceSession) -> ort.InferenceSession:
+    """``sess`` whose ``run`` SIGINT and SIGTERM interrupt (``gskit.io.interrupt.call``): onnxruntime runs in
+    a worker thread, and an interrupt sets the run's ``terminate`` flag, which ends a long ``Loop`` at its
+    next iteration. onnxruntime's own report of the terminated run is kept quiet like its other lines."""
+    session_run = type(sess).run
+    owner = weakref.ref(sess)  # a bound method here would make a cycle: the session freed only by the GC
+
+    def run(output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
+        options = run_options if run_options is not None else ort.RunOptions()
+        if run_options is None:
+            options.log_severity_level = log_severity()
+        return interrupt.call(
+            lambda: session_run(owner(), output_names, input_feed, options),
+            cancel=lambda: setattr(options, "terminate", True),
+        )
+
+    sess.run = run  # type: ignore[method-assign]  # Polygraphy's runner and run() both call sess.run
+    return sess
+
+
 def _guarded(sess: ort.InferenceSession) -> ort.InferenceSession:
     """``sess`` whose ``run`` raises what a plugin reference raised inside it (as a ``PluginError`` naming the
     plugin, the node and the exception; ``KeyboardInterrupt`` and other ``BaseException`` as they were),
     also when an op after the failed node then failed on its void output."""
-    session_run = type(sess).run
-    owner = weakref.ref(sess)  # a bound method here would make a cycle: the session freed only by the GC
+    session_run = sess.run  # the interruptible run: a closure that holds the session weakly
 
     def run(*args: Any, **kwargs: Any) -> Any:
         _FAILURES.clear()
         try:
-            values = session_run(owner(), *args, **kwargs)
+            values = session_run(*args, **kwargs)
         except Exception:
             _raise_plugin_failure()
             raise
@@ -486,15 +507,27 @@ def _raise_plugin_failure() -> None:
         return
     failure = _FAILURES[0]
     _FAILURES.clear()
-    if not issubclass(failure.kind, Exception):
-        raise failure.kind()  # Ctrl-C (KeyboardInterrupt), SystemExit: as they were raised
+    if not issubclass(failure.kind, PLUGIN_CODE_FAILURES) and not _defined_by(failure.kind, failure.spec):
+        raise failure.kind()  # Ctrl-C (KeyboardInterrupt), SIGTERM's unwinding: as they were raised
     log.debug("plugin reference failed:\n%s", failure.trace)
     code = getattr(failure.spec.reference, "__code__", None)
     where = f" (reference in {code.co_filename})" if code is not None else ""
-    raise PluginError(
-        f"plugin {failure.spec.qualified_name}, node '{failure.node}': the reference raised "
-        f"{failure.kind.__name__}{': ' + failure.text if failure.text else ''}{where}"
-    )
+    name = failure.spec.qualified_name
+    if failure.kind is PluginError:  # gskit's own check of what the reference returned
+        what = failure.text.removeprefix(f"{name}: ")
+    else:
+        what = f"the reference raised {failure.kind.__name__}{': ' + failure.text if failure.text else ''}"
+    raise PluginError(f"plugin {name}, node '{failure.node}': {what}{where}")
+
+
+def _defined_by(kind: type[BaseException], spec: PluginSpec) -> bool:
+    """Whether an exception class comes from the plugin's own folder (a BaseException of its own is still its
+    failure, not an interruption)."""
+    module = sys.modules.get(kind.__module__)
+    file = getattr(module, "__file__", None)
+    if not file or spec.source is None:
+        return False
+    return Path(file).resolve().is_relative_to(Path(spec.source).resolve().parent)
 
 
 def _to_pyop(array: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gskit.errors import GskitError
+from gskit.io.outputs import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -194,19 +195,9 @@ def _remove_abandoned(prefix: str) -> None:
         except FileNotFoundError:
             continue
         mine = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)
-        if pid.isdigit() and mine and info.st_mtime < too_old and not _alive(int(pid)):
+        if pid.isdigit() and mine and info.st_mtime < too_old and not process_alive(int(pid)):
             log.info("removing %s, left by a killed gskit process", folder)
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 #: Keep the working folder off the child's import path (Python >= 3.11); the private cwd covers 3.10.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -39,7 +38,22 @@ from gskit.backends.trt import (
 from gskit.backends.trt_check import node_label, plugin_key, plugin_label, plugin_nodes, shipped_plugin_of
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+from gskit.io.outputs import check_output, output_entry, place_file, write_atomic
+from gskit.io.report import dumps
 from gskit.plugin.spec import PluginSpec, load_spec_file
+
+#: Builder precision options gskit refuses, with the strongly typed way to get that precision. TensorRT 11 has
+#: no weak typing (no FP16/INT8/BF16/FP8 builder flags, no implicit INT8 calibration), and gskit builds
+#: strongly typed networks for every version, so the precision is the model's: ``gskit build --fp16`` or a
+#: recipe's ``build: {fp16: true}`` ends in this one line.
+WEAK_TYPING_REFUSED: Mapping[str, str] = {
+    "fp16": "gskit builds strongly typed networks (TensorRT 11 has no fp16 builder flag): make the model "
+    "fp16 instead, with `gskit convert --fp16` or `gskit prepare --fp16` (recipe: convert: {fp16: true}), "
+    "and build that",
+    "int8": "gskit builds strongly typed networks (TensorRT 11 has no int8 builder flag and no implicit "
+    "calibration): int8 comes from QuantizeLinear/DequantizeLinear (Q/DQ) nodes in the model, e.g. from "
+    "NVIDIA TensorRT Model Optimizer; build the quantized model",
+}
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +158,7 @@ def build_engine(
         raise GskitError("TensorRT-RTX cannot load custom plugins; drop --plugins or use full TensorRT")
     check_python_plugin_inputs(model, files.modules)
     for output in (engine_path, sidecar_path(engine_path)):
-        gsmodel.check_output(output)
+        check_output(output)
     cache = _timing_cache(timing_cache)
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_fd, tmp_name = tempfile.mkstemp(prefix=f".{engine_path.name}.", suffix=".tmp", dir=engine_path.parent)
@@ -191,8 +205,8 @@ def build_engine(
             model=model_path,
             model_sha256=_sha256(model_path),
         )
-        gsmodel.write_atomic(info.sidecar, json.dumps(_sidecar(info), indent=2))
-        gsmodel.place_file(tmp_engine, engine_path)
+        write_atomic(info.sidecar, dumps(_sidecar(info)))
+        place_file(tmp_engine, engine_path)
         if cache is not None:
             _save_timing_cache(work_cache, cache)
     finally:
@@ -330,15 +344,15 @@ def _timing_cache(path: str | os.PathLike | None) -> Path | None:
     """The timing cache to use: a new path, an empty file, or a file that is a TensorRT timing cache.
 
     Raises:
-        GskitError: the path is a folder, or a file that is not a timing cache (the model, a text file):
-            it would be fed to TensorRT and then replaced.
+        GskitError: the path is a folder, a device, a FIFO or a socket, or a file that is not a timing
+            cache (the model, a text file): it would be fed to TensorRT and then replaced.
     """
     if not path:
         return None
-    cache = gsmodel.output_entry(path)
-    gsmodel.check_output(cache)
+    cache = output_entry(path)
     if cache.is_dir():
         raise GskitError(f"{path}: --timing-cache is a folder; give a file path (new or an existing cache)")
+    check_output(cache)  # before reading it too: a FIFO or a device would block or never end
     if cache.is_file() and cache.stat().st_size > 0 and not _is_timing_cache(cache):
         raise GskitError(
             f"{path}: not a TensorRT timing cache (no {TIMING_CACHE_MAGIC!r} header); give a new path or a "
@@ -357,7 +371,7 @@ def _save_timing_cache(written: Path, cache: Path) -> None:
         log.warning("TensorRT wrote no timing cache; %s is left as it was", cache)
         return
     cache.parent.mkdir(parents=True, exist_ok=True)
-    gsmodel.write_atomic(cache, written.read_bytes())
+    write_atomic(cache, written.read_bytes())
 
 
 def _sha256(path: Path) -> str:

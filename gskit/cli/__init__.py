@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import difflib
 import importlib
 import logging
+import os
 import re
 import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import NoReturn
 
 from gskit.errors import GskitError, describe_os_error
+from gskit.io import interrupt
+from gskit.io.interrupt import Terminated
 from gskit.io.report import progress_display
+from gskit.io.text import visible
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -85,7 +89,7 @@ class SuggestingParser(argparse.ArgumentParser):
             hint = did_you_mean(match["value"], choices)
             if hint:
                 message = f"{message[: match.start()]}unknown {match['value']!r}{hint}"
-        super().error(message)
+        super().error(visible(message))  # it quotes argv: a file name may hold escape sequences
 
 
 def _is_number(text: str) -> bool:
@@ -125,6 +129,13 @@ def _version() -> str:
         return "unknown"
 
 
+class _VisibleFormatter(logging.Formatter):
+    """Log lines quote names from models and paths: their control characters are shown escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record), keep="\n")  # a traceback's own lines stay lines
+
+
 class _CurrentStderr:
     """Writes to ``sys.stderr`` as it is at each log line: a progress bar swaps it to print above itself."""
 
@@ -156,55 +167,65 @@ def main(argv: list[str] | None = None) -> int:
     Every failure ends in one line on stderr; ``--debug`` prints the traceback before it (the code stays 2).
     """
     words = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    # From the start: building the parser imports every subcommand (onnx, numpy, ... for seconds), and a
+    # SIGINT or SIGTERM then ends the command as cleanly as later (even one a library's import swallows).
+    with interrupt.signals_unwind():
+        return _run(words)
+
+
+def _run(words: list[str]) -> int:
     debug = "--debug" in words
     name = "gskit"
+    not_utf8 = next((word for word in words if not _is_utf8(word)), None)
+    if not_utf8 is not None:
+        # onnx and onnxruntime take paths as UTF-8 strings: such a name would fail deep inside a step
+        return _fail(name, f"{not_utf8}: not UTF-8 text (a file name in another encoding?); rename it")
     try:
-        # Building the parser imports every subcommand (onnx, numpy, ...): a Ctrl-C here ends cleanly too.
         args = build_parser().parse_args(words)
         name = f"gskit {args.command}"
         level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-        logging.basicConfig(
-            level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr()
-        )
+        handler = logging.StreamHandler(_CurrentStderr())
+        handler.setFormatter(_VisibleFormatter("%(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=level, handlers=[handler])
         _quiet_onnxruntime(level)
-        from gskit.io import model as gsmodel
+        from gskit.io.outputs import guarding_inputs
 
         # Whatever the command loads is its input: no output of it may replace one of those files.
-        with (
-            gsmodel.guarding_inputs(),
-            _sigterm_unwinds(),
-            progress_display(enabled=not getattr(args, "json", False)),
-        ):
+        with guarding_inputs(), progress_display(enabled=not getattr(args, "json", False)):
             return int(args.func(args) or 0)
     except GskitError as err:
+        if interrupt.arrived():
+            return _interrupted(name, interrupt.arrived())
         if debug:  # the traceback, and still exit 2: exit 1 means only "validation failed"
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, str(err))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stay quiet like other command-line tools.
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
-    except _Terminated:
-        print(f"{name}: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        return _interrupted(name, signal.SIGINT)
+    except Terminated:
+        return _interrupted(name, signal.SIGTERM)
     except OSError as err:
+        if interrupt.arrived():
+            return _interrupted(name, interrupt.arrived())
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, describe_os_error(err))
     except MemoryError:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, "out of memory; try smaller input shapes or a machine with more memory")
     except RecursionError:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, "the model or file is nested too deeply to process")
     except Exception as err:  # the safety net: a bug still ends in one line, not a traceback
+        if interrupt.arrived():  # an import or a library cut short by the signal
+            return _interrupted(name, interrupt.arrived())
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         first = (str(err).strip().splitlines() or [""])[0]
         return _fail(
             name,
@@ -213,30 +234,55 @@ def main(argv: list[str] | None = None) -> int:
         )
 
 
+def _is_utf8(word: str) -> bool:
+    """Whether an argument is UTF-8 text (Python shows other bytes of argv as lone surrogates)."""
+    try:
+        word.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _interrupted(name: str, signum: int | None) -> int:
+    """``gskit CMD: interrupted`` (SIGINT, 130) or ``terminated`` (SIGTERM, 143)."""
+    word = "interrupted" if signum == signal.SIGINT else "terminated"
+    print(f"{name}: {word}", file=sys.stderr)
+    return _ended(130 if signum == signal.SIGINT else 128 + signal.SIGTERM)
+
+
+def _ended(code: int) -> int:
+    """The exit code of an interrupted command, whose cleanup has run.
+
+    A native call that did not stop when asked (``gskit.io.interrupt.stranded``) still runs in its thread; an
+    interpreter that exits normally then aborts inside onnxruntime, so the process ends here, at once, after
+    the exit handlers (temporary folders) and with its output flushed.
+    """
+    if not interrupt.stranded():
+        return code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # atexit has no public way to run its handlers early; they remove temporary folders (fold's spill).
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is not None:
+        run_exit_handlers()
+    os._exit(code)
+
+
 def _fail(name: str, message: str) -> int:
-    print(f"{name}: error: {' '.join(message.split())}", file=sys.stderr)
+    """Print the one error line: line breaks and tabs (of a library's message too) become spaces, every
+    other control character in it (from a name or a path) shows escaped."""
+    print(f"{name}: error: {' '.join(visible(message, keep=_SPACING).split())}", file=sys.stderr)
     return 2
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived; a BaseException so that no ``except Exception`` of a step swallows it."""
+#: Whitespace that an error line folds into single spaces.
+_SPACING = "\n\t\r"
 
 
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """Turn SIGTERM into an exception, so that cleanup (work folders, TensorRT worker) runs as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum: int, frame: object) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _print_traceback() -> None:
+    """``--debug``: the traceback on stderr, names in it shown as data."""
+    print(visible(traceback.format_exc(), keep="\n"), end="", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,9 @@ Files are handled safely by default:
 * ``load`` reads external data only from regular files inside the model's own folder: a ``location``
   that leads out of it through a symbolic link is refused, and so is a hard-linked data file unless
   ``GSKIT_ALLOW_HARDLINKED_DATA=1`` (a hard link can be a second name of any file on the same disk).
-* Inside :func:`guarding_inputs` (each CLI command, each ``prepare`` run), every file a loaded model reads
-  (the model and its data files) is remembered, and :func:`place_file` / :func:`write_atomic`, the one way
-  gskit puts an output under its final name (models, data files, reports, engines, sidecars, timing
-  caches), refuse to replace or delete one of them. They rename over the final name itself, so a symbolic
-  link there is replaced, never followed.
+* Where outputs take their final names, and what may be replaced there, is decided in
+  :mod:`gskit.io.outputs` (``place_file``, ``write_atomic``, ``guarding_inputs``): never a file a loaded model
+  reads, never anything but a regular file or a link, a link replaced and never followed.
 """
 
 from __future__ import annotations
@@ -29,10 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +38,17 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-from gskit.errors import GskitError, ModelCheckError, write_error
+from gskit.errors import GskitError, ModelCheckError
 from gskit.io import gs_export
+from gskit.io.outputs import (
+    blaming,
+    check_output,
+    check_replaceable,
+    make_scratch_folder,
+    output_entry,
+    place_file,
+    remember_input,
+)
 from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
@@ -59,8 +64,7 @@ _TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint6
 _BASEPATH = "basepath"
 #: Set to 1 to accept external data files that have more than one hard link.
 ALLOW_HARDLINKS_ENV = "GSKIT_ALLOW_HARDLINKED_DATA"
-#: Inside :func:`guarding_inputs`: files that loaded models read (-> the model), never written over.
-_INPUT_FILES: ContextVar[dict[Path, Path] | None] = ContextVar("gskit_input_files", default=None)
+
 
 ModelLike = onnx.ModelProto | gs.Graph
 
@@ -95,12 +99,12 @@ def load(
     if not model.HasField("graph") or model.ir_version <= 0:
         raise GskitError(f"{path}: not an ONNX model (no graph or no IR version); check the file")
     base_dir = str(path.resolve().parent)
-    _remember_input(path, path)
+    remember_input(path, path)
     for tensor in _external_tensors(model):
         if allow_missing_data and not load_weights and _missing_data(tensor, base_dir, path):
             continue
         _check_external_data(tensor, base_dir, path)
-        _remember_input(_data_file(tensor, base_dir), path)
+        remember_input(_data_file(tensor, base_dir), path)
         if load_weights:
             tensor.raw_data = _read_external(tensor, base_dir)
             tensor.data_location = TensorProto.DEFAULT
@@ -149,7 +153,7 @@ def save(
     """
     proto = to_model(model) if isinstance(model, gs.Graph) else model
     path = output_entry(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():  # a link is replaced, whatever it points at
         raise GskitError(f"{path}: is a folder; give the path of the .onnx file to write")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,15 +166,18 @@ def save(
             any(uses_external_data(t) for t in tensors) or _tensor_bytes(tensors) > EXTERNAL_DATA_THRESHOLD
         )
     data_path = path.parent / data_name
-    if not in_place:
-        check_output(data_path)  # first: losing the weights is the worse of the two
-        check_output(path)
+    # Both names before anything is written: the data file's name is taken (or a stale one removed) even
+    # when this model keeps its weights inside.
+    check_replaceable(data_path, role=f"the external data of {path.name}")
+    for name in (data_path, path):  # the data file first: losing the weights is the worse of the two
+        if in_place:
+            check_replaceable(name)
+        else:
+            check_output(name)
     _refuse_overwriting_sources(tensors, data_path)
 
-    try:
+    with blaming(path):
         _write_atomically(proto, path, tensors, data_path, external_data, check, in_place)
-    except OSError as err:  # a full disk, a file-size limit, a read-only folder: say which file and why
-        raise write_error(path, err) from err
     log.info("saved %s%s", path, " (+ external data)" if external_data else "")
     return path
 
@@ -186,21 +193,26 @@ def _write_atomically(
 ) -> None:
     """Write into a temporary folder beside ``path``, check, then rename into place."""
     data_name = data_path.name
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp_dir = make_scratch_folder(path.parent, f".{path.name}.")
     try:
         tmp_model = tmp_dir / path.name
         with _ir_version_for_onnxruntime(proto):
             if external_data:
-                _write_with_external_data(proto, tmp_model, data_name)
+                with blaming(data_path):
+                    light = _write_external_data(proto, tmp_dir / data_name)
+                with blaming(path):
+                    _write_light_model(light, tmp_model)
             else:
                 if any(uses_external_data(t) for t in tensors):
                     raise GskitError(f"{path}: model has weights on disk; save it with external_data=True")
                 try:
-                    tmp_model.write_bytes(proto.SerializeToString())
+                    payload = proto.SerializeToString()
                 except ValueError as err:
                     raise GskitError(
                         f"{path}: model too large for one protobuf file; save it with external data"
                     ) from err
+                with blaming(path):
+                    tmp_model.write_bytes(payload)
         if check:
             check_file(tmp_model)
         tmp_data = tmp_dir / data_name
@@ -208,7 +220,7 @@ def _write_atomically(
         if wrote_data:
             place_file(tmp_data, data_path, in_place=in_place)
         place_file(tmp_model, path, in_place=in_place)
-        if not wrote_data and (data_path.exists() or data_path.is_symlink()):
+        if not wrote_data and (data_path.is_file() or data_path.is_symlink()):
             # A data file left from an earlier save to this path belongs to no model any more.
             data_path.unlink()
     finally:
@@ -310,7 +322,8 @@ def resolve_output(
     in_place: bool,
     has_in_place: bool = False,
 ) -> Path:
-    """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``.
+    """Return ``output_path`` as a Path, refusing to write over the input model unless ``in_place``, and a
+    name (or the ``.data`` name beside it) that holds anything but a regular file or a link.
 
     ``has_in_place``: the command offers ``--in-place``, so the message may suggest it.
     """
@@ -318,101 +331,11 @@ def resolve_output(
     if out.resolve() == Path(input_path).resolve() and not in_place:
         hint = "choose another -o or pass --in-place" if has_in_place else "choose another -o"
         raise GskitError(f"{out}: output would overwrite the input model; {hint}")
+    # Checked again when the files are written; here so that a bad name fails before the work, not after.
+    if out.name:  # "." or "/" is a folder, which the check below names
+        check_replaceable(out.with_name(out.name + ".data"), role=f"the external data of {out.name}")
+    check_replaceable(out)
     return out
-
-
-def output_entry(path: str | os.PathLike) -> Path:
-    """The absolute name an output takes: its folder resolved, its last part kept even if it is a link.
-
-    Writing renames a new file over this name, so a symbolic link found there is replaced, not followed.
-    """
-    path = Path(os.path.abspath(path))
-    return path.parent.resolve() / path.name
-
-
-def _entries(path: Path) -> set[Path]:
-    """The names through which a file is reached: its own and, through links, the real one."""
-    return {output_entry(path), path.resolve()}
-
-
-@contextmanager
-def guarding_inputs() -> Iterator[None]:
-    """Within this block, no gskit writer replaces or deletes a file that a model loaded in it reads.
-
-    One command is one block: the files are those of its input model(s), not every model a long-running
-    process ever loaded (a file written, read back and written again stays writable outside the block).
-    Nested blocks share the outer one's files.
-    """
-    if _INPUT_FILES.get() is not None:
-        yield
-        return
-    token = _INPUT_FILES.set({})
-    try:
-        yield
-    finally:
-        _INPUT_FILES.reset(token)
-
-
-def _remember_input(path: Path, model_path: Path) -> None:
-    files = _INPUT_FILES.get()
-    if files is not None:
-        for entry in _entries(path):
-            files.setdefault(entry, model_path)
-
-
-def input_reading(path: str | os.PathLike) -> Path | None:
-    """The model loaded in :func:`guarding_inputs` that reads the file at ``path``, or None."""
-    return (_INPUT_FILES.get() or {}).get(output_entry(path))
-
-
-def check_output(path: str | os.PathLike) -> None:
-    """Refuse an output name that is a file a model loaded in :func:`guarding_inputs` reads.
-
-    Raises:
-        GskitError: naming the file, the model that reads it and what to do.
-    """
-    model_path = input_reading(path)
-    if model_path is not None:
-        raise GskitError(
-            f"{path}: the input model {model_path} is still read from this file; writing it would destroy "
-            f"the input; choose another output path"
-        )
-
-
-def place_file(tmp: str | os.PathLike, path: str | os.PathLike, *, in_place: bool = False) -> Path:
-    """Rename a finished temporary file to its final name ``path`` (same file system), atomically.
-
-    The one way gskit's outputs take their final name. A link at ``path`` is replaced, never followed;
-    a file that a loaded model reads is never replaced (unless ``in_place``).
-
-    Raises:
-        GskitError: ``path`` is a file a loaded model reads, or a folder.
-    """
-    target = output_entry(path)
-    if not in_place:
-        check_output(target)
-    if target.is_dir() and not target.is_symlink():
-        raise GskitError(f"{path}: is a folder; give the path of a file to write")
-    os.replace(tmp, target)
-    return target
-
-
-def write_atomic(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o644) -> Path:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place (:func:`place_file`).
-
-    Raises:
-        GskitError: ``path`` is a file a loaded model reads, or a folder.
-    """
-    target = output_entry(path)
-    check_output(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, mode)  # mkstemp makes files private; outputs are meant to be shared
-        return place_file(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -629,17 +552,18 @@ def _ir_version_for_onnxruntime(model: onnx.ModelProto) -> Iterator[None]:
         model.ir_version = original
 
 
-def _write_with_external_data(model: onnx.ModelProto, model_path: Path, data_name: str) -> None:
-    """Write weights to one data file and a light copy of the model that points at them.
+def _write_external_data(model: onnx.ModelProto, data_path: Path) -> onnx.ModelProto:
+    """Write the weights to one data file; return a light copy of the model that points at them.
 
     The caller's model is only read: large tensors are never copied into a second proto, and nothing has
     to be put back afterwards (protobuf does not return the memory of a cleared field, so stripping and
     restoring the caller's tensors would double the process's memory).
     """
+    data_name = data_path.name
     light = onnx.ModelProto()
     _copy_fields(model, light, skip=("graph",))
     _copy_fields(model.graph, light.graph, skip=("initializer",))
-    with open(model_path.parent / data_name, "wb") as data:
+    with open(data_path, "wb") as data:
         # Tensors outside the initializer list (Constant attributes, subgraphs, functions) are rare and
         # small; they were copied above and are moved out of the light copy itself.
         for tensor in _get_all_tensors(light):
@@ -652,10 +576,16 @@ def _write_with_external_data(model: onnx.ModelProto, model_path: Path, data_nam
                 _externalize(source, target, data, data_name)
             else:
                 target.CopyFrom(source)
+    return light
+
+
+def _write_light_model(light: onnx.ModelProto, model_path: Path) -> None:
+    """Write the model whose weights :func:`_write_external_data` wrote."""
     try:
-        model_path.write_bytes(light.SerializeToString())
+        payload = light.SerializeToString()
     except ValueError as err:
         raise GskitError(f"{model_path.name}: graph itself exceeds protobuf's 2 GB limit") from err
+    model_path.write_bytes(payload)
 
 
 def _goes_external(tensor: TensorProto) -> bool:

@@ -68,9 +68,11 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_import_domains
 
 from gskit.errors import GskitError
+from gskit.io import interrupt, progress
 from gskit.io import model as gsmodel
-from gskit.io import progress
+from gskit.io.gs_export import type_constant_nodes
 from gskit.passes.edit import unique_name
+from gskit.passes.fold_cost import RUN_BUDGET, ResultSizes, run_cost, volume
 from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
@@ -279,9 +281,11 @@ def _fold(
     ops_before = op_counts(graph)
     report.nodes_before = sum(ops_before.values())
     outputs_before = {t.name: (t.dtype, t.shape) for t in graph.outputs}
-    exclude = _Exclusion(plugin_keys(plugins), report, size_threshold)
+    exclude = _Exclusion(plugin_keys(plugins), report, size_threshold, opsets=_opsets(graph))
+    constant_bytes = _constant_bytes(graph)
+    exclude.set_budget(constant_bytes, max_passes)
     spill = None
-    if _constant_bytes(graph) > _PARTITION_BYTES or _has_disk_weights(graph):
+    if constant_bytes > _PARTITION_BYTES or _has_disk_weights(graph):
         log.info("constants exceed %d bytes or are on disk: folding batch by batch", _PARTITION_BYTES)
         report.mode = "batched"
         spill = _Spill(spill_dir)
@@ -326,6 +330,7 @@ def _fold_graph(
     spill: _Spill | None,
     report: FoldReport,
 ) -> None:
+    type_constant_nodes(graph)  # graphsurgeon would lower a value_float as float64
     if fold_shapes:
         _fold_shape_nodes(graph)
     if spill is not None:
@@ -346,18 +351,24 @@ def _fold_graph(
 def _fold_with_graphsurgeon(
     graph: gs.Graph, exclude: _Exclusion, size_threshold: int | None, allow_partial: bool
 ) -> None:
+    def evaluate() -> None:
+        graph.fold_constants(
+            fold_shapes=False,  # gskit folds shapes itself; gs's pass also runs the unsafe cast elision
+            recurse_subgraphs=False,  # gs's recursion forgets should_exclude_node
+            partitioning="recursive" if allow_partial else None,
+            error_ok=allow_partial,
+            flatten_subgraphs=False,  # gs's flattening corrupts outer-scope tensors
+            size_threshold=size_threshold,
+            should_exclude_node=exclude,
+            recurse_functions=False,
+        )
+
+    exclude.start_batch()
     with _quiet_graphsurgeon():
         try:
-            graph.fold_constants(
-                fold_shapes=False,  # gskit folds shapes itself; gs's pass also runs the unsafe cast elision
-                recurse_subgraphs=False,  # gs's recursion forgets should_exclude_node
-                partitioning="recursive" if allow_partial else None,
-                error_ok=allow_partial,
-                flatten_subgraphs=False,  # gs's flattening corrupts outer-scope tensors
-                size_threshold=size_threshold,
-                should_exclude_node=exclude,
-                recurse_functions=False,
-            )
+            # graphsurgeon's onnxruntime session cannot be cancelled: a signal still ends the command
+            # (gskit.io.interrupt), the evaluation is left behind
+            interrupt.call(evaluate)
         except Exception as err:  # onnxruntime and gs raise many types; all mean the same here
             first = (str(err).strip().splitlines() or [repr(err)])[0]
             raise GskitError(
@@ -366,22 +377,65 @@ def _fold_with_graphsurgeon(
             ) from err
 
 
+#: An evaluation may produce ``size_threshold`` plus this many times the bytes of the constants it reads (a
+#: cast of fp16 weights to fp32 makes twice as many bytes); the whole fold, ``max_passes x size_threshold``
+#: plus this many times the model's own constant bytes.
+FOLD_GROWTH = 4
+
+
 class _Exclusion:
-    """``should_exclude_node`` for graphsurgeon: plugin nodes, random ops, non-tensor values."""
+    """``should_exclude_node`` for graphsurgeon (and the batched evaluation): plugin nodes, random ops,
+    non-tensor values, loops that would run too long, and results too large.
+
+    Sizes are the ones evaluation will really produce (``gskit.passes.fold_cost.ResultSizes``), never a
+    declared ``value_info``, and they are judged three ways, intermediate results included:
+
+    * one node's results: at most ``size_threshold``;
+    * one evaluation (a pass over a graph; in batched mode, one pass): its nodes' results together at most
+      ``size_threshold + FOLD_GROWTH x`` the bytes of the constants it reads, so what onnxruntime holds at
+      once stays near what the model already holds (400 ``Expand`` results of 4 MB each are not one batch);
+    * the whole fold: at most ``max_passes x size_threshold + FOLD_GROWTH x`` the model's constant bytes, so
+      evaluations that read earlier results cannot grow the model pass after pass.
+
+    A node over the evaluation's limit waits for the next pass; over the fold's, it stays unevaluated.
+    """
 
     def __init__(
         self,
         plugin_keys: frozenset[tuple[str, str, str]],
         report: FoldReport,
         size_threshold: int | None = None,
+        *,
+        opsets: dict[str, int] | None = None,
     ) -> None:
         self.plugin_keys = plugin_keys
         self.report = report
         self.size_threshold = size_threshold
         #: batched mode: nodes onnxruntime failed to evaluate (``allow_partial``), not retried in later passes
         self.failed: set[int] = set()
-        #: growing nodes whose size is unknown until their inputs fold (reported if they never do)
+        #: nodes not evaluated for their size, which may change as their inputs fold (reported if they stay)
         self.deferred: dict[str, str] = {}
+        self.sizes = ResultSizes(opsets or {})
+        #: bytes all evaluations of this fold may produce together; None: no limit (no size_threshold)
+        self.budget: int | None = None
+        self.spent = 0
+        #: the current evaluation: bytes its nodes produce, bytes of the constants they read (each once)
+        self.batch_spent = 0
+        self.batch_reads = 0
+        self._batch_read: set[int] = set()
+        #: bytes of each accepted node's results (``id(node)``), for the batched evaluation's batches
+        self.result_bytes: dict[int, int] = {}
+
+    def set_budget(self, constant_bytes: int, max_passes: int) -> None:
+        """The model holds ``constant_bytes`` of constants and fold runs up to ``max_passes`` passes."""
+        if self.size_threshold is not None:
+            self.budget = max_passes * self.size_threshold + FOLD_GROWTH * constant_bytes
+
+    def start_batch(self) -> None:
+        """A new evaluation begins (each pass, each subgraph): earlier results are constants now."""
+        self.sizes.start()
+        self.batch_spent, self.batch_reads = 0, 0
+        self._batch_read.clear()
 
     def __call__(self, node: gs.Node) -> bool:
         reason = self.reason(node)
@@ -395,18 +449,40 @@ class _Exclusion:
         return False
 
     def size_reason(self, node: gs.Node) -> str | None:
-        """Why ``node`` is not evaluated although it could be: its result would exceed ``size_threshold``.
+        """Why ``node`` is not evaluated now although it could be: its results would exceed
+        ``size_threshold``, the evaluation's or the fold's limit, or their size is not known yet.
 
         Checked before evaluating, because onnxruntime computes a node's whole result even when a later node
-        shrinks it (``ConstantOfShape -> ReduceSum``): a tiny model must not take gigabytes to fold.
+        shrinks it (``ConstantOfShape -> ReduceSum``): a tiny model must not take gigabytes to fold. When it
+        is accepted, its results count against the limits and their types are known to the nodes after it.
         """
-        if self.size_threshold is None:
+        if self.size_threshold is None or self.budget is None:
             return None
-        nbytes = _result_nbytes(node)
-        if nbytes is None:
-            return "result size unknown before evaluating (its size inputs are not constants yet)"
+        found = self.sizes.nbytes(node)
+        if found is None:
+            return "result size unknown before evaluating (an input's shape or values are not known yet)"
+        nbytes, types = found
         if nbytes > self.size_threshold:
             return f"result would be {nbytes} bytes, over size_threshold ({self.size_threshold} bytes)"
+        new_reads = {id(t): t for t in _constant_reads(node) if id(t) not in self._batch_read}
+        reads = self.batch_reads + sum(constant_nbytes(t) for t in new_reads.values())
+        limit = self.size_threshold + FOLD_GROWTH * reads
+        if self.batch_spent + nbytes > limit:
+            return (
+                f"results of {nbytes} bytes would take one evaluation past {limit} bytes (size_threshold + "
+                f"{FOLD_GROWTH} x the {reads} bytes of constants it reads)"
+            )
+        if self.spent + nbytes > self.budget:
+            return (
+                f"results of {nbytes} bytes would take fold past {self.budget} bytes in all (max_passes x "
+                f"size_threshold + {FOLD_GROWTH} x the model's constants)"
+            )
+        self.spent += nbytes
+        self.batch_spent += nbytes
+        self.batch_reads = reads
+        self._batch_read.update(new_reads)
+        self.sizes.accept(types)
+        self.result_bytes[id(node)] = nbytes
         return None
 
     def reason(self, node: gs.Node) -> str | None:
@@ -424,7 +500,23 @@ class _Exclusion:
         if strings:
             # graphsurgeon cannot write a folded string tensor back (it stores every constant as raw data)
             return f"tensor '{strings[0]}' holds strings, which are not folded"
+        cost = run_cost(node)
+        if cost is None:
+            return f"{node.op} has a trip count that is not a constant: it may run without end"
+        if cost > RUN_BUDGET:
+            return (
+                f"{node.op} would run {cost} nodes (trip count x its body), over fold's limit of {RUN_BUDGET}"
+            )
         return None
+
+
+def _constant_reads(node: gs.Node) -> Iterator[gs.Constant]:
+    """The constants a node reads: its inputs and the outer tensors its subgraphs read."""
+    for tensor in node.inputs:
+        if isinstance(tensor, gs.Constant):
+            yield tensor
+    for sub in gsmodel.node_subgraphs(node):
+        yield from (t for t in sub._foreign_tensors().values() if isinstance(t, gs.Constant))
 
 
 def _has_unread_inputs(subgraph: gs.Graph) -> bool:
@@ -453,9 +545,10 @@ def _fold_batched(
     """Evaluate the constant nodes of ``graph`` batch by batch and replace their used results by constants."""
     graph.toposort()
     context = _BatchContext(graph, size_threshold, allow_partial, spill, report, exclude.failed)
+    exclude.start_batch()
     nodes = _foldable_nodes(graph, exclude, report)
     with progress.task("fold: constant nodes evaluated", total=len(nodes)) as advance:
-        for batch in _batches(nodes):
+        for batch in _batches(nodes, exclude.result_bytes):
             context.evaluate(batch)
             advance(len(batch))
 
@@ -480,14 +573,21 @@ def _foldable_nodes(graph: gs.Graph, exclude: _Exclusion, report: FoldReport) ->
     return foldable
 
 
-def _batches(nodes: list[gs.Node]) -> Iterator[list[gs.Node]]:
-    """Consecutive groups of ``nodes`` reading and writing about ``_BATCH_BYTES`` at most (or one node)."""
+def _batches(nodes: list[gs.Node], result_bytes: dict[int, int]) -> Iterator[list[gs.Node]]:
+    """Consecutive groups of ``nodes`` reading and writing about ``_BATCH_BYTES`` at most (or one node).
+
+    A node's results count with the size fold judged they will have (``result_bytes``), else (no size
+    threshold) with their declared size.
+    """
     batch: list[gs.Node] = []
     seen: set[int] = set()
     size = 0
     for node in nodes:
         reads = [t for t in node.inputs if isinstance(t, gs.Constant) and id(t) not in seen]
-        cost = sum(constant_nbytes(t) for t in reads) + sum(_known_nbytes(t) or 0 for t in node.outputs)
+        writes = result_bytes.get(id(node))
+        if writes is None:
+            writes = sum(_known_nbytes(t) or 0 for t in node.outputs)
+        cost = sum(constant_nbytes(t) for t in reads) + writes
         if batch and size + cost > _BATCH_BYTES:
             yield batch
             batch, seen, size = [], set(), 0
@@ -672,77 +772,7 @@ def _known_nbytes(tensor: gs.Tensor) -> int | None:
         itemsize = np.dtype(tensor.dtype).itemsize
     except TypeError:
         return None
-    return _volume(tensor.shape) * itemsize
-
-
-#: Ops whose result can be far larger than their inputs, its size given by the values of an input (a shape,
-#: repeats, pads, a range, scales): evaluated only when that size is known and within ``size_threshold``.
-_GROWING_OPS = frozenset(
-    {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot"}
-)
-#: Size inputs (shapes, repeats, range bounds) are read only from constants this small.
-_SIZE_INPUT_ELEMENTS = 64
-
-
-def _result_nbytes(node: gs.Node) -> int | None:
-    """Bytes of ``node``'s largest result, from the shapes shape inference gave or, for a growing op, from the
-    values of its constant size inputs; None when unknown before evaluating (only for growing ops: any other
-    op's result is about as large as its inputs, which are constants or results already bounded)."""
-    sizes = [_known_nbytes(t) for t in node.outputs]
-    if all(size is not None for size in sizes):
-        return max(sizes, default=0)  # type: ignore[type-var]
-    if is_default_domain(node.domain) and node.op in _GROWING_OPS:
-        return _growing_nbytes(node)
-    return max((size for size in sizes if size is not None), default=0)
-
-
-def _growing_nbytes(node: gs.Node) -> int | None:
-    """Result size of ConstantOfShape, Expand, Tile or Range from their constant inputs (others: None)."""
-    values = [_small_values(t) for t in node.inputs]
-    try:
-        if node.op == "ConstantOfShape" and values and values[0] is not None:
-            value = node.attrs.get("value")
-            itemsize = np.dtype(value.dtype).itemsize if isinstance(value, gs.Constant) else 4
-            return _volume(values[0].tolist()) * itemsize
-        data = node.inputs[0] if node.inputs else None
-        shape = data.shape if data is not None and data.shape is not None and _static(data.shape) else None
-        itemsize = _itemsize(data)
-        if node.op == "Expand" and shape is not None and len(values) > 1 and values[1] is not None:
-            target = [int(d) for d in values[1].tolist()]
-            rank = max(len(shape), len(target))
-            padded = [1] * (rank - len(shape)) + list(shape), [1] * (rank - len(target)) + target
-            return _volume([max(a, b) for a, b in zip(*padded, strict=True)]) * itemsize
-        if node.op == "Tile" and shape is not None and len(values) > 1 and values[1] is not None:
-            return _volume([d * r for d, r in zip(shape, values[1].tolist(), strict=False)]) * itemsize
-        if node.op == "Range" and len(values) == 3 and all(v is not None and v.size == 1 for v in values):
-            start, limit, delta = (v.reshape(-1)[0].item() for v in values)  # type: ignore[union-attr]
-            return max(0, int(np.ceil((limit - start) / delta))) * itemsize if delta else None
-    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
-        return None
-    return None
-
-
-def _small_values(tensor: gs.Tensor) -> np.ndarray | None:
-    if not isinstance(tensor, gs.Constant) or tensor.shape is None or not _static(tensor.shape):
-        return None
-    if _volume(tensor.shape) > _SIZE_INPUT_ELEMENTS:
-        return None
-    return np.asarray(tensor.values)
-
-
-def _itemsize(tensor: gs.Tensor | None) -> int:
-    try:
-        return np.dtype(tensor.dtype).itemsize if tensor is not None and tensor.dtype is not None else 8
-    except TypeError:
-        return 8
-
-
-def _volume(dims: Iterable[Any]) -> int:
-    """Elements of a shape, as a Python int (no int64 overflow); a negative dim counts as 0."""
-    total = 1
-    for dim in dims:
-        total *= max(0, int(dim))
-    return total
+    return volume(tensor.shape) * itemsize
 
 
 def _still_present(graph: gs.Graph, entries: dict[str, str]) -> dict[str, str]:
@@ -1004,6 +1034,13 @@ def _has_disk_weights(graph: gs.Graph) -> bool:
         and uses_external_data(t._values.tensor)
         for t in graph.tensors().values()
     )
+
+
+def _opsets(graph: gs.Graph) -> dict[str, int]:
+    """The graph's opset version per domain (``""``: the default domain)."""
+    opsets = {d.domain: d.version for d in graph.import_domains or ()}
+    opsets.setdefault("", graph.opset)
+    return opsets
 
 
 def _constant_bytes(graph: gs.Graph) -> int:

@@ -27,6 +27,7 @@ from onnx.external_data_helper import uses_external_data
 
 from gskit.io.model import load, missing_data_files, tensor_nbytes
 from gskit.io.report import to_jsonable
+from gskit.passes.tensor_types import data_propagation_bounded
 from gskit.plugin.ops import ONNX_DOMAINS
 
 log = logging.getLogger(__name__)
@@ -499,7 +500,9 @@ def _inferred_graph(model: onnx.ModelProto, infer: bool) -> tuple[onnx.GraphProt
     if not infer:
         return model.graph, None
     try:
-        return onnx.shape_inference.infer_shapes(_weight_free_copy(model), data_prop=True).graph, None
+        light = _weight_free_copy(model)
+        data_prop = data_propagation_bounded(light)
+        return onnx.shape_inference.infer_shapes(light, data_prop=data_prop).graph, None
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as err:
         error = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         log.warning("shape inference failed, using the model's value_info: %s", error)

@@ -35,8 +35,10 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
-from gskit.errors import GskitError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.io import model as gsmodel
+from gskit.io.outputs import place_file
+from gskit.passes.tensor_types import data_propagation_bounded
 from gskit.passes.transform import GraphPass, PassResult, option, run_pass
 from gskit.plugin.spec import (
     REQUIRED,
@@ -197,10 +199,11 @@ def _infer_model(model: onnx.ModelProto, registry: PluginRegistry, strict: bool)
     register_schemas(registry)
     with _stubbed_initializers(model) as light:
         payload = light.SerializeToString()
+        data_prop = data_propagation_bounded(light)
     token = _STRICT.set(strict)
     try:
         inferred = onnx.shape_inference.infer_shapes(
-            payload, check_type=True, strict_mode=strict, data_prop=True
+            payload, check_type=True, strict_mode=strict, data_prop=data_prop
         )
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as err:
         raise GskitError(f"shape inference failed: {_first_line(err)}") from err
@@ -247,8 +250,9 @@ def infer_shapes_path(
     try:
         token = _STRICT.set(strict)
         try:
+            data_prop = data_propagation_bounded(onnx.load(str(path), load_external_data=False))
             onnx.shape_inference.infer_shapes_path(
-                str(path), str(tmp), check_type=True, strict_mode=strict, data_prop=True
+                str(path), str(tmp), check_type=True, strict_mode=strict, data_prop=data_prop
             )
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as err:
             raise GskitError(f"{path}: shape inference failed: {_first_line(err)}") from err
@@ -256,7 +260,7 @@ def infer_shapes_path(
             _STRICT.reset(token)
         if output.resolve().parent == tmp.parent:
             gsmodel.check_file(tmp)
-            gsmodel.place_file(tmp, output)
+            place_file(tmp, output)
         else:
             gsmodel.save(gsmodel.load(tmp, load_weights=False), output)
     finally:
@@ -458,7 +462,7 @@ def _inference_function(domain: str, op: str, entry: _Registered) -> Callable[[A
         attrs = _node_attrs(spec, ctx)
         try:
             outputs = spec.infer(inputs, attrs)
-        except Exception as err:  # the spec's rule is user code; name the node and the plugin
+        except PLUGIN_CODE_FAILURES as err:  # the spec's rule is user code; name the node and the plugin
             message = f"{ctx.get_display_name()}: output rule of {spec.qualified_name} failed: {err}"
             if _STRICT.get():
                 raise GskitError(message) from err

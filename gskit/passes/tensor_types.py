@@ -35,6 +35,45 @@ def constant_nbytes(tensor: gs.Constant) -> int:
     return int(getattr(values, "nbytes", 0))
 
 
+#: Most elements of 1-D tensors, read by all nodes together, that onnx's data propagation is given.
+DATA_PROP_ELEMENTS = 2**20
+
+
+def data_propagation_bounded(model: onnx.ModelProto) -> bool:
+    """Whether onnx's shape inference may propagate data (``data_prop=True``) through ``model`` in bounded
+    time.
+
+    onnx's data propagation makes a protobuf dim of every element of a 1-D tensor that enters ``Concat``,
+    ``Add``, ``Gather``, ``Slice``, ``Cast``... (values it does not know included), holding the GIL all along:
+    a 17 kB model that concatenates 400 ``Expand`` results of 1M elements took minutes and gigabytes in
+    inference alone, and no signal could stop it. So the 1-D tensors the nodes read are measured first, with
+    inference that propagates no data and ignores the model's declared shapes (they are claims); past
+    ``DATA_PROP_ELEMENTS`` in all, data is not propagated (shapes are still inferred, a little less far).
+    Lengths that only data propagation itself could find are not seen here.
+    """
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
+    del view.graph.value_info[:]
+    for info in view.graph.output:
+        if info.type.HasField("tensor_type"):
+            info.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(view, strict_mode=False, data_prop=False)
+    except Exception:  # noqa: BLE001  # the caller's own inference meets the same problem and reports it
+        return True
+    graph = inferred.graph
+    lengths = {t.name: int(t.dims[0]) for t in graph.initializer if len(t.dims) == 1}
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+        if len(dims) == 1 and dims[0].HasField("dim_value"):
+            lengths[info.name] = int(dims[0].dim_value)
+    read = sum(lengths.get(name, 0) for node in graph.node for name in node.input)
+    if read > DATA_PROP_ELEMENTS:
+        log.info("shape inference without data propagation: nodes read %d elements of 1-D tensors", read)
+        return False
+    return True
+
+
 def infer_tensor_types(
     graph: gs.Graph, odd_types: GsLosses | None = None, *, dtypes_only: bool = False, symbolic: bool = True
 ) -> None:
@@ -55,7 +94,9 @@ def infer_tensor_types(
             view.inputs.append(tensor)
     try:
         proto = export_graph(view, odd_types)
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(
+            proto, strict_mode=False, data_prop=data_propagation_bounded(proto)
+        )
     except Exception as err:  # onnx raises several types; the passes still work without the extra shapes
         log.info("shape inference failed (%s); keeping the shapes in the model", err)
         return

@@ -1,11 +1,13 @@
 """``gskit prepare``: run a recipe on a model and write the prepared model with its reports.
 
 OUTDIR receives ``model.onnx`` (+ ``model.onnx.data`` when large), ``report.json``, ``report.html`` and, when
-an engine is built, ``model.engine`` with its sidecar. Each is written under a temporary name and renamed into
-place, so an interrupted run never leaves a partial file under a final name; the input model is only read.
-One run at a time writes to an OUTDIR (it holds ``OUTDIR/.gskit.lock`` while it runs); a run clears what a
-killed run left, and a failed run removes the model and engine of an earlier run, so that what OUTDIR holds
-is what its report describes.
+an engine is built, ``model.engine`` with its sidecar: one run's set of files. The run writes them into its
+work folder inside OUTDIR and then puts them in place of the earlier run's set together
+(``gskit.io.outputs.replace_set``): what OUTDIR shows at any moment belongs to one run, and ``report.json``
+is there only beside the rest of its run's files (it is removed first and placed last). A failed run's set is
+its reports alone, saying why; when even they cannot be written (a full disk) OUTDIR is left without a run.
+The input model is only read. One run at a time writes to an OUTDIR (it holds ``OUTDIR/.gskit.lock`` while it
+runs); a run clears the work folders that killed runs left.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import fcntl
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,15 +28,25 @@ from typing import Any, Protocol
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import GskitError
+from gskit.errors import GskitError, WriteError, write_error
 from gskit.io import model as gsmodel
 from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
+from gskit.io.outputs import (
+    blaming,
+    check_output,
+    guarding_inputs,
+    make_scratch_folder,
+    output_entry,
+    remove_abandoned_scratch,
+    replace_set,
+)
 from gskit.io.report import dumps
 from gskit.passes.nms import PLUGIN_KEY
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin.ops import op_label
 from gskit.plugin.spec import load_plugins
+from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +81,15 @@ class PrepareReport:
     model: str
     output_dir: str
     recipe: str
+    #: the TensorRT version prepared for: ``{"tensorrt": "10.3", "source": "--tensorrt 10.3"}``
+    target: dict[str, str] = field(default_factory=dict)
     steps: list[StepResult] = field(default_factory=list)
     prepared_model: str | None = None
     plugins_inserted: dict[str, int] = field(default_factory=dict)
     #: ops rewritten by lower steps into ops TensorRT takes, ``{"Col2Im -> reshape": 3}``
     lowered: dict[str, int] = field(default_factory=dict)
+    #: native ops written in place of matched regions (op -> count; regions already native not counted)
+    native_inserted: dict[str, int] = field(default_factory=dict)
     regions: list[Any] = field(default_factory=list)
     comparison: Any = None
     tensorrt: Any = None
@@ -119,8 +134,11 @@ def recipe_with_overrides(
     only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
     compute_capability: str | None = None,
+    tensorrt: str | None = None,
 ) -> Recipe:
     """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
+
+    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here.
 
     ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
     step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
@@ -137,6 +155,14 @@ def recipe_with_overrides(
         raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
     steps = _without(recipe, skip)
     flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
+    if tensorrt is not None:
+        TensorRTTarget.parse(tensorrt)
+        flags.append("--tensorrt")
+        # a replace step's own target follows the flag, as the recipe's does
+        steps = [
+            _with_options(step, {"tensorrt": tensorrt}) if getattr(step.options, "tensorrt", None) else step
+            for step in steps
+        ]
     overrides: dict[str, dict[str, Any]] = {
         "validate": {
             "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
@@ -172,7 +198,11 @@ def recipe_with_overrides(
         steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
     if not flags:
         return recipe
-    return Recipe(steps=tuple(steps), source=f"{recipe.source} with {' '.join(flags)}")
+    return Recipe(
+        steps=tuple(steps),
+        source=f"{recipe.source} with {' '.join(flags)}",
+        tensorrt=tensorrt if tensorrt is not None else recipe.tensorrt,
+    )
 
 
 def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
@@ -222,38 +252,137 @@ def prepare(
     model_path, out_dir = Path(model_path), Path(out_dir)
     recipe = recipe or default_recipe()
     check_validation_order(recipe)
+    target = _target(recipe)
     final_model = out_dir / MODEL_NAME
     if final_model.resolve() == model_path.resolve():
         raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
-    with gsmodel.guarding_inputs():
+    with guarding_inputs():
         original = gsmodel.load(model_path, load_weights=False)
         if not original.graph.output:
             raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
         _check_validate_shapes(recipe, original)
         registry = load_plugins(plugin_dirs)
-        for name in REPORT_NAMES:  # checked first: a failure is recorded there
-            gsmodel.check_output(out_dir / name)
+        for name in _set_names(recipe):  # before the work: a name that cannot be written fails now
+            check_output(out_dir / name)
         with _claim(out_dir) as work:
-            report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
+            report = PrepareReport(
+                model=str(model_path),
+                output_dir=str(out_dir),
+                recipe=recipe.source,
+                target={"tensorrt": str(target), "source": target.source},
+            )
             state = RunState(
                 graph=gsmodel.to_graph(original),
                 original_path=model_path,
                 registry=registry,
                 plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
                 work_dir=work,
+                target=target,
             )
+            staged = work / "outputs"  # this run's files, until they take their names in OUTDIR together
+            staged.mkdir()
+            failure: GskitError | None = None
             try:
                 _run_steps(recipe, state, report, listener)
-                report.prepared_model = str(gsmodel.save(state.graph, final_model))
+                _stage(report, original, state, recipe, staged)
             except GskitError as err:
-                report.error = str(err)
-                _remove_earlier_outputs(out_dir)
-                _write_reports(report, original, state, out_dir, recipe)
-                raise
-            _move_engine(state, out_dir, report)
-            report.validated, report.passed = _verdict(report, state)
-            _write_reports(report, original, state, out_dir, recipe)
+                failure = _named_in(out_dir, staged, err)
+                _stage_failure(failure, report, original, state, recipe, staged)
+            replace_set(_staged_files(staged, out_dir, state), [out_dir / name for name in set_names()])
+            if failure is not None:
+                raise failure
     return report
+
+
+def _target(recipe: Recipe) -> TensorRTTarget:
+    """The run's target: the recipe's (``--tensorrt`` sets it) or the default, saying where it came from."""
+    version = recipe.target
+    if version is None:
+        return resolve_target(None)
+    by_flag = "--tensorrt" in recipe.source.partition(" with ")[2].split()
+    where = "--tensorrt" if by_flag else f"target of {recipe.source}"
+    return TensorRTTarget.parse(version, f"{where} {version}")
+
+
+def set_names() -> tuple[str, ...]:
+    """Every file a run may put in OUTDIR, in the order they take their names: the model's data before the
+    model, the engine's sidecar before the engine, report.json last (it seals the set, ``replace_set``)."""
+    from gskit.backends.trt_build import sidecar_path  # the sidecar's name is the builder's to say
+
+    return (
+        MODEL_NAME + ".data",
+        MODEL_NAME,
+        sidecar_path(ENGINE_NAME).name,
+        ENGINE_NAME,
+        *REPORT_NAMES[::-1],
+    )
+
+
+def _set_names(recipe: Recipe) -> list[str]:
+    """The names this recipe's run may write (the engine's only with a build step): none may be a folder,
+    a device or a FIFO, or a file the input reads."""
+    builds = any(step.name == "build" for step in recipe.steps)
+    return [name for name in set_names() if builds or not name.startswith(ENGINE_NAME)]
+
+
+def _stage(
+    report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe, staged: Path
+) -> None:
+    """Write the prepared model and the reports of a run whose steps all ran into ``staged``."""
+    gsmodel.save(state.graph, staged / MODEL_NAME)
+    out_dir = Path(report.output_dir)
+    report.prepared_model = str(output_entry(out_dir / MODEL_NAME))
+    if state.engine is not None:
+        report.engine = {
+            "engine": str(out_dir / ENGINE_NAME),
+            "sidecar": str(out_dir / state.engine.sidecar.name),
+            "tensorrt": state.engine.tensorrt,
+        }
+    report.validated, report.passed = _verdict(report, state)
+    _write_reports(report, original, state, staged, recipe)
+
+
+def _stage_failure(
+    err: GskitError,
+    report: PrepareReport,
+    original: onnx.ModelProto,
+    state: RunState,
+    recipe: Recipe,
+    staged: Path,
+) -> None:
+    """Make ``staged`` the set of a failed run: its reports only (no model, no engine), saying why.
+
+    When even they cannot be written (a full disk), ``staged`` is left empty: OUTDIR then holds no run.
+    """
+    report.error = str(err)
+    report.passed = False
+    report.prepared_model, report.engine, state.engine = None, None, None
+    shutil.rmtree(staged, ignore_errors=True)  # a half-written model frees its space for the reports
+    staged.mkdir()
+    try:
+        _write_reports(report, original, state, staged, recipe)
+    except (GskitError, OSError) as also:
+        log.warning("the reports of the failed run could not be written either: %s", also)
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir()
+
+
+def _named_in(out_dir: Path, staged: Path, err: GskitError) -> GskitError:
+    """A file of the run that could not be written is named as the user will look for it: in OUTDIR."""
+    if isinstance(err, WriteError) and Path(str(err.path)).parent == staged:
+        renamed = write_error(out_dir / Path(str(err.path)).name, err.error)
+        renamed.__cause__ = err
+        return renamed
+    return err
+
+
+def _staged_files(staged: Path, out_dir: Path, state: RunState) -> list[tuple[Path, Path]]:
+    """``(staged file, final name)`` of the run's files, in ``set_names()`` order (report.json last)."""
+    found = {path.name: path for path in staged.iterdir() if path.is_file()}
+    if state.engine is not None:
+        found[ENGINE_NAME] = state.engine.engine
+        found[state.engine.sidecar.name] = state.engine.sidecar
+    return [(found[name], out_dir / name) for name in set_names() if name in found]
 
 
 def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]:
@@ -288,8 +417,10 @@ def _claim(out_dir: Path) -> Iterator[Path]:
     """Lock OUTDIR for this run, clear what killed runs left there, and give a work folder inside it.
 
     The lock (``flock`` on ``OUTDIR/.gskit.lock``, released by the kernel even when the process is killed)
-    keeps two runs from mixing their files; holding it, any work folder or temporary file found there is
-    a leftover of a killed run. The work folder is removed on the way out (errors, Ctrl-C, SIGTERM).
+    keeps two runs from mixing their files. The work folder is a scratch folder marked as this process's
+    (``gskit.io.outputs.make_scratch_folder``); holding the lock, the marked scratch folders of gskit
+    processes that are gone are removed, and nothing else (a folder without the mark, whatever its name, or
+    one holding the input model, stays). The work folder is removed on the way out (errors, Ctrl-C, SIGTERM).
 
     Raises:
         GskitError: OUTDIR is a file or cannot be created, or another run holds it.
@@ -313,51 +444,21 @@ def _claim(out_dir: Path) -> Iterator[Path]:
             raise GskitError(
                 f"{out_dir}: another gskit prepare is writing there; wait for it to end or choose another -o"
             )
-        _remove_leftovers(out_dir)
-        work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out_dir))
+        for left in remove_abandoned_scratch(out_dir):
+            log.info("removed %s, left by an interrupted gskit run", left)
+        work = None
         try:
+            try:
+                work = make_scratch_folder(out_dir, WORK_PREFIX)
+            except OSError as err:
+                raise write_error(out_dir, err) from err
             yield work
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
             lock.unlink(missing_ok=True)  # still locked: a run that opened it meanwhile sees it is gone
     finally:
         os.close(fd)
-
-
-def _remove_leftovers(out_dir: Path) -> None:
-    for path in out_dir.iterdir():
-        folder = path.is_dir() and not path.is_symlink()
-        if folder and path.name.startswith((WORK_PREFIX, f".{MODEL_NAME}.")):  # save's temporary folder
-            log.info("removing %s, left by an interrupted run", path)
-            shutil.rmtree(path, ignore_errors=True)
-        elif not folder and _is_report_temporary(path.name) and gsmodel.input_reading(path) is None:
-            log.info("removing %s, left by an interrupted run", path)
-            path.unlink(missing_ok=True)
-
-
-def _is_report_temporary(name: str) -> bool:
-    """``gsmodel.write_atomic``'s temporary file for a report: ``.report.json.XXXX.tmp``."""
-    return name.endswith(".tmp") and any(name.startswith(f".{report}.") for report in REPORT_NAMES)
-
-
-def _remove_earlier_outputs(out_dir: Path) -> None:
-    """A failed run leaves no model or engine of an earlier run beside a report that is not about them."""
-    _remove_stale(out_dir, (MODEL_NAME, MODEL_NAME + ".data", *_engine_names()), "this run failed")
-
-
-def _engine_names() -> tuple[str, str]:
-    from gskit.backends.trt_build import sidecar_path
-
-    return ENGINE_NAME, sidecar_path(ENGINE_NAME).name
-
-
-def _remove_stale(out_dir: Path, names: Sequence[str], why: str) -> None:
-    """Remove files (or links) of an earlier run from OUTDIR; never a folder, never a file an input reads."""
-    for name in names:
-        stale = out_dir / name
-        if (stale.is_file() or stale.is_symlink()) and gsmodel.input_reading(stale) is None:
-            log.info("removing %s from an earlier run (%s)", stale, why)
-            stale.unlink()
 
 
 def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
@@ -377,7 +478,10 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         report.regions = list(state.replaced)
         report.comparison = state.comparison
         report.tensorrt = state.trt_report
-        report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+        report.plugins_inserted = dict(Counter(r.plugin for r in state.replaced if r.form == "plugin"))
+        report.native_inserted = dict(
+            Counter(r.op for r in state.replaced if r.form == "native" and not r.kept)
+        )
         report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in state.lowered))
         if state.nms is not None:  # the nms step's node is a plugin node too
             label = (
@@ -417,42 +521,36 @@ def _run_step(name: str, state: RunState, options: Any) -> PassResult:
         ) from err
 
 
-def _move_engine(state: RunState, out_dir: Path, report: PrepareReport) -> None:
-    info = state.engine
-    target = out_dir / ENGINE_NAME
-    if info is None:
-        # An engine left by an earlier run was built from another model: it must not sit beside this one.
-        _remove_stale(out_dir, _engine_names(), "no engine built this time")
-        return
-    gsmodel.place_file(info.sidecar, out_dir / info.sidecar.name)
-    gsmodel.place_file(info.engine, target)
-    report.engine = {
-        "engine": str(target),
-        "sidecar": str(out_dir / info.sidecar.name),
-        "tensorrt": info.tensorrt,
-    }
-
-
 def _write_reports(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, out_dir: Path, recipe: Recipe
+    report: PrepareReport, original: onnx.ModelProto, state: RunState, staged: Path, recipe: Recipe
 ) -> None:
+    """Write report.json and report.html into ``staged`` (a full disk names the file as OUTDIR's)."""
     json_name, html_name = REPORT_NAMES
-    gsmodel.write_atomic(out_dir / json_name, dumps(report))
-    gsmodel.write_atomic(out_dir / html_name, _html(report, original, state, recipe))
+    out_dir = Path(report.output_dir)
+    with blaming(out_dir / json_name):
+        (staged / json_name).write_text(dumps(report))
+    page = _html(report, original, state, recipe, staged / MODEL_NAME)
+    with blaming(out_dir / html_name):
+        (staged / html_name).write_text(page)
 
 
-def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe) -> str:
+def _html(
+    report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe, written: Path
+) -> str:
+    """The report page; ``written`` is where the prepared model is now (its size is shown)."""
     comparison = report.comparison
     summary = [
         ("input model", f"{report.model} ({_size(_model_files(Path(report.model), original))})"),
         (
             "prepared model",
-            f"{report.prepared_model} ({_size(_model_files(Path(report.prepared_model)))})"
+            f"{report.prepared_model} ({_size(_model_files(written))})"
             if report.prepared_model
             else "(not written)",
         ),
         ("recipe", report.recipe),
+        ("TensorRT target", f"{report.target.get('tensorrt')} ({report.target.get('source')})"),
         ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
+        ("native ops written", ", ".join(f"{k}: {v}" for k, v in report.native_inserted.items()) or "none"),
         ("ops lowered", ", ".join(f"{k}: {v}" for k, v in report.lowered.items()) or "none"),
         ("TensorRT check", _trt_line(report.tensorrt)),
         ("engine", (report.engine or {}).get("engine", "not built")),
@@ -491,6 +589,7 @@ def _html(report: PrepareReport, original: onnx.ModelProto, state: RunState, rec
         regions=_regions(report.regions, original, state.graph),
         skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in state.skipped],
         environment=environment_rows(),
+        error=report.error,
     )
     return render_page(page)
 
@@ -577,11 +676,24 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
             if plugin is not None
             else ()
         )
-        title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
+        title = _region_title(region)
         attrs = plugin.attrs if plugin is not None else {}
         attributes = tuple((k, _attribute_text(v)) for k, v in attrs.items())
-        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes))
+        form = f"form: {region.form} {region.op}: {region.why}"
+        regions.append(
+            Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes, form=form)
+        )
     return regions
+
+
+def _region_title(region: Any) -> str:
+    """``gskit::LayerNorm v1 (LayerNorm_0) replaced 9 node(s)``, or the native op when that form was taken."""
+    count = len(region.original_nodes)
+    if region.form != "native":
+        return f"{region.plugin} ({region.node}) replaced {count} node(s)"
+    if region.kept:
+        return f"{region.op} ({region.node}) kept: already the native form of {region.plugin}"
+    return f"{region.op} ({region.node}) replaced {count} node(s): the native form of {region.plugin}"
 
 
 def _attribute_text(value: Any) -> str:

@@ -22,7 +22,6 @@ dtypes and exporters are: the cache key hashes them (a helper the function calls
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -32,7 +31,6 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gskit.errors import GskitError, PluginError
+from gskit.io.outputs import write_atomic
 
 if TYPE_CHECKING:  # the pattern package imports gskit.plugin.spec: imported inside the functions that need it
     from gskit.passes.patterns.derived import DerivedRuleSet
@@ -386,21 +385,12 @@ def _write_user_cache(path: Path, entry: CacheEntry) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary file in its folder and a rename."""
+    """Write JSON to ``path`` atomically (``gskit.io.outputs.write_atomic``: a temporary file, a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1, default=_json_default)
-            handle.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a shipped file, readable like the rest (mkstemp makes it 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    text = json.dumps(data, indent=1, default=_json_default) + "\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    write_atomic(path, text, mode=0o666 & ~umask)  # a shipped file, readable like the rest
 
 
 def _json_default(value: Any) -> Any:

@@ -29,8 +29,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, PluginError
 from gskit.plugin import libnvinfer
+from gskit.plugin.native import NativeForm, validate_native_forms
 from gskit.plugin.ops import (
     DEFAULT_DOMAINS,
     ONNX_DOMAINS,
@@ -177,6 +178,12 @@ class PluginSpec:
         library: the shared library that implements the plugin and ships with TensorRT
             (``libnvinfer.LIBRARY``: TensorRT's own plugins, registered by ``initLibNvInferPlugins``; the
             folder then has no kernel and no ``trt_plugin.py``). None: the plugin folder brings it.
+        native: the standard ONNX ops TensorRT runs natively that compute the same, each with the first
+            TensorRT version that imports it (:class:`gskit.plugin.native.NativeForm`); the target of a run
+            picks the form of each region (``--tensorrt``). Empty: the region always becomes the plugin node.
+        plugin_form: the plugin node is one of the forms (False: the spec only names a native op, e.g. a
+            decomposed GroupNorm that becomes ``GroupNormalization``; below that op's TensorRT version the
+            region is left as it was).
     """
 
     name: str
@@ -193,6 +200,8 @@ class PluginSpec:
     supports_fp16: bool = False
     node_domain: str | None = None
     library: str | None = None
+    native: tuple[NativeForm, ...] = ()
+    plugin_form: bool = True
 
     @property
     def domain(self) -> str:
@@ -274,7 +283,19 @@ class PluginSpec:
         if missing:
             raise PluginError(f"{self.qualified_name}: node lacks required attribute(s) {missing}")
         result = self.reference(*inputs, **plugin_attrs)
-        return list(result) if isinstance(result, (tuple, list)) else [result]
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        for index, output in enumerate(outputs):
+            kind = np.asarray(output).dtype.kind if output is not None else None
+            if kind is None or kind not in "biufc":
+                got = (
+                    "None"
+                    if output is None
+                    else f"{type(output).__name__} of dtype {np.asarray(output).dtype}"
+                )
+                raise PluginError(
+                    f"{self.qualified_name}: the reference returned {got} as output {index}, not numbers"
+                )
+        return outputs
 
 
 def coerce_attribute(spec: PluginSpec, attr: Attribute, value: Any) -> Any:
@@ -594,6 +615,20 @@ def _normalized(dist_name: str) -> str:
     return dist_name.lower().replace("_", "-").replace(".", "-")
 
 
+def check_identity(value: object, label: str, where: str) -> None:
+    """A plugin's name or namespace: a non-empty string of printable characters without spaces or ':'
+    (TensorRT's creator lookup joins them with '::'; a control character could only hide in a terminal).
+
+    Raises:
+        PluginError: ``where: plugin {label} must be ...``.
+    """
+    if not isinstance(value, str) or not value or not value.isprintable() or any(c in value for c in " :"):
+        raise PluginError(
+            f"{where}: plugin {label} must be a non-empty string of printable characters without spaces or "
+            f"':', got {value!r}"
+        )
+
+
 def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
     """Import one ``spec.py`` as a package and return its specs with ``source`` set.
 
@@ -618,7 +653,7 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         import_spec.loader.exec_module(module)
-    except Exception as err:  # user code: any failure becomes one line naming the file
+    except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
         del sys.modules[module_name]
         raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
     finally:
@@ -684,6 +719,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
                 coerce_attribute(spec, attr, attr.default)
             except PluginError as err:
                 raise PluginError(f"{where}: default of {err}") from err
+    validate_native_forms(spec, where)
     check_patterns(spec, where)
     if onnx.defs.has(spec.name):
         log.warning(
@@ -701,12 +737,11 @@ def _check_identity(spec: PluginSpec, where: str) -> None:
     if spec.node_domain is not None:
         names.append(("node_domain", spec.node_domain))
     for label, value in names:
-        empty_ok = label == "namespace" and spec.node_domain is not None
-        if not isinstance(value, str) or (not value and not empty_ok) or any(c in value for c in " :\t\n"):
-            raise PluginError(
-                f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
-                + (' (TensorRT\'s namespace "" needs a node_domain)' if label == "namespace" else "")
-            )
+        if label == "namespace" and value == "":
+            if spec.node_domain is not None:
+                continue  # TensorRT's own plugins: namespace "", found through their node domain
+            raise PluginError(f'{where}: plugin namespace "" (TensorRT\'s own) needs a node_domain')
+        check_identity(value, label, where)
     if spec.domain in ORT_DOMAINS:
         raise PluginError(
             f"{where}: the node domain {spec.domain!r} is one onnx or onnxruntime implements; a plugin node "
@@ -831,7 +866,7 @@ def _load_entry_point(ep: Any) -> tuple[list[Path], list[PluginSpec]]:
     where = f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP})"
     try:
         loaded = ep.load()
-    except Exception as err:  # third-party code
+    except PLUGIN_CODE_FAILURES as err:  # third-party code
         raise PluginError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
     if isinstance(loaded, types.ModuleType):
         folders = [Path(p) for p in getattr(loaded, "__path__", ())]

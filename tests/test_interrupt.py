@@ -1,0 +1,51 @@
+"""gskit.io.interrupt: native calls in a worker thread, as the caller would have run them."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+
+from gskit.io import interrupt
+
+
+class _Held:
+    """Something only the failing call's frames hold (an onnxruntime session, in gskit)."""
+
+
+def _fails(held: _Held) -> None:
+    raise ValueError("inside the native call")
+
+
+def test_what_the_call_returns_and_raises_comes_back() -> None:
+    assert interrupt.call(lambda: 42) == 42
+    with pytest.raises(ValueError, match="inside the native call"):
+        interrupt.call(lambda: _fails(_Held()))
+    assert not interrupt.stranded()
+
+
+def test_a_failed_call_is_freed_without_the_cyclic_gc() -> None:
+    """The exception's frames held the list its worker wrote it into: a cycle that the cyclic GC freed at any
+    later moment, once inside another onnxruntime session's run (a plugin reference), which crashed."""
+    held = _Held()
+    ref = weakref.ref(held)
+    gc.disable()
+    try:
+        try:
+            interrupt.call(lambda h=held: _fails(h))
+        except ValueError:
+            pass
+        del held
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_outside_the_main_thread_the_call_runs_in_place() -> None:
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(interrupt.call(threading.current_thread)))
+    thread.start()
+    thread.join()
+    assert seen == [thread]
