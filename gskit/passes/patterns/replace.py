@@ -519,9 +519,7 @@ def _resolve_overlaps(candidates: list[_Candidate]) -> list[_Candidate]:
     for cand in sorted(candidates, key=lambda c: c.rank):
         winner = next((claimed[id(n)] for n in cand.match.nodes if id(n) in claimed), None)
         seen = (id(cand.spec), id(cand.match.anchor))
-        if winner is not None and (
-            (winner.spec is cand.spec and _inside(cand, winner)) or seen in refused
-        ):
+        if winner is not None and ((winner.spec is cand.spec and _inside(cand, winner)) or seen in refused):
             cand.report.found -= 1  # the same instance, seen by another form of the same plugin
             cand.rule_report.found -= 1
             continue
