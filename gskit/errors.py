@@ -21,6 +21,13 @@ class PluginError(GskitError):
     """A plugin spec or plugin file is invalid, or plugin code (a numpy reference) raised."""
 
 
+#: What plugin code (a spec, a reference, a pattern, an output rule) raising counts as its failure, said
+#: in one line naming the plugin (exit 2): any Exception, and SystemExit (``sys.exit()`` in a plugin) and
+#: GeneratorExit, which would otherwise end gskit with exit 0 and no word, or with a traceback. Ctrl-C
+#: (KeyboardInterrupt) and the command line's own unwinding on SIGTERM pass through as they were raised.
+PLUGIN_CODE_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit, GeneratorExit)
+
+
 class ModelLoadError(GskitError):
     """A runtime (onnxruntime) cannot load the model at all: no other input or shape can make it run."""
 

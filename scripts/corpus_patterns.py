@@ -146,7 +146,8 @@ def _one(path: str) -> dict:
         ]
         graph = to_graph(model)
         infer_graph_shapes(graph, registry, strict=False)
-        report = replace(graph, chosen)
+        # 8.5: older than every native form, so each found region is a plugin node compare_plugins can check
+        report = replace(graph, chosen, tensorrt="8.5")
         found: dict[str, set[tuple[str, ...]]] = {}
         nodes = {}
         for region in report.regions:

@@ -26,6 +26,10 @@ plugins inserted, nodes before and after, the time, and the ``check_trt`` step's
 no run printed a traceback and every exit code is 0, 1 or 2 with a reason for each non-zero exit; 1
 otherwise.
 
+``--tensorrt 8.6,10.3,11`` prepares every model once per TensorRT version (``gskit prepare --tensorrt``): each
+row then says, per version, the exit code and what the matched regions became (plugin nodes, native ONNX ops
+written, regions that already were the native op).
+
 ``--fold-vs-polygraphy`` runs fold instead of prepare: gskit's ``fold`` (default 16 MiB size threshold, and
 no limit) against ``polygraphy surgeon sanitize --fold-constants``, nodes left and onnx checker results
 (``scripts/corpus_fold.py``). Exit status 1 when gskit without a size limit leaves more nodes than
@@ -77,6 +81,7 @@ class Entry:
     path: Path | None = None
     truth: dict[str, int] = field(default_factory=dict)  # ground truth: LayerNorm, RMSNorm, SiLU
     error: str | None = None  # why the model could not be fetched or exported
+    prepare_args: tuple[str, ...] = ()  # flags its `gskit prepare` run adds (the manifest's prepare_args)
 
 
 @dataclass
@@ -96,6 +101,11 @@ class Row:
     nodes_after: int | None
     seconds: float
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    #: with --tensorrt: TensorRT version -> that run's exit code and forms (``run_targets``)
+    targets: dict[str, dict] = field(default_factory=dict)
+    #: the run's target forms: native ONNX ops written (op -> count) and regions already native
+    native: dict[str, int] = field(default_factory=dict)
+    kept: int = 0
     #: The check_trt step's issues, "OP: status" -> nodes (a rejected Col2Im: "Col2Im: unsupported"), and who
     #: answered (its `source`).
     trt_issues: dict[str, int] = field(default_factory=dict)
@@ -433,7 +443,14 @@ def exported_models(cache: Path, only: set[str] | None, python: str | None) -> l
             continue
         for exporter in item["exporters"]:
             result = record["exports"][exporter]
-            entry = Entry(item["name"], source, item["kind"], exporter, truth=record["truth"])
+            entry = Entry(
+                item["name"],
+                source,
+                item["kind"],
+                exporter,
+                truth=record["truth"],
+                prepare_args=tuple(item.get("prepare_args", ())),
+            )
             if "file" in result:
                 entry.path = folder / result["file"]
             else:
@@ -492,8 +509,9 @@ def _run_exports(python: str | None, folder: Path, names: list[str]) -> str | No
 # ------------------------------------------------------------------------------------------------ running
 
 
-def run_prepare(entry: Entry) -> Row:
-    """`gskit prepare` on one model through the real CLI, in a subprocess and a temporary OUTDIR."""
+def run_prepare(entry: Entry, tensorrt: str | None = None) -> Row:
+    """`gskit prepare` on one model through the real CLI, in a subprocess and a temporary OUTDIR (for the
+    TensorRT version ``tensorrt``, else the default target)."""
     row = Row(
         entry.name,
         entry.source,
@@ -514,6 +532,8 @@ def run_prepare(entry: Entry) -> Row:
     env = _env()
     with tempfile.TemporaryDirectory(prefix="gskit-corpus-run-") as tmp:
         command = [sys.executable, "-m", "gskit.cli", "prepare", str(entry.path), "-o", tmp, "--json"]
+        command += entry.prepare_args
+        command += ["--tensorrt", tensorrt] if tensorrt else []
         start = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=PREPARE_TIMEOUT)
@@ -549,7 +569,10 @@ def _read_report(path: Path, row: Row) -> None:
     if not path.is_file():
         return
     report = json.loads(path.read_text())
-    row.plugins = report.get("plugins_inserted") or {}
+    row.plugins = dict(report.get("plugins_inserted") or {})
+    row.plugins.update({f"lowered {op}": n for op, n in (report.get("lowered") or {}).items()})
+    row.native = report.get("native_inserted") or {}
+    row.kept = sum(1 for region in report.get("regions") or () if region.get("kept"))
     steps = report.get("steps") or []
     if steps:
         row.nodes_before = steps[0]["nodes_before"]
@@ -561,6 +584,44 @@ def _read_report(path: Path, row: Row) -> None:
     for issue in trt.get("issues") or []:
         key = f"{issue['op_type']}: {issue['status']}"
         row.trt_issues[key] = row.trt_issues.get(key, 0) + 1
+
+
+def run_targets(entry: Entry, targets: list[str]) -> Row:
+    """One prepare per TensorRT version; the row of the first, with every version's result in ``targets``."""
+    runs = [(version, run_prepare(entry, version)) for version in targets]
+    row = runs[0][1]
+    row.targets = {version: _target_run(run) for version, run in runs}
+    problems_seen = [run for _, run in runs if run.traceback or run.exit_code not in (0, 1, 2)]
+    if problems_seen:  # a crash in any version is the row's
+        row.exit_code, row.traceback, row.reason = (
+            problems_seen[0].exit_code,
+            problems_seen[0].traceback,
+            problems_seen[0].reason,
+        )
+    return row
+
+
+def _target_run(run: Row) -> dict:
+    """What one version's run made of the matched regions: plugin nodes, native ops, regions kept."""
+    return {
+        "exit_code": run.exit_code,
+        "reason": run.reason,
+        "plugins": run.plugins,
+        "native": run.native,
+        "kept": run.kept,
+        "trt_source": run.trt_source,
+        "trt_issues": run.trt_issues,
+    }
+
+
+def target_cell(result: dict) -> str:
+    """``0: RMSNorm 5`` / ``0: RMSNormalization 5`` / ``0: LayerNormalization 5 kept``."""
+    forms = [f"{key.split('::')[-1].split(' ')[0]} {n}" for key, n in sorted(result["plugins"].items())]
+    forms += [f"{op} {n}" for op, n in sorted(result["native"].items())]
+    if result["kept"]:
+        forms.append(f"{result['kept']} kept native")
+    code = "-" if result["exit_code"] is None else str(result["exit_code"])
+    return f"{code}: {', '.join(forms) or 'none'}"
 
 
 def _one_line(err: BaseException) -> str:
@@ -626,6 +687,9 @@ def _trt(row: Row) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
+    if any(row.targets for row in rows):
+        print_target_table(rows)
+        return
     header = (
         "model",
         "source",
@@ -663,6 +727,18 @@ def print_table(rows: list[Row]) -> None:
         print(f"{head}  {line[4]:>4}  {line[6]:>11}  {line[7]:>7}  {line[8].ljust(widths[4])}  {line[5]}")
 
 
+def print_target_table(rows: list[Row]) -> None:
+    """One line per model, one column per TensorRT version: exit code and the forms of the regions."""
+    versions = list(rows[0].targets)
+    lines = [("model", "exporter", *(f"TensorRT {v}" for v in versions))]
+    for row in rows:
+        cells = [target_cell(row.targets[v]) if v in row.targets else "-" for v in versions]
+        lines.append((row.model, row.exporter or "-", *cells))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--third-party-only", action="store_true", help="skip the transformers exports")
@@ -673,6 +749,11 @@ def main(argv: list[str] | None = None) -> int:
         "--export-python",
         metavar="PYTHON",
         help="python of the export environment for the [[exported]] models (default $GSKIT_EXPORT_PYTHON)",
+    )
+    parser.add_argument(
+        "--tensorrt",
+        metavar="VERSIONS",
+        help="comma-separated TensorRT versions (8.6,10.3,11): prepare every model once per version",
     )
     parser.add_argument(
         "--fold-vs-polygraphy",
@@ -696,9 +777,10 @@ def main(argv: list[str] | None = None) -> int:
         return fold_vs_polygraphy(entries, args.json)
     if args.derived_vs_hand_written:
         return derived_vs_hand_written(entries, args.json)
+    targets = args.tensorrt.split(",") if args.tensorrt else []
     rows = []
     for entry in entries:
-        row = run_prepare(entry)
+        row = run_targets(entry, targets) if targets else run_prepare(entry)
         rows.append(row)
         label = f"{row.model} {row.exporter}".strip()
         if row.exit_code is None:  # not run: the reason it could not be fetched or exported

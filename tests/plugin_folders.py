@@ -20,7 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.io import model as gsmodel
-from gskit.plugin import PluginSpec, load_spec_file
+from gskit.plugin import PluginSpec, TensorInfo, load_spec_file
 
 REPO = Path(__file__).resolve().parents[1]
 #: Environment variable naming the plugin roots for the tests (default: the repository's plugins/).
@@ -82,10 +82,16 @@ def input_names(spec: PluginSpec) -> list[str]:
 
 
 def one_node_model(spec: PluginSpec, arrays: list[np.ndarray], opset: int = 17) -> onnx.ModelProto:
-    """One plugin node (default attributes) fed by ``arrays``; outputs typed like the first input."""
+    """One plugin node (default attributes) fed by ``arrays``; outputs typed by the spec's output rule
+    (EfficientNMS_TRT's counts and classes are int32 whatever its inputs are)."""
     named = zip(input_names(spec), arrays, strict=True)
     inputs = [gs.Variable(name, dtype=a.dtype, shape=a.shape) for name, a in named]
-    outputs = [gs.Variable(name, dtype=arrays[0].dtype) for name in spec.outputs]
+    infos = [TensorInfo(onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for a in arrays]
+    dtypes = [info.dtype for info in spec.infer(infos, {})]
+    outputs = [
+        gs.Variable(name, dtype=onnx.helper.tensor_dtype_to_np_dtype(dtype))
+        for name, dtype in zip(spec.outputs, dtypes, strict=True)
+    ]
     graph = gs.Graph(nodes=[spec.make_node(inputs, outputs)], inputs=inputs, outputs=outputs, opset=opset)
     graph.import_domains = [onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid(spec.domain, 1)]
     return gsmodel.to_model(graph)

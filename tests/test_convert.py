@@ -92,6 +92,25 @@ def test_convert_opset_and_its_error():
         convert_opset(model, 999)
 
 
+def test_convert_opset_keeps_local_functions(rng):
+    """onnx's version converter drops model-local functions; the converted model keeps them (their own
+    opset imports) and still runs. It used to lose them: a call without its function, a model onnxruntime
+    refused."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+        g (float[2,3] x) => (float[2,3] y) { y = local.F(x) }
+        <domain: "local", opset_import: ["" : 17]>
+        F (a) => (b) { r = Relu(a)  b = Neg(r) }
+        """
+    )
+    out = convert_opset(model, 23)
+    assert [f.name for f in out.functions] == ["F"] and out.opset_import[0].version == 23
+    onnx.checker.check_model(out, full_check=True)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(gsort.run(out, {"x": x})["y"], -np.maximum(x, 0))
+
+
 def test_int64_inputs_and_indices_to_int32(rng):
     model = parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>

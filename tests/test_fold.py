@@ -377,3 +377,34 @@ def test_negative_size_threshold_is_an_error_not_a_tiny_limit(tmp_path, capsys):
     path = gsmodel.save(graph, tmp_path / "m.onnx")
     assert main(["fold", str(path), "-o", str(tmp_path / "f.onnx"), "--size-threshold", "-1"]) == 2
     assert "negative" in capsys.readouterr().err and not (tmp_path / "f.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("form", "value", "dtype"),
+    [
+        ("value_float", 2.0, np.float32),
+        ("value_floats", [2.0, 4.0, 8.0], np.float32),
+        ("value_int", 3, np.int64),
+    ],
+)
+def test_constant_nodes_in_scalar_and_list_forms_keep_their_dtype(form, value, dtype, rng) -> None:
+    """graphsurgeon lowered a value_float Constant as float64: Div(float64, float32) was written, which onnx's
+    shape inference and onnxruntime refuse."""
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Constant", [], ["c"], **{form: value}),
+            onnx.helper.make_node("Add", ["c", "x"], ["y"]),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", elem, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", elem, [2, 3])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    written, _ = fold(model)  # a ModelProto in, a ModelProto out
+    onnx.checker.check_model(onnx.shape_inference.infer_shapes(written, strict_mode=True), full_check=True)
+    x = (rng.standard_normal((2, 3)) * 10).astype(dtype)
+    expected = gsort.run(model, {"x": x})["y"]
+    got = gsort.run(written, {"x": x})["y"]
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype == dtype

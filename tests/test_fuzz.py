@@ -1,4 +1,5 @@
-"""Fuzzing the model reader: truncated and byte-flipped models through ``inspect``, ``fold`` and ``prepare``.
+"""Fuzzing the model reader: truncated and byte-flipped models through ``inspect``, ``fold`` and ``prepare``;
+and models whose names try to be markup or terminal control through every command that shows names.
 
 Every case must end cleanly: exit 0, 1 or 2, one ``error:`` line on 2, no traceback and no safety-net
 message ("a gskit bug"), within a time limit; the input file unchanged; nothing read or written under the
@@ -10,7 +11,9 @@ In CI (pytest) a fixed, seeded set of cases runs in well under a minute. For a l
     python tests/test_fuzz.py --cases 2000 [--seed 1] [--minutes 10]
 
 prints ``N malformed inputs tried, 0 tracebacks, 0 files read or written outside what the user named`` or
-the failing cases (exit 1).
+the failing cases (exit 1). ``--names N`` runs N hostile-name cases instead (``tests/hostile_names.py``): each
+must end cleanly with nothing on stdout or stderr that a terminal would act on (in a pipe and with colours
+forced), its JSON strict and exact, ``report.html`` free of raw controls.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hostile_names import hostile_name, renamed, strict_json, unsafe_characters
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
@@ -327,6 +331,103 @@ def cases(seed: int, count: int) -> Iterator[tuple[str, bytes]]:
         yield f"{name}:{how}", mutated
 
 
+# ---- names that try to be markup or terminal control (issue 22) ------------------------------------------
+
+#: Commands that show names, as argv after ``gskit`` (MODEL, OUT filled in); prepare is slow, so rarer.
+NAME_COMMANDS = {
+    "inspect": ["inspect", "MODEL"],
+    "inspect --nodes": ["inspect", "MODEL", "--nodes"],
+    "inspect --tensors --json": ["inspect", "MODEL", "--tensors", "--json"],
+    "replace --explain": ["replace", "MODEL", "-o", "OUT/r.onnx", "--explain"],
+    "compare --layerwise": ["compare", "MODEL", "MODEL", "--layerwise"],
+    "compare --json": ["compare", "MODEL", "MODEL", "--json"],
+    "check-trt": ["check-trt", "MODEL", "--backend", "static"],
+    "fold": ["fold", "MODEL", "-o", "OUT/f.onnx"],
+    "infer-shapes": ["infer-shapes", "MODEL", "-o", "OUT/s.onnx"],
+    "missing file": ["inspect", "OUT/missing.onnx"],
+}
+#: Every how many name cases one runs ``gskit prepare`` (report.json and report.html checked too).
+PREPARE_EVERY = 12
+
+
+def name_case(root: Path, index: int, rng: random.Random) -> list[str]:
+    """A base model with hostile names through one command; the problems found ("" prefixed by the case)."""
+    from gskit.cli import main
+
+    base, data = rng.choice(sorted(base_models().items()))
+    suffix = hostile_name(rng)
+    prefix = hostile_name(rng) if rng.random() < 0.3 else ""
+    model = renamed(onnx.load_from_string(data), lambda name: prefix + name + suffix)
+    root.mkdir(parents=True)
+    file_name = hostile_name(rng).replace("/", "|").replace("\x00", "") if rng.random() < 0.3 else "model"
+    path = root / f"{file_name}.onnx"
+    onnx.save(model, path)
+    name = "prepare" if index % PREPARE_EVERY == 0 else rng.choice(sorted(NAME_COMMANDS))
+    argv = (
+        ["prepare", "MODEL", "-o", "OUT/prepared", "--skip", "build"]
+        if name == "prepare"
+        else NAME_COMMANDS[name]
+    )
+    argv = [str(path) if a == "MODEL" else a.replace("OUT", str(root)) for a in argv]
+    colour = rng.random() < 0.5
+    label = f"{base} {name}{' (colour)' if colour else ''} names +{suffix!r}"
+    out, err = io.StringIO(), io.StringIO()
+    saved = {key: os.environ.get(key) for key in ("FORCE_COLOR", "TERM")}
+    os.environ.update({"FORCE_COLOR": "1", "TERM": "xterm-256color"} if colour else {})
+    try:
+        # prepare's first validation imports torch (Polygraphy asks whether a feed is a torch tensor): slow
+        seconds = CASE_SECONDS * (3 if name == "prepare" else 1)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _alarm(seconds):
+            code = main(argv)
+    except CaseTimeout:
+        return [f"{label}: hang (over {seconds} s)"]
+    except BaseException as exc:  # noqa: BLE001  # anything escaping main is the finding itself
+        return [f"{label}: escaped main: {type(exc).__name__}: {exc}"]
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    problems = _check(code, err.getvalue())
+    # the "branchy" model's custom node has no plugin spec: running it is refused, rightly
+    refused = "missing file" in name or "has no plugin spec" in err.getvalue()
+    if code == 2 and not refused:
+        problems.append(f"exit 2: {err.getvalue().strip()[-300:]}")
+    shown = unsafe_characters(out.getvalue() + err.getvalue(), colour=colour)
+    if shown:
+        problems.append(f"raw on the terminal: {shown}")
+    if name.endswith("--json") and code in (0, 1):
+        try:
+            parsed = strict_json(out.getvalue())
+        except ValueError as exc:
+            problems.append(f"not strict JSON: {exc}")
+        else:
+            if name.startswith("inspect"):
+                names = {t["name"] for t in parsed["tensors"]}  # type: ignore[index]
+                expected = {v.name for v in (*model.graph.input, *model.graph.output)}
+                if not expected <= names:
+                    problems.append("JSON lost the exact names")
+    if name == "prepare" and code in (0, 1):
+        for report in ("report.json", "report.html"):
+            text = (root / "prepared" / report).read_text()
+            if unsafe_characters(text):
+                problems.append(f"{report} holds raw controls: {unsafe_characters(text)}")
+        try:
+            strict_json((root / "prepared" / "report.json").read_text())
+        except ValueError as exc:
+            problems.append(f"report.json: {exc}")
+    return [f"{label}: {p}" for p in problems]
+
+
+def name_cases(seed: int, count: int, root: Path) -> list[str]:
+    rng = random.Random(f"names-{seed}")
+    found: list[str] = []
+    for index in range(count):
+        found += name_case(root / str(index), index, rng)
+    return found
+
+
 # ---- in CI -------------------------------------------------------------------------------------------------
 
 #: (seed, cases) per command in CI; prepare is slower, so it sees fewer.
@@ -354,6 +455,15 @@ def test_malformed_models_end_cleanly_in_a_real_process(tmp_path) -> None:
     assert not failures, "\n".join(failures)
 
 
+#: Hostile-name cases in CI (seeded).
+CI_NAME_CASES = 24
+
+
+def test_hostile_names_are_data_for_every_command(tmp_path) -> None:
+    found = name_cases(22, CI_NAME_CASES, tmp_path)
+    assert not found, "\n".join(found)
+
+
 def test_mutations_are_malformed_and_deterministic() -> None:
     first = list(cases(seed=3, count=12))
     assert first == list(cases(seed=3, count=12))
@@ -372,10 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-every", type=int, default=25, help="run prepare on every Nth case")
     parser.add_argument("--start", type=int, default=0, help="skip the first N cases of the seed")
     parser.add_argument("--trace", action="store_true", help="print each case before running it")
+    parser.add_argument("--names", type=int, default=0, help="run N hostile-name cases instead")
     args = parser.parse_args(argv)
     import logging
 
     logging.disable(logging.CRITICAL)
+    if args.names:
+        with tempfile.TemporaryDirectory(prefix="gskit-fuzz-names-") as tmp:
+            found = name_cases(args.seed, args.names, Path(tmp))
+        print(f"{args.names} hostile-name cases tried, {len(found)} failing")
+        for failure in found[:50]:
+            print(failure)
+        return 1 if found else 0
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     tried, failures, strays, crashes = 0, [], 0, 0
     watchdog_log = open(os.devnull, "w") if not args.trace else sys.stderr  # noqa: SIM115

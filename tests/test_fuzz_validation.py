@@ -456,9 +456,15 @@ REFERENCE_BODIES = {
     "raise custom": "class Mine(Exception):\n        pass\n    raise Mine('mine')",
     "raise RecursionError": "return boom(x)",
     "raise TypeError": "return np.asarray(x, dtype=object) + 'text'",
+    "raise SystemExit": "raise SystemExit(0)",
+    "raise sys.exit": "import sys\n    sys.exit()",
+    "raise GeneratorExit": "raise GeneratorExit",
+    "raise own BaseException": "class Halt(BaseException):\n        pass\n    raise Halt('halt')",
     "junk string": 'return "not an array"',
     "junk none": "return None",
+    "junk objects": "return np.array([object()] * 6).reshape(2, 3)",
     "too few outputs": "return ()",
+    "too many outputs": "return (x, x)",
     "ctrl-c": "raise KeyboardInterrupt",
 }
 
@@ -531,7 +537,7 @@ def raising_reference_case(root: Path, rng: random.Random) -> list[Finding]:
         if what.startswith(("raise", "ctrl")):
             return [("wrong", f"{label}: not a PluginError: {err}")]
         return []
-    except Exception as err:  # noqa: BLE001
+    except BaseException as err:  # noqa: BLE001  # sys.exit() in plugin code escaping would end gskit with 0
         return [("traceback", f"{label}: {type(err).__name__}: {err}")]
     if what.startswith(("raise", "ctrl")) or report.passed:
         return [("false pass" if report.passed else "wrong", f"{label}: compared (passed={report.passed})")]

@@ -83,14 +83,27 @@ def page(prepared) -> Tables:
     return parsed
 
 
-def test_each_region_shows_its_plugin_attributes(page, prepared):
+def test_each_region_shows_its_attributes_and_its_form(page, prepared):
+    """The default target (the newest TensorRT gskit knows, here) runs LayerNormalization natively: that
+    region is the ONNX op, ClampSwish's are plugin nodes; each says which form and why."""
     model = onnx.load(prepared / "model.onnx")
-    norm = next(n for n in model.graph.node if n.op_type == "LayerNorm")
-    epsilon = next(a.f for a in norm.attribute if a.name == "epsilon")
     regions = json.loads((prepared / "report.json").read_text())["regions"]
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    epsilon = next(a.f for a in norm.attribute if a.name == "epsilon")
     index = next(i for i, r in enumerate(regions) if r["node"] == norm.name)
     rows = dict(page.tables[f"region-{index}-attributes"][1:])
-    assert rows["epsilon"] == f"{epsilon:g}" and rows["plugin_namespace"] == "gskit"
+    assert rows["epsilon"] == f"{epsilon:g}" and rows["axis"] == "-1" and "plugin_namespace" not in rows
+    assert page.paragraphs[f"region-{index}-form"].startswith(
+        "form: native LayerNormalization: TensorRT 11.5"
+    )
+    swish = next(i for i, r in enumerate(regions) if r["plugin"] == "gskit::ClampSwish v1")
+    assert dict(page.tables[f"region-{swish}-attributes"][1:])["plugin_namespace"] == "gskit"
+    assert page.paragraphs[f"region-{swish}-form"] == (
+        "form: plugin gskit::ClampSwish: ClampSwish declares no native form"
+    )
+    summary = dict(page.tables["summary"])
+    assert summary["TensorRT target"].startswith("11.5 (newest gskit knows")
+    assert summary["native ops written"] == "LayerNormalization: 1"
 
 
 def test_skipped_matches_are_listed_with_their_reason(page):
@@ -138,7 +151,7 @@ def test_region_node_counts_agree_with_compare_per_plugin(prepared):
         == {r["node"]: len(r["original_nodes"]) for r in regions}
         == {
             "ClampSwish_0": 5,
-            "LayerNorm_0": 9,
+            "LayerNormalization_0": 9,
             "ClampSwish_1": 5,
         }
     )

@@ -10,7 +10,8 @@ import pytest
 from gskit.backends import ort as gort
 from gskit.errors import GskitError
 from gskit.io.model import to_graph, to_model
-from gskit.passes.patterns import GraphPattern, OpPattern, replace
+from gskit.passes import patterns
+from gskit.passes.patterns import GraphPattern, OpPattern, ReplaceReport
 from gskit.plugin import Attribute, AttrType, PluginRegistry, PluginSpec
 from plugins.clamp_swish.spec import SPEC as CLAMP_SWISH
 from plugins.deform_conv2d.spec import SPEC as DEFORM
@@ -19,6 +20,16 @@ from plugins.rms_norm.spec import SPEC as RMS_NORM
 from tests.conftest import parse_model
 
 ALL = (LAYER_NORM, RMS_NORM, CLAMP_SWISH, DEFORM)
+#: A TensorRT older than every native form (LayerNormalization 8.6, DeformConv 10.1, RMSNormalization 10.15):
+#: these tests are about the patterns, so every region becomes its plugin node (tests/test_native_forms.py
+#: tests the native forms).
+PLUGIN_TARGET = "8.5"
+
+
+def replace(graph: gs.Graph, plugins, **options) -> ReplaceReport:
+    """``patterns.replace`` for the plugin target unless a test names another."""
+    return patterns.replace(graph, plugins, **{"tensorrt": PLUGIN_TARGET, **options})
+
 
 # TorchScript form: axes as attribute, constants from Constant nodes.
 LN_OPSET17 = """

@@ -143,7 +143,16 @@ def test_missing_explicit_folder_is_an_error(tmp_path):
         load_plugins([tmp_path / "nope"], entry_points=False)
 
 
-SHIPPED_NAMES = ["gskit::ClampSwish v1", "gskit::DeformConv2d v1", "gskit::LayerNorm v1", "gskit::RMSNorm v1"]
+SHIPPED_NAMES = [
+    "TRT::EfficientNMS_TRT v1",
+    "TRT::ModulatedDeformConv2d v2",
+    "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
+    "gskit::ClampSwish v1",
+    "gskit::DeformConv2d v1",
+    "gskit::GroupNorm v1",
+    "gskit::LayerNorm v1",
+    "gskit::RMSNorm v1",
+]
 
 
 def _origins(registry) -> dict[str, str]:

@@ -70,7 +70,11 @@ def _export_example(path: Path, dynamo: bool) -> Path:
     return path
 
 
-def _check_prepared(out: Path, original: Path, expect: dict[str, int]) -> dict:
+def _check_prepared(
+    out: Path, original: Path, expect: dict[str, int], native: dict[str, int] | None = None
+) -> dict:
+    """The prepared model has ``expect`` plugin nodes and ``native`` ONNX ops written for the target, says so
+    in report.json, and computes what the original does."""
     report = json.loads((out / "report.json").read_text())
     prepared = out / "model.onnx"
     assert report["passed"] is True
@@ -79,6 +83,10 @@ def _check_prepared(out: Path, original: Path, expect: dict[str, int]) -> dict:
     for plugin, count in expect.items():
         assert ops[("gskit", plugin)] == count, ops
         assert report["plugins_inserted"][f"gskit::{plugin} v1"] == count
+    for op, count in (native or {}).items():
+        assert ops[("ai.onnx", op)] == count, ops
+        assert report["native_inserted"][op] == count
+    assert sum(r["form"] == "native" for r in report["regions"]) == sum((native or {}).values())
     # report.json agrees with the model written
     plugin_nodes = sum(v for (domain, _), v in ops.items() if domain == "gskit")
     assert plugin_nodes == sum(report["plugins_inserted"].values())
@@ -95,11 +103,21 @@ def _check_prepared(out: Path, original: Path, expect: dict[str, int]) -> dict:
     return report
 
 
+#: A TensorRT older than every native form (LayerNormalization 8.6, DeformConv 10.1, RMSNormalization 10.15):
+#: every matched region becomes its plugin node.
+PLUGIN_TARGET = "8.5"
+
+
 def test_default_recipe_on_example(tmp_path: Path) -> None:
+    """The README's first command: no TensorRT installed here, so the target is the newest gskit knows, which
+    runs LayerNormalization natively; ClampSwish has no native form and stays a plugin node."""
     before = _sha(EXAMPLE)
     out = tmp_path / "out"
     assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 0
-    report = _check_prepared(out, EXAMPLE, {"ClampSwish": 2, "LayerNorm": 1})
+    report = _check_prepared(out, EXAMPLE, {"ClampSwish": 2}, native={"LayerNormalization": 1})
+    assert (
+        report["target"]["tensorrt"] == "11.5" and "no full TensorRT installed" in report["target"]["source"]
+    )
     assert [s["name"] for s in report["steps"]] == list(DEFAULT_STEPS)
     assert not PATTERN_OPS & {op for _, op in _ops(out / "model.onnx")}
     fold = next(s for s in report["steps"] if s["name"] == "fold")
@@ -108,12 +126,21 @@ def test_default_recipe_on_example(tmp_path: Path) -> None:
     assert not list(out.glob(".gskit-work-*")) and not list(out.glob(".*.tmp*"))
 
 
+def test_an_old_target_gets_plugin_nodes_for_every_pattern(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--tensorrt", PLUGIN_TARGET]) == 0
+    report = _check_prepared(out, EXAMPLE, {"ClampSwish": 2, "LayerNorm": 1})
+    assert report["target"] == {"tensorrt": "8.5", "source": "--tensorrt 8.5"}
+    layer_norm = next(r for r in report["regions"] if r["plugin"] == "gskit::LayerNorm v1")
+    assert layer_norm["form"] == "plugin" and "TensorRT 8.5 < 8.6" in layer_norm["why"]
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_default_recipe_on_both_exporters(tmp_path: Path, dynamo: bool) -> None:
     original = _export_example(tmp_path / "net.onnx", dynamo)
     out = tmp_path / "out"
-    assert main(["prepare", str(original), "-o", str(out)]) == 0
+    assert main(["prepare", str(original), "-o", str(out), "--tensorrt", PLUGIN_TARGET]) == 0
     _check_prepared(out, original, {"ClampSwish": 2, "LayerNorm": 1})
     nodes_before = len(onnx.load(str(original)).graph.node)
     assert len(onnx.load(str(out / "model.onnx")).graph.node) < nodes_before
@@ -122,6 +149,7 @@ def test_default_recipe_on_both_exporters(tmp_path: Path, dynamo: bool) -> None:
 def test_custom_recipe(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
+        'target: {tensorrt: "8.5"}\n'
         "steps:\n"
         "  - edit: {input_shapes: {x: [4, 4, 8, 8]}}\n"
         "  - replace: {only: [LayerNorm]}\n"
@@ -137,6 +165,7 @@ def test_custom_recipe(tmp_path: Path) -> None:
     assert "Shape" not in ops  # static shapes: the view(x.size(0), -1) chain folds into a constant
     assert [s["name"] for s in report["steps"]] == ["edit", "replace", "infer_shapes", "fold", "validate"]
     assert report["comparison"]["input_shapes"]["x"] == [4, 4, 8, 8]
+    assert report["target"] == {"tensorrt": "8.5", "source": f"target of {recipe} 8.5"}
 
 
 def test_validation_failure_exits_1(tmp_path: Path) -> None:
@@ -435,6 +464,7 @@ def test_fp16_recipe_keeps_plugin_nodes_fp32(tmp_path: Path) -> None:
     """TensorRT 11 takes precision from the model: an fp16 recipe must give fp16 weights, fp32 plugin I/O."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
+        'target: {tensorrt: "8.5"}\n'
         "steps:\n  - replace\n  - infer_shapes\n  - fold\n  - convert: {fp16: true}\n  - infer_shapes\n"
         "  - validate: {atol: 1.0e-2, rtol: 1.0e-2}\n"
     )
@@ -715,7 +745,17 @@ def test_a_raising_plugin_reference_is_one_line_and_the_report_keeps_the_steps(
     tmp_path: Path, raised: str, said: str
 ) -> None:
     plugins, out = _raising_clamp_swish(tmp_path, raised), tmp_path / "out"
-    done = _gskit("prepare", str(EXAMPLE), "-o", str(out), "--plugins", str(plugins), cwd=tmp_path)
+    done = _gskit(
+        "prepare",
+        str(EXAMPLE),
+        "-o",
+        str(out),
+        "--plugins",
+        str(plugins),
+        "--tensorrt",
+        PLUGIN_TARGET,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "Traceback" not in done.stderr and "terminate" not in done.stderr
@@ -768,3 +808,69 @@ def test_a_failing_plugin_pattern_names_the_plugin(tmp_path: Path, capsys) -> No
     )
     line = _one_line_error(capsys, "plugin gskit::ClampSwish v1: pattern 'broken' raised KeyError")
     assert "a gskit bug" not in line and str(patterns) in line
+
+
+def test_outputs_the_recipe_made_float16_are_compared_with_the_float16_floor(tmp_path: Path, capsys) -> None:
+    """convert: {fp16: true, keep_io_fp32: false} makes the output float16, as the recipe asked: it used to
+    fail on the float32 tolerance (1e-5) while its note said the change was expected."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - convert: {fp16: true, keep_io_fp32: false}\n  - validate\n")
+    assert (
+        main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe), "--json"]) == 0
+    )
+    (row,) = json.loads(capsys.readouterr().out)["comparison"]["outputs"]
+    assert (row["dtype"], row["dtype_under_test"], row["atol"], row["rtol"]) == (
+        "float32",
+        "float16",
+        4e-3,
+        4e-3,
+    )
+    assert (
+        row["passed"] and row["note"] == "dtype changed float32 -> float16, made by the recipe's convert step"
+    )
+
+
+def test_a_lost_output_is_named_in_the_prepared_model_not_a_work_file(tmp_path: Path, capsys) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - edit: {rename: {y: z}}\n  - validate\n")
+    assert main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"failed: the prepared model lacks output(s) ['y'] of {EXAMPLE}; outputs are matched by name" in err
+    )
+    assert ".gskit-work-" not in err
+
+
+def _sequence_output_model(path: Path) -> Path:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = onnx.helper.make_tensor_sequence_value_info("y", onnx.TensorProto.FLOAT, None)
+    nodes = [
+        onnx.helper.make_node("Neg", ["x"], ["n"]),
+        onnx.helper.make_node("SequenceConstruct", ["x", "n"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [x], [y])
+    onnx.save(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), path
+    )
+    return path
+
+
+def test_a_sequence_output_keeps_its_type_and_is_refused_by_name_for_comparison(
+    tmp_path: Path, capsys
+) -> None:
+    """check_trt's snapshot (a graphsurgeon copy) used to turn the sequence output into a shapeless tensor
+    that onnx's checker refused; validation then advised --shape, which cannot help a sequence."""
+    model = _sequence_output_model(tmp_path / "seq.onnx")
+    assert main(["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build"]) == 2
+    err = capsys.readouterr().err
+    assert "ok check_trt" in err and "--shape" not in err
+    assert err.splitlines()[-1].endswith(
+        "failed: "
+        + f"{model}: output(s) 'y' (sequence_type) are not tensors, and gskit compares tensor outputs "
+        "only; compare the tensors they are made of (gskit edit --expose NAME), or leave validate out"
+    )
+    assert (
+        main(["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build", "--skip", "validate"])
+        == 0
+    )
+    assert onnx.load(tmp_path / "out" / "model.onnx").graph.output[0].type.HasField("sequence_type")

@@ -59,6 +59,7 @@ def test_skip_drops_steps_and_fp16_adds_a_convert_step() -> None:
     recipe = recipe_with_overrides(default_recipe(), skip=["infer_shapes", "build"], fp16=True)
     assert [s.name for s in recipe.steps] == [
         "sanitize",
+        "lower",
         "replace",
         "fold",
         "convert",
@@ -76,7 +77,10 @@ def test_skip_drops_steps_and_fp16_adds_a_convert_step() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"skip": ["bild"]}, "--skip bild: the recipe has no step 'bild'; its steps: sanitize, replace"),
+        (
+            {"skip": ["bild"]},
+            "--skip bild: the recipe has no step 'bild'; its steps: sanitize, lower, replace",
+        ),
         (
             {"skip": ["build"], "compute_capability": "8.9"},
             "--compute-capability: the recipe has no build step",
@@ -134,11 +138,14 @@ def test_flags_show_in_the_report(tmp_path: Path) -> None:
         "11",
         "--only",
         "LayerNorm",
+        "--tensorrt",
+        "8.5",
     ]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     assert [s["name"] for s in report["steps"]] == [
         "sanitize",
+        "lower",
         "replace",
         "infer_shapes",
         "fold",
@@ -150,7 +157,8 @@ def test_flags_show_in_the_report(tmp_path: Path) -> None:
     assert report["comparison"]["input_shapes"] == {"x": [3, 4, 8, 8]}
     assert report["comparison"]["atol"] == 1e-3
     assert list(report["plugins_inserted"]) == ["gskit::LayerNorm v1"]  # ClampSwish left alone
-    assert report["recipe"].startswith("default with --skip check_trt --skip build --shape")
+    assert report["recipe"].startswith("default with --skip check_trt --skip build --tensorrt --shape")
+    assert report["target"] == {"tensorrt": "8.5", "source": "--tensorrt 8.5"}
 
 
 def test_inputs_flag_feeds_validation(tmp_path: Path) -> None:
@@ -212,7 +220,7 @@ def test_compute_capability_flag_reaches_the_build_step(tmp_path: Path, capsys) 
     assert "--compute-capability" not in build["summary"]
     if importlib.util.find_spec("tensorrt_rtx") is not None:
         assert "TensorRT-RTX has no custom plugins and the model has plugin nodes" in error
-        assert "gskit::ClampSwish v1, gskit::LayerNorm v1" in error
+        assert "(gskit::ClampSwish v1)" in error  # LayerNorm is LayerNormalization for the default target
     # without the flag the build step is skipped with the same reason, not "give --compute-capability"
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--json", "--skip", "check_trt"]) == 0
     build = json.loads((out / "report.json").read_text())["steps"][-1]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import parse_model
 
@@ -165,7 +166,6 @@ ODD_NAMES = {"class": 3, "a-b": 2.0, "lambda": 1, "def": "d", "1x": 4, "with spa
 
 
 def _odd_model(tmp_path: Path) -> Path:
-    import onnx
 
     proto = parse_model(ODD_NAMES_MODEL)
     node = proto.graph.node[0]
@@ -262,7 +262,8 @@ def test_scaffolded_stubs_are_named_stubs_until_written(tmp_path: Path, monkeypa
 
     assert listed()["stubs"] == ["reference", "trt_plugin", "kernel"]
     assert main(["plugin", "list"]) == 0
-    assert "reference (stub), trt_plugin (stub)" in capsys.readouterr().out
+    table = capsys.readouterr().out  # one implementation per line of its cell
+    assert "reference (stub)" in table and "trt_plugin (stub)" in table and "kernel (stub)" in table
     code, issue = checked()
     assert code == 1 and issue["status"] == "plugin problem"
     assert "reference, trt_plugin and kernel are stubs" in issue["reason"]
@@ -307,3 +308,56 @@ def test_what_counts_as_a_stub() -> None:
 
     assert is_stub_function(documented) and is_stub_function(bare)
     assert not is_stub_function(partial) and not is_stub_function(other) and not is_stub_function(len)
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("_helper", "starts with '_', and gskit skips such folders"),
+        ("__init__", "starts with '_', and gskit skips such folders"),
+        ("class", "is a Python keyword"),
+        ("a-b", "must be a Python identifier"),
+    ],
+)
+def test_a_plugin_name_gskit_would_not_find_is_refused(tmp_path: Path, name: str, words: str) -> None:
+    with pytest.raises(GskitError, match=re.escape(words)):
+        new_plugin(name, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_from_node_takes_a_node_name_with_colons(tmp_path: Path) -> None:
+    proto = parse_model(CUSTOM_NODE_MODEL)
+    proto.graph.node[1].name = "gather:two::0"
+    model = gmodel.save(proto, tmp_path / "m.onnx", check=False)
+    new_plugin("gather_two", tmp_path / "plugins", from_node=f"{model}:gather:two::0")
+    spec = (tmp_path / "plugins" / "gather_two" / "spec.py").read_text()
+    assert 'name="GatherTwo"' in spec and f"node 'gather:two::0' of {model}" in spec
+
+
+@pytest.mark.parametrize(
+    ("domain", "op_type"),
+    [
+        ('evil"; import os #', "Op"),
+        ("my dom", "Op"),
+        ("ok.dom", "a::b"),
+        ("a\x1b[2Jb", "Op"),
+        ("d", "Op\u202e"),
+    ],
+)
+def test_from_node_refuses_what_cannot_name_a_plugin_and_writes_nothing(
+    tmp_path: Path, monkeypatch, capsys, domain: str, op_type: str
+) -> None:
+    """A node whose domain or op type cannot be a plugin's namespace or name: one line, nothing written, so
+    every later command that loads ./plugins still works."""
+    proto = parse_model(CUSTOM_NODE_MODEL)
+    node = proto.graph.node[1]
+    node.domain, node.op_type, node.name = domain, op_type, "n"
+    del proto.opset_import[1:]
+    proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+    model = gmodel.save(proto, tmp_path / "m.onnx", check=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plugin", "new", "odd", "--from-node", f"{model}:n"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--from-node" in err and "node 'n': plugin" in err, err
+    assert not (tmp_path / "plugins").exists()
+    assert main(["plugin", "list", "--json"]) == 0

@@ -111,3 +111,28 @@ def test_rms_norm_engine_reads_float32_and_writes_the_float16_weight_dtype(tmp_p
     (want,) = spec.run_reference([feeds["x"], w.values], {"epsilon": 1e-6})
     assert actual.dtype == want.dtype == np.float16
     np.testing.assert_allclose(actual.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def _own_plugin_folders() -> list:
+    return [f for f in plugin_folders() if load_spec_file(f / "spec.py")[0].library is not None]
+
+
+OWN_PLUGIN_FOLDERS = _own_plugin_folders()
+
+
+@pytest.mark.parametrize("folder", OWN_PLUGIN_FOLDERS, ids=[p.name for p in OWN_PLUGIN_FOLDERS])
+def test_tensorrt_own_plugin_matches_its_reference(tmp_path, rng, folder):
+    """TensorRT's own plugin (libnvinfer_plugin, no plugin files given) against the folder's reference."""
+    from gskit.io import model as gsmodel
+
+    (spec, *_) = load_spec_file(folder / "spec.py")
+    arrays = example_inputs(folder, rng)
+    path = tmp_path / f"{folder.name}.onnx"
+    gsmodel.save(one_node_model(spec, arrays), path, check=False)
+    info = build_engine(path, tmp_path / f"{folder.name}.engine")
+    assert info.plugins == [f"{spec.name} v{spec.version}"] and info.plugin_files == []
+    feeds = dict(zip(input_names(spec), arrays, strict=True))
+    actual = run_engine(info.engine, feeds)
+    expected = spec.run_reference(arrays, {})
+    for name, want in zip(spec.outputs, expected, strict=True):
+        np.testing.assert_allclose(actual[name], want, rtol=RTOL, atol=ATOL)

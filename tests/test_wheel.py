@@ -32,7 +32,16 @@ import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = {"gskit::ClampSwish v1", "gskit::DeformConv2d v1", "gskit::LayerNorm v1", "gskit::RMSNorm v1"}
+SHIPPED = {
+    "TRT::EfficientNMS_TRT v1",
+    "TRT::ModulatedDeformConv2d v2",
+    "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
+    "gskit::ClampSwish v1",
+    "gskit::DeformConv2d v1",
+    "gskit::GroupNorm v1",
+    "gskit::LayerNorm v1",
+    "gskit::RMSNorm v1",
+}
 EXTRAS = {"trt", "rtx", "torch", "gpu", "bench"}
 #: What a build needs from the tree (MANIFEST.in and setup.py say what goes into the sdist and the wheel).
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gskit", "plugins")
@@ -155,7 +164,7 @@ def copy_tree(dest: Path) -> Path:
 def test_wheel_in_a_fresh_virtualenv_finds_the_shipped_plugins_and_prepares_the_example(
     installed: Installed, tmp_path: Path
 ) -> None:
-    assert "4 plugin(s)" in installed.output
+    assert "5 plugin(s)" in installed.output
     rows = installed.plugin_rows(tmp_path)
     shipped = {name: row for name, row in rows.items() if row["origin"] == "shipped with gskit"}
     assert set(shipped) == SHIPPED

@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import sys
 import tempfile
 import traceback
 import weakref
@@ -38,7 +39,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from gskit.errors import GskitError, ModelLoadError, PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
 from gskit.io import interrupt
 from gskit.io import model as gsmodel
 from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
@@ -422,7 +423,7 @@ def _run_target(
     values = iter(np.asarray(a, dtype=t) for a, t in zip(arrays, target.input_dtypes, strict=True))
     inputs = [next(values) if present else None for present in target.present]
     outputs = target.spec.run_reference(inputs, _decode_attrs(attrs.get(PYOP_ATTRS, "{}")))
-    if len(outputs) < len(target.output_dtypes):
+    if len(outputs) != len(target.output_dtypes):
         raise PluginError(
             f"{target.spec.qualified_name}: reference returned {len(outputs)} output(s), "
             f"the node has {len(target.output_dtypes)}"
@@ -506,15 +507,27 @@ def _raise_plugin_failure() -> None:
         return
     failure = _FAILURES[0]
     _FAILURES.clear()
-    if not issubclass(failure.kind, Exception):
-        raise failure.kind()  # Ctrl-C (KeyboardInterrupt), SystemExit: as they were raised
+    if not issubclass(failure.kind, PLUGIN_CODE_FAILURES) and not _defined_by(failure.kind, failure.spec):
+        raise failure.kind()  # Ctrl-C (KeyboardInterrupt), SIGTERM's unwinding: as they were raised
     log.debug("plugin reference failed:\n%s", failure.trace)
     code = getattr(failure.spec.reference, "__code__", None)
     where = f" (reference in {code.co_filename})" if code is not None else ""
-    raise PluginError(
-        f"plugin {failure.spec.qualified_name}, node '{failure.node}': the reference raised "
-        f"{failure.kind.__name__}{': ' + failure.text if failure.text else ''}{where}"
-    )
+    name = failure.spec.qualified_name
+    if failure.kind is PluginError:  # gskit's own check of what the reference returned
+        what = failure.text.removeprefix(f"{name}: ")
+    else:
+        what = f"the reference raised {failure.kind.__name__}{': ' + failure.text if failure.text else ''}"
+    raise PluginError(f"plugin {name}, node '{failure.node}': {what}{where}")
+
+
+def _defined_by(kind: type[BaseException], spec: PluginSpec) -> bool:
+    """Whether an exception class comes from the plugin's own folder (a BaseException of its own is still its
+    failure, not an interruption)."""
+    module = sys.modules.get(kind.__module__)
+    file = getattr(module, "__file__", None)
+    if not file or spec.source is None:
+        return False
+    return Path(file).resolve().is_relative_to(Path(spec.source).resolve().parent)
 
 
 def _to_pyop(array: np.ndarray) -> np.ndarray:

@@ -301,6 +301,7 @@ def trt_runner(
     Raises:
         GskitError: ``path`` does not exist, or a plugin file cannot be loaded.
     """
+    import tensorrt
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import (
         CreateConfig,
@@ -312,8 +313,12 @@ def trt_runner(
         TrtRunner,
     )
 
+    from gskit.backends.trt_worker import load_tensorrt_plugins
     from gskit.io.model import not_a_file
 
+    # TensorRT's own plugins (EfficientNMS_TRT ...): Polygraphy's loaders register them too; said here so
+    # that a plugin node of the ONNX model or engine never depends on that.
+    load_tensorrt_plugins(tensorrt)
     load_plugin_files(find_plugin_files(plugins))
     path = Path(path)
     if not path.is_file():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -36,11 +35,25 @@ from gskit.backends.trt import (
     resolve_backend,
     run_worker,
 )
-from gskit.backends.trt_check import node_label, plugin_key, plugin_nodes
+from gskit.backends.trt_check import node_label, plugin_key, plugin_label, plugin_nodes, shipped_plugin_of
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.outputs import check_output, output_entry, place_file, write_atomic
+from gskit.io.report import dumps
 from gskit.plugin.spec import PluginSpec, load_spec_file
+
+#: Builder precision options gskit refuses, with the strongly typed way to get that precision. TensorRT 11 has
+#: no weak typing (no FP16/INT8/BF16/FP8 builder flags, no implicit INT8 calibration), and gskit builds
+#: strongly typed networks for every version, so the precision is the model's: ``gskit build --fp16`` or a
+#: recipe's ``build: {fp16: true}`` ends in this one line.
+WEAK_TYPING_REFUSED: Mapping[str, str] = {
+    "fp16": "gskit builds strongly typed networks (TensorRT 11 has no fp16 builder flag): make the model "
+    "fp16 instead, with `gskit convert --fp16` or `gskit prepare --fp16` (recipe: convert: {fp16: true}), "
+    "and build that",
+    "int8": "gskit builds strongly typed networks (TensorRT 11 has no int8 builder flag and no implicit "
+    "calibration): int8 comes from QuantizeLinear/DequantizeLinear (Q/DQ) nodes in the model, e.g. from "
+    "NVIDIA TensorRT Model Optimizer; build the quantized model",
+}
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +182,7 @@ def build_engine(
                 "compute_capability": list(capability) if capability else None,
                 "plugin_libraries": [str(p) for p in files.libraries],
                 "plugin_modules": [str(p) for p in files.modules],
+                "tensorrt_plugins": needs_tensorrt_plugins(model),
             },
         )
         if tmp_engine.stat().st_size == 0:
@@ -191,7 +205,7 @@ def build_engine(
             model=model_path,
             model_sha256=_sha256(model_path),
         )
-        write_atomic(info.sidecar, json.dumps(_sidecar(info), indent=2))
+        write_atomic(info.sidecar, dumps(_sidecar(info)))
         place_file(tmp_engine, engine_path)
         if cache is not None:
             _save_timing_cache(work_cache, cache)
@@ -286,7 +300,12 @@ def check_python_plugin_inputs(model: onnx.ModelProto, modules: Sequence[Path]) 
 
 def _plugin_names(model: onnx.ModelProto) -> list[str]:
     keys = {plugin_key(node) for _, node in plugin_nodes(model)}
-    return sorted(f"{ns}::{name} v{version}" for ns, name, version in keys)
+    return sorted(plugin_label(ns, name, version) for ns, name, version in keys)
+
+
+def needs_tensorrt_plugins(model: onnx.ModelProto) -> bool:
+    """The model has nodes of TensorRT's own plugins (``libnvinfer_plugin``), which the build registers."""
+    return any(shipped_plugin_of(node) is not None for _, node in plugin_nodes(model))
 
 
 def _parse_capability(text: str | None, flavour: str) -> tuple[int, int] | None:

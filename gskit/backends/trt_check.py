@@ -10,7 +10,18 @@ Three sources can answer, in this order of preference (``backend="auto"``):
   model is then parsed exactly as TensorRT would see it around the plugin (same shapes and dtypes flowing
   in), which is what a plugin build will need. A plugin node whose output types are unknown stays in place;
   the parser then reports "Plugin not found" for it, which is expected and not counted as unsupported.
-* **static table** (:mod:`gskit.backends.trt_support`) when neither is installed.
+* **static table** (:mod:`gskit.backends.trt_support`) when neither is installed, or when the installed parser
+  does not fit the target.
+
+The check answers for a **target** TensorRT version (``target``; default: the installed full TensorRT's, else
+the newest gskit knows). A parser fits a target of its own line (8.x; 10.x and 11.x, which share INT64, local
+functions and IPluginV3); else the target's table answers. Where the parser that answered and the target's
+table differ about an op, the table corrects it: an op the target does not import is unsupported even though
+the parser took it (RMSNormalization for 10.3), and a node the target imports natively but the parser has no
+importer for (DeformConv on TensorRT-RTX, DFT below 11.2) is cut out before parsing, like a plugin node, and
+reported as ``not checked`` with the version that imports it, not as a rejection. For targets of 11 and later,
+TensorRT's own plugins removed in 11.0 are unsupported and IPluginV2-only ones restricted, each with its
+replacement.
 
 Both parsers run in a child process (:func:`gskit.backends.trt.run_worker`). The parser reports every node
 its static checkers reject but stops importing at the first node that fails during import; nodes after
@@ -38,10 +49,30 @@ import onnx_graphsurgeon as gs
 from onnx import AttributeProto
 
 from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, source_label
-from gskit.backends.trt_support import RESTRICTED, UNSUPPORTED, UNSUPPORTED_OPS, check_node
+from gskit.backends.trt_support import (
+    RESTRICTED,
+    UNSUPPORTED,
+    ParserTable,
+    check_node,
+    first_import,
+    parser_table,
+    rtx_facts,
+    trt_plugin_verdict,
+    version_verdict,
+)
 from gskit.errors import GskitError, PluginError
 from gskit.io import model as gsmodel
-from gskit.plugin.ops import ONNX_DOMAINS, ONNX_OP_TYPES, has_namespace_attr, is_default_domain
+from gskit.plugin import libnvinfer
+from gskit.plugin.libnvinfer import ShippedPlugin
+from gskit.plugin.ops import (
+    DEFAULT_VERSION,
+    NAMESPACE_ATTR,
+    ONNX_DOMAINS,
+    ONNX_OP_TYPES,
+    VERSION_ATTR,
+    has_namespace_attr,
+    is_default_domain,
+)
 from gskit.plugin.spec import (
     INT32_MAX,
     INT32_MIN,
@@ -54,13 +85,16 @@ from gskit.plugin.spec import (
     load_plugins,
 )
 from gskit.plugin.stubs import describe_stubs, stub_parts
+from gskit.plugin.target import TensorRTTarget, installed_tensorrt, resolve_target
 
 log = logging.getLogger(__name__)
 
-#: Node statuses in a report. ``unsupported`` and ``plugin problem`` make a check fail.
+#: Node statuses in a report. ``unsupported`` and ``plugin problem`` make a check fail; ``not checked``: the
+#: target imports the op natively but the parser that answered has no importer for it.
 NEEDS_PLUGIN = "needs plugin"
 PLUGIN_PROBLEM = "plugin problem"
-STATUSES = (UNSUPPORTED, PLUGIN_PROBLEM, NEEDS_PLUGIN, RESTRICTED)
+NOT_CHECKED = "not checked"
+STATUSES = (UNSUPPORTED, PLUGIN_PROBLEM, NEEDS_PLUGIN, RESTRICTED, NOT_CHECKED)
 STATIC_SOURCE = "static table"
 _UNPASSABLE_KINDS = {
     AttributeProto.GRAPH: "graph",
@@ -115,6 +149,8 @@ class TrtSupportReport:
     Attributes:
         model: the model file.
         source: what answered: ``tensorrt 10.16``, ``tensorrt_rtx 1.7`` or ``static table``.
+        target: the TensorRT version answered for (``10.3``).
+        table: the parser table of the target that answered or corrected the answer (its source).
         node_count: nodes in the main graph.
         issues: nodes with something to report, in graph order.
         partitions: the parser's partitions (empty for the static table).
@@ -129,6 +165,8 @@ class TrtSupportReport:
     partitions: tuple[Partition, ...] = ()
     model_errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    target: str = ""
+    table: str = ""
 
     def nodes_with(self, status: str) -> tuple[NodeIssue, ...]:
         """Issues of one status."""
@@ -149,32 +187,99 @@ def check_trt(
     model_path: str | os.PathLike,
     plugins: Sequence[str | os.PathLike] | None = None,
     backend: str = "auto",
+    target: str | TensorRTTarget | None = None,
 ) -> TrtSupportReport:
-    """Check which nodes of a model the TensorRT ONNX parser will not take.
+    """Check which nodes of a model the TensorRT ONNX parser of ``target`` will not take.
 
     Args:
         model_path: the ``.onnx`` file.
         plugins: plugin folders (gskit specs, ``trt_plugin.py``, ``.so`` libraries) and library files, added
             to the default plugin sources (``gskit.plugin.spec.plugin_sources``).
-        backend: ``auto`` (full TensorRT, else TensorRT-RTX, else the static table), or one of them by name
-            (``tensorrt``, ``tensorrt_rtx``, ``static``).
+        backend: ``auto`` (full TensorRT, else TensorRT-RTX, where its parser fits the target; else the static
+            table of the target), or one of them by name (``tensorrt``, ``tensorrt_rtx``, ``static``).
+        target: the TensorRT version to answer for (``"10.3"``); None: the installed full TensorRT's, else the
+            newest gskit knows.
 
     Raises:
-        GskitError: the model cannot be read, a plugin file cannot be loaded, or the parser process crashed.
+        GskitError: the model cannot be read, a plugin file cannot be loaded, the target is not a version, or
+            the parser process crashed.
     """
     path = Path(model_path)
     model = gsmodel.load(path)
-    flavour = resolve_backend(backend)
+    goal = resolve_target(target)
+    table = parser_table(goal)
+    flavour, notes = _answering(backend, goal)
     missing = [str(p) for p in plugins or () if not Path(p).exists()]
     if missing:
         raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")
     registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
     nodes = list(model.graph.node)
-    plugin_issues = {i: _plugin_issue(i, node, registry) for i, node in plugin_nodes(model)}
+    plugin_issues = {i: _plugin_issue(i, node, registry, goal) for i, node in plugin_nodes(model)}
+    opset = _opset(model)
+    if opset is not None and opset > table.opsets[1]:
+        notes.append(
+            f"the model's opset {opset} is above the opsets TensorRT {goal}'s parser states "
+            f"({table.opsets[0]} to {table.opsets[1]}): its parser may refuse newer op versions"
+        )
     if flavour == "static":
-        issues = _static_issues(model, plugin_issues)
-        return TrtSupportReport(path, STATIC_SOURCE, len(nodes), tuple(issues))
-    return _parser_report(path, model, flavour, plugins, registry, plugin_issues)
+        issues = _static_issues(model, plugin_issues, table, goal)
+        notes.append(f"answered by {table.source} for TensorRT {goal} ({goal.source})")
+        return TrtSupportReport(
+            path,
+            STATIC_SOURCE,
+            len(nodes),
+            tuple(issues),
+            target=str(goal),
+            table=table.source,
+            notes=tuple(notes),
+        )
+    return _parser_report(path, model, flavour, plugins, registry, plugin_issues, table, goal, notes)
+
+
+#: A parser answers for a target of its own line: before 10, or 10 and later (INT64, local functions and
+#: IPluginV3 came with 9.x/10.0); op-level differences inside a line are corrected from the target's table.
+_LINE_START = (10, 0)
+
+
+def _answering(backend: str, target: TensorRTTarget) -> tuple[str, list[str]]:
+    """The source that answers for ``target`` and notes saying why (``auto`` picks a parser that fits)."""
+    flavour = resolve_backend(backend)
+    if flavour == "static":
+        return flavour, []
+    like = _parser_like(flavour)
+    if like is None or (like >= _LINE_START) == target.at_least(_LINE_START):
+        return flavour, []
+    said = f"{flavour} (its parser is at TensorRT {'.'.join(map(str, like))}'s level)"
+    if backend == "auto":
+        return "static", [f"the installed {said} does not answer for TensorRT {target}: the table does"]
+    return flavour, [f"{said} answers for TensorRT {target}, of another line of parsers, as asked"]
+
+
+def _parser_like(flavour: str) -> tuple[int, int] | None:
+    """The full TensorRT release whose parser ``flavour`` matches (TensorRT-RTX: from the data file)."""
+    if flavour == "tensorrt":
+        installed = installed_tensorrt()
+        return TensorRTTarget.parse(installed, "").version if installed else None
+    facts = rtx_facts(_package_version(flavour))
+    return TensorRTTarget.parse(str(facts["like"]), "").version if facts else None
+
+
+def _parser_gaps(flavour: str) -> tuple[set[str], str]:
+    """Ops the answering parser has no importer for, and its table's TensorRT version (for messages)."""
+    if flavour == "tensorrt":
+        installed = installed_tensorrt() or ""
+        return (set(), installed) if not installed else (_not_imported(parser_table(installed)), installed)
+    facts = rtx_facts(_package_version(flavour))
+    if facts is None:
+        return set(), "?"
+    like = parser_table(str(facts["like"]))
+    gaps = (_not_imported(like) | set(facts["no_importer"])) - set(facts.get("extra", ()))
+    return gaps, str(facts["like"])
+
+
+def _not_imported(table: ParserTable) -> set[str]:
+    """Every ONNX op the table's parser does not import."""
+    return {op for op in ONNX_OP_TYPES if not table.supports(op)}
 
 
 def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
@@ -214,21 +319,51 @@ def plugin_key(node: onnx.NodeProto) -> tuple[str, str, str]:
     )
 
 
-def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) -> NodeIssue:
+def plugin_label(namespace: str, name: str, version: str) -> str:
+    """``NS::NAME vN``, or ``NAME vN`` for TensorRT's namespace ""."""
+    return f"{namespace}::{name} v{version}" if namespace else f"{name} v{version}"
+
+
+def shipped_plugin_of(node: onnx.NodeProto) -> ShippedPlugin | None:
+    """The ``libnvinfer_plugin`` creator TensorRT's parser finds for this node (op type, ``plugin_version``,
+    ``plugin_namespace`` "" or absent: the parser looks in namespace "" first), or None."""
+    attrs = {a.name: attribute_value(a) for a in node.attribute if a.name in (NAMESPACE_ATTR, VERSION_ATTR)}
+    if str(attrs.get(NAMESPACE_ATTR, libnvinfer.NAMESPACE)) != libnvinfer.NAMESPACE:
+        return None
+    return libnvinfer.shipped_plugin(node.op_type, str(attrs.get(VERSION_ATTR, DEFAULT_VERSION)))
+
+
+def _plugin_issue(
+    index: int, node: onnx.NodeProto, registry: PluginRegistry, target: TensorRTTarget
+) -> NodeIssue:
     namespace, name, version = plugin_key(node)
+    own = trt_plugin_verdict(name, version, target)
+    if own is not None:  # one of TensorRT's own plugins that the target removed or deprecated
+        return NodeIssue(index, node_label(index, node), node.domain, node.op_type, *own)
     problems = list(_unpassable_attributes(node))
     spec = registry.for_node(node)
-    if spec is None and not has_namespace_attr(node):
+    shipped = shipped_plugin_of(node)
+    if shipped is not None:
+        namespace = libnvinfer.NAMESPACE
+        trouble = shipped.problem(str(target))
+        if trouble:
+            problems.append(trouble)
+    if spec is None and shipped is not None:
+        known = f"TensorRT's own plugin: {shipped.life()}; no gskit spec, so no reference for onnxruntime"
+    elif spec is None and not has_namespace_attr(node):
         # Nothing says this node is meant as a plugin: no loaded spec, no plugin_namespace attribute.
         reason = (
             f"op '{node.op_type}' of unknown domain '{node.domain}': neither an ONNX op nor a loaded "
-            f"plugin; TensorRT would need a plugin {namespace}::{name} v{version} (load it with --plugins)"
+            f"plugin; TensorRT would need a plugin {plugin_label(namespace, name, version)} (load it with "
+            "--plugins)"
         )
         return NodeIssue(index, node_label(index, node), node.domain, node.op_type, NEEDS_PLUGIN, reason)
-    if spec is None:
+    elif spec is None:
         known = "not a gskit plugin"
     else:
         known = f"gskit plugin from {spec.source or '?'}"
+        if shipped is not None and spec.library is not None:
+            known = f"TensorRT's own plugin: {shipped.life()}; gskit spec from {spec.source or '?'}"
         values = {a.name: a for a in node.attribute if a.name not in ROUTING_ATTRIBUTES}
         try:
             spec.node_attrs({k: attribute_value(v) for k, v in values.items()})
@@ -239,7 +374,7 @@ def _plugin_issue(index: int, node: onnx.NodeProto, registry: PluginRegistry) ->
             known += f"; {describe_stubs(spec)}"
         if "trt_plugin" in stubs:  # TensorRT would load the plugin and run a kernel that raises
             problems.append("TensorRT would run its stub kernel: write kernel.py")
-    reason = f"needs plugin {namespace}::{name} v{version} ({known})"
+    reason = f"needs plugin {plugin_label(namespace, name, version)} ({known})"
     if problems:
         reason += ": " + "; ".join(problems)
     return NodeIssue(
@@ -275,15 +410,25 @@ def _unpassable_attributes(node: onnx.NodeProto) -> Iterator[str]:
 # Static table
 
 
-def _static_issues(model: onnx.ModelProto, plugin_issues: Mapping[int, NodeIssue]) -> list[NodeIssue]:
+def _static_issues(
+    model: onnx.ModelProto,
+    plugin_issues: Mapping[int, NodeIssue],
+    table: ParserTable,
+    target: TensorRTTarget,
+) -> list[NodeIssue]:
     functions = {(f.domain, f.name): f for f in model.functions}
     constants = _constants(model.graph)
+    opset = _opset(model)
     issues = []
     for index, node in enumerate(model.graph.node):
         if index in plugin_issues:
             issues.append(plugin_issues[index])
             continue
-        verdicts = list(_static_verdicts(node, constants, functions, set()))
+        own = None if node.op_type in ONNX_OP_TYPES else trt_plugin_verdict(node.op_type, "1", target)
+        if own is not None:  # TensorRT's own plugin in the default domain (the parser ignores domains)
+            issues.append(NodeIssue(index, node_label(index, node), node.domain, node.op_type, *own))
+            continue
+        verdicts = list(_static_verdicts(node, constants, functions, set(), table, opset))
         if not verdicts:
             continue
         status = UNSUPPORTED if any(s == UNSUPPORTED for s, _ in verdicts) else RESTRICTED
@@ -297,15 +442,17 @@ def _static_verdicts(
     constants: Mapping[str, onnx.TensorProto],
     functions: Mapping[tuple[str, str], onnx.FunctionProto],
     seen: set[tuple[str, str]],
+    table: ParserTable,
+    opset: int | None,
 ) -> Iterator[tuple[str, str]]:
     """(status, reason) for a node, including the ops inside its subgraphs and the function it calls."""
     key = (node.domain, node.op_type)
     if key in functions and node.op_type not in ONNX_OP_TYPES and key not in seen:
         for inner in functions[key].node:
-            for status, reason in _static_verdicts(inner, {}, functions, seen | {key}):
+            for status, reason in _static_verdicts(inner, {}, functions, seen | {key}, table, opset):
                 yield status, f"in function {node.domain}::{node.op_type}: {reason}"
         return
-    verdict = check_node(node, constants)
+    verdict = check_node(node, constants, table, opset)
     if verdict is not None:
         yield (
             verdict.status,
@@ -315,8 +462,12 @@ def _static_verdicts(
         for graph in [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs):
             inner_constants = {**constants, **_constants(graph)}
             for inner in graph.node:
-                for status, reason in _static_verdicts(inner, inner_constants, functions, seen):
+                for status, reason in _static_verdicts(inner, inner_constants, functions, seen, table, opset):
                     yield status, f"in subgraph '{attr.name}': {reason}"
+
+
+def _opset(model: onnx.ModelProto) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -340,27 +491,30 @@ def _parser_report(
     plugins: Sequence[str | os.PathLike] | None,
     registry: PluginRegistry,
     plugin_issues: dict[int, NodeIssue],
+    table: ParserTable,
+    target: TensorRTTarget,
+    notes: list[str],
 ) -> TrtSupportReport:
     nodes = list(model.graph.node)
-    notes: list[str] = []
+    label = source_label(flavour, _package_version(flavour))
+    gaps, like = _parser_gaps(flavour)
+    # Nodes the target imports natively and the parser cannot: cut out like plugin nodes, reported, not
+    # rejected.
+    unchecked = {
+        i: node
+        for i, node in enumerate(nodes)
+        if i not in plugin_issues and node.op_type in gaps and table.supports(node.op_type)
+    }
     request: dict[str, Any] = {}
+    to_cut = set(unchecked) | (set(plugin_issues) if flavour == "tensorrt_rtx" else set())
+    parsed, kept, cut = _cut_plugin_nodes(model, to_cut, registry)
+    cut_plugins = [i for i in cut if i in plugin_issues]
+    if cut_plugins:
+        notes.append(
+            f"TensorRT-RTX has no custom plugins: {len(cut_plugins)} plugin or custom node(s) cut out before "
+            "parsing, their outputs fed as graph inputs"
+        )
     if flavour == "tensorrt_rtx":
-        parsed, kept, cut = _cut_plugin_nodes(model, set(plugin_issues), registry)
-        if cut:
-            notes.append(
-                f"TensorRT-RTX has no custom plugins: {len(cut)} plugin or custom node(s) cut out before "
-                f"parsing, "
-                f"their outputs fed as graph inputs"
-            )
-        if cut and not parsed.graph.output:
-            # Plugin nodes straight on the graph inputs and nothing else: the parser has nothing to see.
-            notes.append(
-                "only plugin or custom nodes on the graph inputs: nothing for TensorRT-RTX's parser to check"
-            )
-            issues = tuple(plugin_issues[i] for i in sorted(plugin_issues))
-            return TrtSupportReport(
-                path, source_label(flavour, _package_version(flavour)), len(nodes), issues, notes=tuple(notes)
-            )
         left = sorted(set(plugin_issues) - set(cut))
         if left:
             notes.append(
@@ -368,16 +522,37 @@ def _parser_report(
                 f"reports 'Plugin not found' for them"
             )
     else:
-        parsed, kept = model, list(range(len(nodes)))
         files = find_plugin_files(implementation_paths(registry, plugins or ()))
+        shipped = sorted({p.label for _, node in plugin_nodes(model) if (p := shipped_plugin_of(node))})
         request = {
             "plugin_libraries": [str(p) for p in files.libraries],
             "plugin_modules": [str(p) for p in files.modules],
+            "tensorrt_plugins": bool(shipped),
         }
         if files:
             notes.append(
                 f"loaded {len(files.libraries)} plugin libraries, {len(files.modules)} Python plugin modules"
             )
+        if shipped:
+            notes.append(f"loaded TensorRT's own plugins ({libnvinfer.LIBRARY}) for {', '.join(shipped)}")
+    issues_by_index = {i: _not_checked(i, node, table, label, i in cut) for i, node in unchecked.items()}
+    if cut and not parsed.graph.output:
+        # Cut nodes straight on the graph inputs and nothing else: the parser has nothing to see.
+        parser = "TensorRT-RTX" if flavour == "tensorrt_rtx" else "TensorRT"
+        notes.append(
+            "only plugin, custom or uncheckable nodes on the graph inputs: "
+            f"nothing for {parser}'s parser to check"
+        )
+        issues_by_index.update(plugin_issues)
+        return TrtSupportReport(
+            path,
+            label,
+            len(nodes),
+            tuple(issues_by_index[i] for i in sorted(issues_by_index)),
+            notes=tuple(notes),
+            target=str(target),
+            table=table.source,
+        )
     with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
         parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
         answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
@@ -390,7 +565,8 @@ def _parser_report(
             errors_by_node.setdefault(kept[error["node"]], []).append(message)
         else:
             model_errors.append(f"{error['code']}: {error['desc']}")
-    issues = []
+    older = not target.at_least(like) if like not in ("", "?") else False
+    constants, opset = _constants(model.graph), _opset(model)
     for index, node in enumerate(nodes):
         messages = errors_by_node.get(index, [])
         if index in plugin_issues:
@@ -404,13 +580,27 @@ def _parser_report(
                     PLUGIN_PROBLEM,
                     f"{issue.reason}; TensorRT: {'; '.join(messages)}",
                 )
-            issues.append(issue)
+            issues_by_index[index] = issue
         elif messages:
-            hint = UNSUPPORTED_OPS.get(node.op_type)
+            hint = "" if table.supports(node.op_type) else table.missing_reason(node.op_type)
             reason = "; ".join(messages) + (f" ({hint})" if hint else "")
-            issues.append(
-                NodeIssue(index, node_label(index, node), node.domain, node.op_type, UNSUPPORTED, reason)
+            issues_by_index[index] = NodeIssue(
+                index, node_label(index, node), node.domain, node.op_type, UNSUPPORTED, reason
             )
+        elif index not in issues_by_index and older:
+            # The parser is newer than the target: an op it took, the target's version may not import.
+            verdict = version_verdict(node, constants, table, opset)
+            if verdict is not None:
+                issues_by_index[index] = NodeIssue(
+                    index,
+                    node_label(index, node),
+                    node.domain,
+                    node.op_type,
+                    UNSUPPORTED,
+                    f"{verdict.reason}; {label}'s parser takes it, TensorRT {target} does not",
+                )
+    if older or unchecked:
+        notes.append(f"answered for TensorRT {target} ({target.source}), corrected by {table.source}")
     partitions = tuple(
         Partition(
             sub["supported"],
@@ -422,10 +612,27 @@ def _parser_report(
         path,
         source_label(answer["flavour"], answer["version"]),
         len(nodes),
-        tuple(issues),
+        tuple(issues_by_index[i] for i in sorted(issues_by_index)),
         partitions,
         tuple(model_errors),
         tuple(notes),
+        target=str(target),
+        table=table.source,
+    )
+
+
+def _not_checked(index: int, node: onnx.NodeProto, table: ParserTable, parser: str, cut: bool) -> NodeIssue:
+    """A node the target imports natively that the answering parser has no importer for."""
+    since = first_import(node.op_type) or table.target
+    how = "cut out before parsing" if cut else "left in place (its output types are unknown)"
+    return NodeIssue(
+        index,
+        node_label(index, node),
+        node.domain,
+        node.op_type,
+        NOT_CHECKED,
+        f"full TensorRT >= {since} imports {node.op_type} natively ({table.source}); {parser} has no "
+        f"importer for it, so it was {how} and not checked here",
     )
 
 
@@ -461,7 +668,9 @@ def _cut_plugin_nodes(
         if not _give_output_types(node, registry):
             continue
         feeding.extend(t for t in node.inputs if isinstance(t, gs.Variable) and t.inputs)
-        for tensor in node.outputs:
+        # A copy: clearing a tensor's producer also drops it from node.outputs (graphsurgeon keeps both
+        # lists in step), which skipped every second output of a multi-output plugin.
+        for tensor in list(node.outputs):
             tensor.inputs.clear()
             if tensor in graph.outputs:
                 graph.outputs.remove(tensor)

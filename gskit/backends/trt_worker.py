@@ -37,6 +37,8 @@ def main(argv: list[str]) -> int:
     if flavour not in FLAVOURS:
         raise SystemExit(f"unknown TensorRT flavour {flavour!r}")
     trt = importlib.import_module(flavour)
+    if request.get("tensorrt_plugins"):
+        load_tensorrt_plugins(trt)
     load_plugins(request.get("plugin_libraries", ()), request.get("plugin_modules", ()))
     task = request["task"]
     result: dict[str, Any] = {"flavour": flavour, "version": trt.__version__}
@@ -70,6 +72,13 @@ def _die_with_parent(parent: int) -> None:
         raise SystemExit("gskit's TensorRT worker: the process that started it is gone") from None
     except PermissionError:  # alive, under another user (a launcher that changed user)
         pass
+
+
+def load_tensorrt_plugins(trt: Any) -> None:
+    """Register TensorRT's own plugins (``libnvinfer_plugin``) in namespace "", as ``initLibNvInferPlugins``
+    does in C++. Polygraphy's ONNX and engine loaders call it too; the parser check does not use them."""
+    if not trt.init_libnvinfer_plugins(trt.Logger(trt.Logger.WARNING), ""):
+        raise ImportError(f"{trt.__name__} {trt.__version__}: init_libnvinfer_plugins failed")
 
 
 #: C++ plugin libraries loaded into this process (TensorRT refuses a second registration of a creator).

@@ -20,6 +20,7 @@ from gskit.errors import GskitError, describe_os_error
 from gskit.io import interrupt
 from gskit.io.interrupt import Terminated
 from gskit.io.report import progress_display
+from gskit.io.text import visible
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -88,7 +89,7 @@ class SuggestingParser(argparse.ArgumentParser):
             hint = did_you_mean(match["value"], choices)
             if hint:
                 message = f"{message[: match.start()]}unknown {match['value']!r}{hint}"
-        super().error(message)
+        super().error(visible(message))  # it quotes argv: a file name may hold escape sequences
 
 
 def _is_number(text: str) -> bool:
@@ -126,6 +127,13 @@ def _version() -> str:
         return version("gskit")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
+
+
+class _VisibleFormatter(logging.Formatter):
+    """Log lines quote names from models and paths: their control characters are shown escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record), keep="\n")  # a traceback's own lines stay lines
 
 
 class _CurrentStderr:
@@ -168,13 +176,17 @@ def main(argv: list[str] | None = None) -> int:
 def _run(words: list[str]) -> int:
     debug = "--debug" in words
     name = "gskit"
+    not_utf8 = next((word for word in words if not _is_utf8(word)), None)
+    if not_utf8 is not None:
+        # onnx and onnxruntime take paths as UTF-8 strings: such a name would fail deep inside a step
+        return _fail(name, f"{not_utf8}: not UTF-8 text (a file name in another encoding?); rename it")
     try:
         args = build_parser().parse_args(words)
         name = f"gskit {args.command}"
         level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-        logging.basicConfig(
-            level=level, format="%(levelname)s %(name)s: %(message)s", stream=_CurrentStderr()
-        )
+        handler = logging.StreamHandler(_CurrentStderr())
+        handler.setFormatter(_VisibleFormatter("%(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=level, handlers=[handler])
         _quiet_onnxruntime(level)
         from gskit.io.outputs import guarding_inputs
 
@@ -185,7 +197,7 @@ def _run(words: list[str]) -> int:
         if interrupt.arrived():
             return _interrupted(name, interrupt.arrived())
         if debug:  # the traceback, and still exit 2: exit 1 means only "validation failed"
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, str(err))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stay quiet like other command-line tools.
@@ -199,27 +211,36 @@ def _run(words: list[str]) -> int:
         if interrupt.arrived():
             return _interrupted(name, interrupt.arrived())
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, describe_os_error(err))
     except MemoryError:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, "out of memory; try smaller input shapes or a machine with more memory")
     except RecursionError:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         return _fail(name, "the model or file is nested too deeply to process")
     except Exception as err:  # the safety net: a bug still ends in one line, not a traceback
         if interrupt.arrived():  # an import or a library cut short by the signal
             return _interrupted(name, interrupt.arrived())
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         first = (str(err).strip().splitlines() or [""])[0]
         return _fail(
             name,
             f"unexpected {type(err).__name__}: {first} (a gskit bug: rerun with `gskit --debug ...` for the "
             "traceback and report it)",
         )
+
+
+def _is_utf8(word: str) -> bool:
+    """Whether an argument is UTF-8 text (Python shows other bytes of argv as lone surrogates)."""
+    try:
+        word.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _interrupted(name: str, signum: int | None) -> int:
@@ -249,8 +270,19 @@ def _ended(code: int) -> int:
 
 
 def _fail(name: str, message: str) -> int:
-    print(f"{name}: error: {' '.join(message.split())}", file=sys.stderr)
+    """Print the one error line: line breaks and tabs (of a library's message too) become spaces, every
+    other control character in it (from a name or a path) shows escaped."""
+    print(f"{name}: error: {' '.join(visible(message, keep=_SPACING).split())}", file=sys.stderr)
     return 2
+
+
+#: Whitespace that an error line folds into single spaces.
+_SPACING = "\n\t\r"
+
+
+def _print_traceback() -> None:
+    """``--debug``: the traceback on stderr, names in it shown as data."""
+    print(visible(traceback.format_exc(), keep="\n"), end="", file=sys.stderr)
 
 
 if __name__ == "__main__":

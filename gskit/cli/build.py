@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from gskit.backends.trt_build import EngineInfo, build_engine
+from gskit.backends.trt_build import WEAK_TYPING_REFUSED, EngineInfo, build_engine
+from gskit.errors import GskitError
 from gskit.io.report import console, print_json, table
 from gskit.io.shape_args import parse_profile
 
@@ -38,11 +39,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--compute-capability", metavar="MAJOR.MINOR", help="TensorRT-RTX AOT target, e.g. 8.9"
     )
     parser.add_argument("--backend", choices=("auto", "tensorrt", "tensorrt_rtx"), default="auto")
+    for flag in WEAK_TYPING_REFUSED:  # offered to say what to do instead: builds are strongly typed
+        parser.add_argument(f"--{flag}", action="store_true", help=f"refused: {flag} comes from the model")
     parser.add_argument("--json", action="store_true", help="print the sidecar as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, why in WEAK_TYPING_REFUSED.items():
+        if getattr(args, flag):
+            raise GskitError(f"--{flag}: {why}")
     info = build_engine(
         args.model,
         args.output,

@@ -14,8 +14,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "check-trt",
         help="report the nodes TensorRT's ONNX parser rejects and the plugins a model needs",
         description=(
-            "Check a model against TensorRT's ONNX parser (full TensorRT, else TensorRT-RTX, else a static "
-            "table of unsupported ops). Exits 1 when a node is unsupported or a plugin node is unusable."
+            "Check a model against TensorRT's ONNX parser for a target TensorRT version (full TensorRT, else "
+            "TensorRT-RTX, where its parser fits the target, else the target's table of what the parser "
+            "imports). Exits 1 when a node is unsupported or a plugin node is unusable."
         ),
     )
     parser.add_argument("model", help="the .onnx file")
@@ -27,12 +28,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a plugin folder (gskit specs, trt_plugin.py, .so libraries); repeatable; default: plugins/",
     )
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what answers (default: auto)")
+    parser.add_argument(
+        "--tensorrt",
+        metavar="VERSION",
+        help="the TensorRT version to answer for, e.g. 8.6, 10.3, 11 (default: the installed TensorRT, else "
+        "the newest gskit knows); a parser of another line gives way to that version's table",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    report = check_trt(args.model, plugins=args.plugins, backend=args.backend)
+    report = check_trt(args.model, plugins=args.plugins, backend=args.backend, target=args.tensorrt)
     if args.json:
         print_json(report)
     else:
@@ -44,8 +51,10 @@ def print_tables(report: TrtSupportReport) -> None:
     """Print the verdict, the nodes with issues, the parser's partitions and the notes."""
     out = console()
     verdict = "OK" if report.ok else "NOT OK"
+    # The model's path last: a long path wraps, the verdict and what answered stay on one line.
     out.print(
-        f"{report.model}: {verdict} for TensorRT (answered by {report.source}, {report.node_count} nodes)"
+        f"{verdict} for TensorRT {report.target} (answered by {report.source}, {report.node_count} nodes): "
+        f"{report.model}"
     )
     if report.issues:
         rows = [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from rich.text import Text
 
 from gskit.cli import add_plugins_option
 from gskit.compare.layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
@@ -54,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     mode.add_argument(
         "--per-plugin",
         action="store_true",
-        help="compare each plugin node of PREPARED with the region of ORIGINAL between its tensors",
+        help="compare each plugin node of PREPARED (and each native op written in a plugin's place) with the "
+        "region of ORIGINAL between its tensors",
     )
     parser.add_argument(
         "--chunk",
@@ -178,13 +178,13 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     out.print(report.table(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows))
     for o in result.outputs:
         if o.note:
-            out.print(Text(f"output '{o.name}': {o.note}", style="" if o.passed else "red"))
+            out.print(report.styled((f"output '{o.name}': {o.note}", "" if o.passed else "red")))
     verdict = (
         "all outputs match"
         if result.passed
         else f"{len(result.failed)} of {len(result.outputs)} outputs differ"
     )
-    out.print(("[green]" if result.passed else "[red]") + verdict + "[/]")
+    out.print(report.styled((verdict, "green" if result.passed else "red")))
 
 
 def _title(kind: str, reference: str, under_test: str, atol: float, rtol: float, shapes: dict) -> str:
@@ -228,15 +228,19 @@ def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
     first = result.first_failure
     if first is None:
         out.print(
-            f"[green]all {result.candidates} shared tensors match[/] "
-            f"({result.runs} run(s) of up to {result.chunk})"
+            report.styled(
+                (f"all {result.candidates} shared tensors match", "green"),
+                f" ({result.runs} run(s) of up to {result.chunk})",
+            )
         )
         return
     out.print(
-        f"[red]first mismatch: tensor '{first.tensor.name}'[/], made by '{first.prepared_node.name}' "
-        f"({first.prepared_node.op}) in the prepared model and '{first.original_node.name}' "
-        f"({first.original_node.op}) in the original; "
-        f"{len(result.checked)} of {result.candidates} tensors checked"
+        report.styled(
+            (f"first mismatch: tensor '{first.tensor.name}'", "red"),
+            f", made by '{first.prepared_node.name}' ({first.prepared_node.op}) in the prepared model and "
+            f"'{first.original_node.name}' ({first.original_node.op}) in the original; "
+            f"{len(result.checked)} of {result.candidates} tensors checked",
+        )
     )
 
 
@@ -259,7 +263,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
         for p in result.plugins
     ]
     columns = (
-        "plugin node",
+        "node",
         "op",
         "inputs",
         "max abs err",
@@ -274,7 +278,13 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
     out = report.console()
     out.print(report.table(title, columns, rows))
     if result.passed:
-        out.print(f"[green]all {len(result.plugins)} plugin nodes match their original regions[/]")
+        out.print(
+            report.styled((f"all {len(result.plugins)} replaced nodes match their original regions", "green"))
+        )
         return
     names = ", ".join(f"'{p.node}' ({p.op})" for p in result.failed)
-    out.print(f"[red]{len(result.failed)} of {len(result.plugins)} plugin nodes differ: {names}[/]")
+    out.print(
+        report.styled(
+            (f"{len(result.failed)} of {len(result.plugins)} replaced nodes differ: {names}", "red")
+        )
+    )

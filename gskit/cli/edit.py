@@ -9,6 +9,7 @@ import numpy as np
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io import report
+from gskit.io.limits import number_array
 from gskit.io.shape_args import parse_symbolic_shape
 from gskit.passes import edit
 
@@ -214,9 +215,7 @@ def _value(text: str) -> int | float | str | list[int] | list[float]:
 def _extra_input(text: str) -> np.ndarray | str:
     numbers = [_number(t.strip()) for t in text.split(",")]
     if text and all(n is not None for n in numbers):
-        if all(isinstance(n, int) for n in numbers):
-            return np.array(numbers, dtype=np.int64)
-        return np.array(numbers, dtype=np.float32)
+        return number_array(numbers, f"--insert-after input @{text[:40]}")  # type: ignore[arg-type]
     return text
 
 

@@ -7,12 +7,10 @@ import sys
 import time
 from contextlib import ExitStack
 
-from rich.markup import escape
-
 from gskit.cli import add_plugins_option
 from gskit.errors import GskitError
 from gskit.io import progress
-from gskit.io.report import console, print_json, table
+from gskit.io.report import console, print_json, styled, table
 from gskit.io.shape_args import parse_fixed_shape
 from gskit.pipeline.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
 from gskit.pipeline.recipe import Recipe, load_recipe
@@ -63,6 +61,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "validation then needs looser tolerances, e.g. --atol 1e-2 --rtol 1e-2",
     )
     flags.add_argument(
+        "--nms",
+        action="store_true",
+        help="add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the "
+        "model's (an nms step after sanitize when the recipe has none; recipe: nms: {score_threshold, "
+        "iou_threshold, max_output_boxes, class_agnostic})",
+    )
+    flags.add_argument(
         "--only",
         action="append",
         metavar="PLUGIN",
@@ -75,6 +80,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--compute-capability",
         metavar="X.Y",
         help="build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
+    )
+    flags.add_argument(
+        "--tensorrt",
+        metavar="VERSION",
+        help="the TensorRT version to prepare for, e.g. 8.6, 10.3, 11 (the recipe's target.tensorrt): each "
+        "matched region becomes the ONNX op that version runs natively, else the plugin node, and check_trt "
+        "answers for it (default: the installed TensorRT, else the newest gskit knows)",
     )
     p.set_defaults(func=run)
 
@@ -96,11 +108,17 @@ class _Progress:
         self._step.close()
         if self._quiet:
             return
-        mark = {"ok": "[green]ok[/]", "skipped": "[yellow]skip[/]", "failed": "[red]FAIL[/]"}[result.status]
+        mark = {"ok": ("ok", "green"), "skipped": ("skip", "yellow"), "failed": ("FAIL", "red")}[
+            result.status
+        ]
         total = time.perf_counter() - self._start
         self._console.print(
-            f"{mark} {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
-            f"{result.nodes_after:<6} {escape(result.summary)}  [dim](total {total:.1f}s)[/]"
+            styled(
+                mark,
+                f" {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
+                f"{result.nodes_after:<6} {result.summary}  ",
+                (f"(total {total:.1f}s)", "dim"),
+            )
         )
 
 
@@ -140,9 +158,11 @@ def _recipe(args: argparse.Namespace) -> Recipe:
         rtol=args.rtol,
         seed=args.seed,
         fp16=args.fp16,
+        nms=args.nms,
         only=args.only,
         skip=args.skip or (),
         compute_capability=args.compute_capability,
+        tensorrt=args.tensorrt,
     )
 
 
@@ -175,15 +195,21 @@ def _print_summary(report: PrepareReport) -> None:
                 ],
             )
         )
+    target = report.target
+    out.print(f"prepared for TensorRT {target.get('tensorrt')} ({target.get('source')})")
     inserted = ", ".join(f"{k} x{v}" for k, v in report.plugins_inserted.items()) or "none"
-    out.print(f"plugins inserted: {inserted}")
+    native = ", ".join(f"{k} x{v}" for k, v in report.native_inserted.items()) or "none"
+    out.print(f"plugins inserted: {inserted}; native ops written: {native}")
     out.print(
         f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html"
     )
     if report.passed is None:
         out.print(
-            "[yellow]not validated[/]: the recipe has no validate step, so the written model was not "
-            "compared with the original (run `gskit compare` on it, or keep the validate step)"
+            styled(
+                ("not validated", "yellow"),
+                ": the recipe has no validate step, so the written model was not compared with the original "
+                "(run `gskit compare` on it, or keep the validate step)",
+            )
         )
     else:
-        out.print("[green]validation passed[/]" if report.passed else "[red]validation FAILED[/]")
+        out.print(styled(("validation passed", "green") if report.passed else ("validation FAILED", "red")))

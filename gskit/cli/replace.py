@@ -77,14 +77,32 @@ def _print(report: ReplaceReport, written: str) -> None:
     rows = []
     for p in report.plugins:
         reasons = "; ".join(sorted({s.reason for s in p.skipped}))
-        rows.append((p.plugin, p.found, p.replaced, f"{len(p.skipped)} ({reasons})" if p.skipped else 0))
+        as_plugin = p.replaced - (p.native - p.kept)
+        rows.append(
+            (
+                p.plugin,
+                p.found,
+                as_plugin,
+                p.native - p.kept,
+                p.kept,
+                f"{len(p.skipped)} ({reasons})" if p.skipped else 0,
+            )
+        )
     out.print(
         table(
-            f"Plugin nodes written to {written}",
-            ("plugin", "matches found", "replaced", "skipped (reason)"),
+            f"Written to {written} for TensorRT {report.target}",
+            ("plugin", "matches found", "plugin nodes", "native ops", "already native", "skipped (reason)"),
             rows,
         )
     )
+    out.print(f"target: TensorRT {report.target} ({report.target_source})")
+    forms = sorted({(r.op, r.why) for r in report.regions if r.form == "native"})
+    for op, why in forms:
+        out.print(f"  {op}: {why}")
+    if report.opset_raised:
+        out.print(f"opset raised {report.opset_raised[0]} -> {report.opset_raised[1]} for the native ops")
+    for opset, why in sorted(report.opset_refused.items()):
+        out.print(f"opset {opset} not reached (native ops needing it not used): {why}")
     if report.functions_removed:
         out.print(f"local functions removed (no call left): {', '.join(report.functions_removed)}")
     if report.functions_kept:
@@ -94,6 +112,11 @@ def _print(report: ReplaceReport, written: str) -> None:
         out.print(
             f"{len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
             f"{' ...' if len(left) > 3 else ''}); --explain says which check failed"
+        )
+    for rule, nodes in report.watched_left.items():
+        out.print(
+            f"{len(nodes)} node(s) of what '{rule}' replaces left (at {', '.join(nodes[:3])}"
+            f"{' ...' if len(nodes) > 3 else ''}); --explain says which check failed"
         )
     if report.explanations:
         out.print(explain_table(report))

@@ -13,6 +13,11 @@ units in the last place; bfloat16: 3e-2, likewise). The original rounds to float
 LayerNormalization differs from an exact one by up to three units on BERT), a plugin rounds once: that is then
 not reported as a failure, while a real error (a wrong epsilon, a lost bias) still is.
 
+Values that are not finite match only themselves, element by element: inf matches inf of the same sign and
+NaN matches NaN (the original computes NaN there too), whatever the tolerances; inf against a finite value or
+against inf of the other sign, and NaN against anything but NaN, fail whatever the tolerances. Their errors
+are reported as ``inf``.
+
 Integer, bool and string outputs are compared exactly (never through float64, which cannot tell
 ``2**60`` from ``2**60 + 100``), and an output of :func:`compare` whose dtype changed is a failure of its own
 unless the caller names that change as expected (:class:`DtypeChange`, e.g. the fp16 outputs that a
@@ -220,6 +225,7 @@ def compare(
     expected = [o.name for o in original_proto.graph.output]
     if not expected:
         raise GskitError(f"{source_label(original)} has no graph outputs: nothing to compare")
+    check_tensor_outputs(original_proto, source_label(original))
     have = {o.name for o in prepared_proto.graph.output} if prepared_proto is not None else set(expected)
     missing = [name for name in expected if name not in have]
     if missing and engine is None:
@@ -252,6 +258,25 @@ def compare(
     with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
         under_test = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
         return compare_runners(reference, under_test, feeds, **judged)
+
+
+def check_tensor_outputs(model: onnx.ModelProto, label: str) -> None:
+    """Outputs are compared as tensors: a sequence, map or optional output is refused by name (the runner
+    cannot return one, and other input shapes would not help).
+
+    Raises:
+        GskitError: naming the outputs and their kinds.
+    """
+    others = [
+        f"'{o.name}' ({o.type.WhichOneof('value') or 'no type'})"
+        for o in model.graph.output
+        if o.type.WhichOneof("value") not in ("tensor_type", None)
+    ]
+    if others:
+        raise GskitError(
+            f"{label}: output(s) {', '.join(others)} are not tensors, and gskit compares tensor outputs "
+            "only; compare the tensors they are made of (gskit edit --expose NAME), or leave validate out"
+        )
 
 
 def check_same_inputs(
@@ -362,9 +387,9 @@ def compare_runners(
     results.extend(_run_side(under_test, feeds, GskitError))
     try:
         with quiet_polygraphy():
-            atols, rtols = _per_output(results[0][1][0], atol, rtol)
+            atols, rtols = _per_output(results[0][1][0], atol, rtol, results[1][1][0], dtype_changes)
             compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
-            accuracy = Comparator.compare_accuracy(_numeric_only(results), compare_func=compare_func)
+            accuracy = Comparator.compare_accuracy(_comparable(results), compare_func=compare_func)
     except PolygraphyException as err:
         raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
     ref_out = results[0][1][0]
@@ -541,9 +566,11 @@ def compare_arrays(
     ref = {n: np.asarray(reference[n]) for n in names}
     test = {n: np.asarray(under_test[n]) for n in names}
     atols, rtols = _per_output(ref, atol, rtol)
+    judged = {n: same_non_finite_cleared(ref[n], test[n]) for n in names}
     with quiet_polygraphy():
         verdicts = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)(
-            IterationResult(ref, runner_name="reference"), IterationResult(test, runner_name="under test")
+            IterationResult({n: pair[0] for n, pair in judged.items()}, runner_name="reference"),
+            IterationResult({n: pair[1] for n, pair in judged.items()}, runner_name="under test"),
         )
     return [_row(n, ref[n], test[n], verdicts.get(n), atols, rtols) for n in names]
 
@@ -582,26 +609,46 @@ def model_file(model: ModelSource) -> Iterator[Path]:
         yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
 
 
-def _numeric_only(results: Any) -> Any:
-    """The run results without non-numeric outputs (strings), which Polygraphy cannot subtract; ``_row``
-    compares those for equality."""
+def _comparable(results: Any) -> Any:
+    """The two runs' results as Polygraphy should judge them: without non-numeric outputs (strings), which it
+    cannot subtract (``_row`` compares those for equality), and with the elements where both runs hold the
+    same non-finite value cleared (:func:`same_non_finite_cleared`)."""
     from polygraphy.comparator.struct import IterationResult, RunResults
 
-    numeric = RunResults()
-    for runner_name, iterations in results:
-        numeric.append(
-            (
-                runner_name,
-                [
-                    IterationResult(
-                        {k: v for k, v in it.items() if np.asarray(v).dtype.kind in "biufc"},
-                        runner_name=it.runner_name,
-                    )
-                    for it in iterations
-                ],
-            )
-        )
-    return numeric
+    (ref_name, (ref,)), (test_name, (test,)) = results[0], results[1]
+    ref_out: dict[str, np.ndarray] = {}
+    test_out: dict[str, np.ndarray] = {}
+    for name, value in test.items():
+        if np.asarray(value).dtype.kind in "biufc":
+            test_out[name] = np.asarray(value)
+    for name, value in ref.items():
+        if np.asarray(value).dtype.kind not in "biufc":
+            continue
+        ref_out[name] = np.asarray(value)
+        if name in test_out:
+            ref_out[name], test_out[name] = same_non_finite_cleared(ref_out[name], test_out[name])
+    comparable = RunResults()
+    comparable.append((ref_name, [IterationResult(ref_out, runner_name=ref.runner_name)]))
+    comparable.append((test_name, [IterationResult(test_out, runner_name=test.runner_name)]))
+    return comparable
+
+
+def same_non_finite_cleared(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of two float arrays with 0 where both hold the same non-finite value (NaN and NaN, inf and inf
+    of one sign), so that a tolerance rule sees those elements as equal and every other non-finite element as
+    a mismatch; other arrays come back as they are."""
+    if expected.shape != actual.shape or not {expected.dtype.kind, actual.dtype.kind} <= set("fc"):
+        return expected, actual
+    same = _same_non_finite(expected, actual)
+    if not same.any():
+        return expected, actual
+    return np.where(same, 0, expected).astype(expected.dtype), np.where(same, 0, actual).astype(actual.dtype)
+
+
+def _same_non_finite(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Where both hold NaN, or both the same infinity."""
+    with np.errstate(invalid="ignore"):
+        return (np.isnan(expected) & np.isnan(actual)) | (np.isinf(expected) & (expected == actual))
 
 
 def _verdicts(accuracy: Any) -> dict[str, Any]:
@@ -612,12 +659,35 @@ def _verdicts(accuracy: Any) -> dict[str, Any]:
     return {}
 
 
-def _per_output(reference: Mapping[str, Any], atol: float, rtol: float) -> tuple[dict, dict]:
-    """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes."""
+def _per_output(
+    reference: Mapping[str, Any],
+    atol: float,
+    rtol: float,
+    under_test: Mapping[str, Any] | None = None,
+    expected_changes: Sequence[DtypeChange] | None = None,
+) -> tuple[dict, dict]:
+    """Polygraphy's per-output tolerance dicts (``""`` is its default entry) from the reference dtypes.
+
+    An output whose dtype change is expected (``expected_changes``: the float16 outputs a recipe's convert
+    step made, a change allowed on the command line) gets the floor of the dtype it was changed to as well:
+    its values cannot be closer than that. Any other change is a failure anyway; integer and bool references
+    stay exact.
+    """
     atols: dict[str, float] = {"": atol}
     rtols: dict[str, float] = {"": rtol}
     for name, value in reference.items():
-        atols[name], rtols[name] = tolerance_for(getattr(value, "dtype", None), atol, rtol)
+        dtype = getattr(value, "dtype", None)
+        atols[name], rtols[name] = tolerance_for(dtype, atol, rtol)
+        other = (
+            getattr(under_test[name], "dtype", None)
+            if under_test is not None and name in under_test
+            else None
+        )
+        if other is None or dtype is None or _exact(dtype) or _exact(other):
+            continue
+        if any(c.allows(name, str(dtype), str(other)) for c in expected_changes or ()):
+            floor_atol, floor_rtol = tolerance_for(other, atol, rtol)
+            atols[name], rtols[name] = max(atols[name], floor_atol), max(rtols[name], floor_rtol)
     return atols, rtols
 
 
@@ -665,7 +735,8 @@ def _judge_dtype(row: OutputComparison, expected_changes: Sequence[DtypeChange])
 
 
 def _same_nans(expected: np.ndarray, actual: np.ndarray) -> bool:
-    """NaN exactly where the reference has NaN: a NaN output never passes as close, whatever the tolerance."""
+    """NaN exactly where the reference has NaN: a NaN never passes as close to a number, whatever the
+    tolerance."""
     if not (np.issubdtype(expected.dtype, np.inexact) or np.issubdtype(actual.dtype, np.inexact)):
         return True
     return bool(np.array_equal(np.isnan(expected), np.isnan(actual)))
@@ -680,17 +751,18 @@ def _errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
         return float(diff.max()), float(diff.max())
     if kinds <= set("iu"):
         return _integer_errors(expected, actual)
-    a = expected.astype(np.float64)
-    b = actual.astype(np.float64)
-    absdiff = np.abs(a - b)
-    both_nan = np.isnan(a) & np.isnan(b)
-    same_inf = np.isinf(a) & (a == b)
-    absdiff = np.where(both_nan | same_inf, 0.0, absdiff)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    wide = np.complex128 if "c" in kinds else np.float64
+    a, b = expected.astype(wide), actual.astype(wide)
+    # inf - inf and NaN arithmetic must not warn: those elements are judged by _same_non_finite
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        absdiff = np.where(_same_non_finite(a, b), 0.0, np.abs(a - b))
         reldiff = np.where(absdiff == 0, 0.0, absdiff / np.abs(a))
-    return float(np.nan_to_num(absdiff, nan=math.inf).max()), float(
-        np.nan_to_num(reldiff, nan=math.inf).max()
-    )
+    return _worst(absdiff), _worst(reldiff)
+
+
+def _worst(diff: np.ndarray) -> float:
+    """The largest difference; NaN (one side NaN) and overflow count as ``inf``."""
+    return float(np.nan_to_num(diff, nan=math.inf, posinf=math.inf).max())
 
 
 def _integer_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
@@ -708,7 +780,7 @@ def _integer_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, fl
         return 0.0, 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
         reldiff = absdiff.astype(np.float64) / np.abs(a.astype(np.float64))
-    return float(worst), float(np.nan_to_num(reldiff, nan=math.inf).max())
+    return float(worst), _worst(reldiff)
 
 
 def source_model(model: ModelSource) -> onnx.ModelProto:
@@ -734,11 +806,19 @@ def _first_line(err: Exception) -> str:
 def quiet_polygraphy() -> Iterator[None]:
     """Polygraphy logs to stdout and numpy warns; silence both (gskit's debug level: verbose) while comparing.
 
-    Its critical messages still arrive, as the ``PolygraphyException`` that gskit turns into one line.
+    At gskit's debug level Polygraphy's lines go through Python's logging (stderr, names shown as data like
+    every log line), never to stdout, where they would print tensor names raw and break ``--json``. Its
+    critical messages still arrive, as the ``PolygraphyException`` that gskit turns into one line.
     """
     from polygraphy.logger import G_LOGGER
 
     severity = G_LOGGER.VERBOSE if log.isEnabledFor(logging.DEBUG) else G_LOGGER.CRITICAL + 1
-    # its relative error divides by the reference: 0/0 where both are 0 warns "invalid value" on stderr
-    with G_LOGGER.verbosity(severity), np.errstate(divide="ignore", invalid="ignore"):
-        yield
+    routed, colors = G_LOGGER.use_python_logging_system, G_LOGGER.colors
+    # no colours: they would be escapes in gskit's log lines (and asking for them prints a warning to stdout)
+    G_LOGGER.use_python_logging_system, G_LOGGER.colors = True, False
+    try:
+        # its relative error divides by the reference: 0/0 where both are 0 warns "invalid value" on stderr
+        with G_LOGGER.verbosity(severity), np.errstate(divide="ignore", invalid="ignore"):
+            yield
+    finally:
+        G_LOGGER.use_python_logging_system, G_LOGGER.colors = routed, colors

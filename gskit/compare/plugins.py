@@ -1,7 +1,10 @@
 """Plugin-by-plugin comparison: each plugin node against the original region it replaced.
 
 A replacement keeps the names of its boundary tensors, so the region a plugin node replaced is the part
-of the ORIGINAL model between the node's input and output tensors (``gskit.passes.isolate``). The original
+of the ORIGINAL model between the node's input and output tensors (``gskit.passes.isolate``). A region written
+in a plugin's native form (the ONNX op the target TensorRT runs natively, ``gskit.plugin.native``) is compared
+the same way: a node of an op some loaded spec declares as a native form, that the original does not have
+under that name, is checked against the original region between its tensors. The original
 runs once with every boundary tensor exposed; each region then runs alone on onnxruntime on the captured
 inputs, and so does the plugin node (its numpy reference on onnxruntime, or TensorRT with
 ``backend="trt"``). A failing plugin is named with its node, its input shapes and its error, even when a
@@ -36,7 +39,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes, resolve_feeds
 from gskit.passes.isolate import isolate
-from gskit.plugin.ops import is_default_domain, is_plugin_node
+from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node
 from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -131,15 +134,21 @@ def compare_plugins(
     registry = plugins if plugins is not None else PluginRegistry()
     original_proto = source_model(original)
     prepared_graph = gsmodel.to_graph(source_model(prepared))
-    nodes = [n for n in prepared_graph.nodes if is_plugin_node(n) and n.domain != ort_backend.PYOP_DOMAIN]
+    original_graph = gsmodel.to_graph(original_proto)
+    native = _native_nodes(prepared_graph, original_graph, registry)
+    nodes = [
+        n
+        for n in prepared_graph.nodes
+        if (is_plugin_node(n) and n.domain != ort_backend.PYOP_DOMAIN) or id(n) in native
+    ]
     if not nodes:
         raise GskitError(
-            f"{source_label(prepared)} has no plugin node (custom-domain node) in its main graph"
+            f"{source_label(prepared)} has no plugin node (custom-domain node) and no native-form node of a "
+            "loaded plugin in its main graph"
         )
     feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
-    original_graph = gsmodel.to_graph(original_proto)
     original_tensors = original_graph.tensors()
-    boundaries = {id(n): _boundary(n) for n in nodes}
+    boundaries = {id(n): _boundary(n, original_tensors) for n in nodes}
     wanted = [
         name
         for ins, outs in boundaries.values()
@@ -247,10 +256,35 @@ def _run_unit(
         return {name: np.array(value) for name, value in values.items()}
 
 
-def _boundary(node: gs.Node) -> tuple[list[str], list[str]]:
-    """Names of the node's computed inputs (constants come along with the region) and of its outputs."""
+def _native_nodes(prepared: gs.Graph, original: gs.Graph, registry: PluginRegistry) -> set[int]:
+    """Nodes of ``prepared`` written in a loaded plugin's native form: an op some spec declares as one, under
+    a name the original does not give a node of that op (a region left as it was is the original's own)."""
+    ops = {(f.domain, f.op_type) for spec in registry for f in spec.native}
+    if not ops:
+        return set()
+    before = {(n.name, canonical_domain(n.domain), n.op) for n in original.nodes}
+    return {
+        id(n)
+        for n in prepared.nodes
+        if (canonical_domain(n.domain), n.op) in ops
+        and (n.name, canonical_domain(n.domain), n.op) not in before
+    }
+
+
+def _boundary(node: gs.Node, original: Mapping[str, gs.Tensor]) -> tuple[list[str], list[str]]:
+    """Names of the node's computed inputs (constants come along with the region) and of its outputs.
+
+    An output the original does not have, read only by a ``Reshape``, is the plugin's own layout that
+    replace reshapes into the model's (``Rewrite.output_shapes``): the unit ends after that Reshape.
+    """
     inputs = [t.name for t in node.inputs if isinstance(t, gs.Variable) and t.name]
-    outputs = [t.name for t in node.outputs if t.name]
+    outputs = []
+    for tensor in node.outputs:
+        if not tensor.name:
+            continue
+        readers = tensor.outputs
+        layout = len(readers) == 1 and readers[0].op == "Reshape" and is_default_domain(readers[0].domain)
+        outputs.append(readers[0].outputs[0].name if layout and tensor.name not in original else tensor.name)
     return list(dict.fromkeys(inputs)), outputs
 
 

@@ -7,7 +7,8 @@ end; ``wellformed``: the checks ``model.load`` runs on every model it reads (non
 element types, cycles, recursive functions). ``feeds``: input data for running a model, random or from a file.
 ``report``: the tables and JSON every command prints; ``html_report``: ``report.html``; ``progress``: progress
 of long steps, reported by the library and shown by the command line. ``shape_args``: how a shape is written
-on the command line and in recipes.
+on the command line and in recipes. ``text``: text from models and paths shown as data (controls escaped);
+``limits``: the numbers ONNX holds (64-bit integers).
 
 Core layer (docs/architecture.md): nothing here imports a backend, compare, the pipeline or the CLI.
 """

@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
+from gskit.io.limits import check_int64
 from gskit.io.model import not_a_file
 
 #: Most bytes of inputs gskit loads from a file or draws at random for one run.
@@ -82,13 +83,14 @@ def random_feeds(
 
 
 def check_seed(seed: int) -> None:
-    """A seed numpy's generator takes: a non-negative integer.
+    """A seed numpy's generator takes: a non-negative integer of at most 64 bits (as every recipe integer).
 
     Raises:
-        GskitError: ``seed`` is negative or not an integer.
+        GskitError: ``seed`` is negative, too large or not an integer.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise GskitError(f"seed must be an integer >= 0, got {seed!r}")
+    check_int64(int(seed), "seed")
 
 
 def _feed_nbytes(name: str, shape: tuple[int, ...], dtype: np.dtype, before: int) -> int:

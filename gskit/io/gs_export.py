@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -198,3 +199,47 @@ def _rebuilt_type(kind: str | None, dtype: object) -> onnx.TypeProto | None:
     else:
         return None
     return type_proto
+
+
+def copy_graph(graph: gs.Graph) -> gs.Graph:
+    """``graph.copy()`` that keeps each variable's value type: graphsurgeon's ``Variable.copy`` drops it, so a
+    sequence output of the copy would be exported as a tensor without a shape (which onnx's checker refuses).
+
+    The copy has the same graphs, nodes and tensors in the same order; types are put back by tensor name,
+    graph by graph (a subgraph may reuse an outer name).
+    """
+    copy = graph.copy()
+    for original, copied in zip(
+        (graph, *graph.subgraphs(recursive=True)), (copy, *copy.subgraphs(recursive=True)), strict=True
+    ):
+        kinds = {name: t.type for name, t in original.tensors().items() if isinstance(t, gs.Variable)}
+        for name, tensor in copied.tensors().items():
+            if isinstance(tensor, gs.Variable) and name in kinds:
+                tensor.type = kinds[name]
+    return copy
+
+
+#: A Constant node's scalar and list forms, with the dtype ONNX gives them.
+_CONSTANT_FORMS = {
+    "value_float": "float32",
+    "value_floats": "float32",
+    "value_int": "int64",
+    "value_ints": "int64",
+}
+
+
+def type_constant_nodes(graph: gs.Graph) -> None:
+    """Give ``Constant`` nodes written with ``value_float(s)``/``value_int(s)`` a ``value`` tensor of their
+    ONNX dtype (float32, int64), in place.
+
+    graphsurgeon's constant folding lowers those forms with ``np.array(value)``: a ``value_float`` became a
+    float64 tensor, so ``Div(value_float, x)`` was written as a float64/float32 ``Div`` that onnx's shape
+    inference and onnxruntime refuse.
+    """
+    for node in graph.nodes:
+        if node.op != "Constant" or len(node.attrs) != 1:
+            continue
+        ((key, value),) = node.attrs.items()
+        if key in _CONSTANT_FORMS and not isinstance(value, gs.Node.AttributeRef):
+            array = np.array(value, dtype=_CONSTANT_FORMS[key])
+            node.attrs = {"value": gs.Constant(f"{node.outputs[0].name}_value", array)}

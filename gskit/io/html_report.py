@@ -1,7 +1,9 @@
 """``report.html``: one self-contained page with the summary, the comparison and before/after pictures.
 
 Pictures are SVG drawn by Graphviz's ``dot`` (Debian/Ubuntu package ``graphviz``); without it the page says
-so instead of a picture. No external scripts, styles or fonts: the file opens anywhere, offline.
+so instead of a picture. No external scripts, styles or fonts: the file opens anywhere, offline. Every text
+on the page is data: HTML-escaped, with control and bidi characters shown as escapes (``\\x1b``, ``\\u202e``)
+as in the terminal (:mod:`gskit.io.text`), in the tables and in the drawings' labels alike.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, distributions, version
+
+from gskit.io.text import visible
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,8 @@ class Region:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attributes: tuple[tuple[str, str], ...] = ()
+    #: the form chosen (plugin node or native op) and why, one line
+    form: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class Page:
         skipped: one row per match that was found and not replaced (plugin, rule, where, reason).
         environment: (name, value) rows: versions of gskit and the libraries it used, and when the page was
             written.
+        error: why the run stopped (no model written); the verdict at the top says so instead.
     """
 
     title: str
@@ -71,6 +78,7 @@ class Page:
     regions: Sequence[Region]
     skipped: Sequence[Sequence[str]] = ()
     environment: Sequence[tuple[str, str]] = ()
+    error: str | None = None
 
 
 #: Distributions whose versions the page lists (those installed): gskit and what it drives. TensorRT's
@@ -158,27 +166,20 @@ def render_svg(dot: str) -> str | None:
 
 def render_page(page: Page) -> str:
     """The whole HTML document as a string."""
-    verdict = {True: "PASSED", False: "FAILED", None: "not validated"}[page.passed]
     comparison_columns = ("output", "shape", "dtype", "max abs err", "max rel err", "atol", "rtol", "result")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(page.title)}</title>",
+        f"<title>{_text(page.title)}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>{html.escape(page.title)}</h1>",
-        f'<p class="verdict {verdict.lower().replace(" ", "-")}" id="verdict">'
-        + (
-            f"Validation {verdict}</p>"
-            if page.passed is not None
-            else "Not validated: the recipe has no validate step, so the written model was not compared "
-            "with the original</p>"
-        ),
+        f"<h1>{_text(page.title)}</h1>",
+        _verdict(page),
         "<h2>Summary</h2>",
         _table(("", ""), page.summary, table_id="summary", header=False),
         "<h2>Steps</h2>",
         _table(("step", "time (s)", "nodes before", "nodes after", "result"), page.steps, table_id="steps"),
         "<h2>Comparison with the original model</h2>",
-        f'<p id="comparison-inputs">{html.escape(page.comparison_inputs)}</p>',
+        f'<p id="comparison-inputs">{_text(page.comparison_inputs)}</p>',
         _table(comparison_columns, page.comparison, table_id="comparison")
         if page.comparison
         else "<p>No comparison ran.</p>",
@@ -202,9 +203,24 @@ def render_page(page: Page) -> str:
     return "\n".join(parts)
 
 
+def _verdict(page: Page) -> str:
+    """The line at the top: the run stopped (with why), validation passed or failed, or nothing validated."""
+    if page.error is not None:
+        return f'<p class="verdict failed" id="verdict">Run FAILED, no model written: {_text(page.error)}</p>'
+    if page.passed is None:
+        return (
+            '<p class="verdict not-validated" id="verdict">Not validated: the recipe has no validate step, '
+            "so the written model was not compared with the original</p>"
+        )
+    verdict = "PASSED" if page.passed else "FAILED"
+    return f'<p class="verdict {verdict.lower()}" id="verdict">Validation {verdict}</p>'
+
+
 def _region(index: int, region: Region) -> str:
     """One region's section: title, the plugin node's attributes, and the before/after drawings."""
-    parts = [f'<section class="region" id="region-{index}"><h3>{html.escape(region.title)}</h3>']
+    parts = [f'<section class="region" id="region-{index}"><h3>{_text(region.title)}</h3>']
+    if region.form:
+        parts.append(f'<p class="form" id="region-{index}-form">{_text(region.form)}</p>')
     if region.attributes:
         parts.append(_table(("attribute", "value"), region.attributes, table_id=f"region-{index}-attributes"))
     parts.append('<div class="pair">')
@@ -222,15 +238,19 @@ _NO_GRAPHVIZ = "(install Graphviz, package <code>graphviz</code>, for pictures)"
 def _table(
     columns: Sequence[str], rows: Sequence[Sequence[str]], *, table_id: str, header: bool = True
 ) -> str:
-    head = "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>" if header else ""
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows
-    )
+    head = "<tr>" + "".join(f"<th>{_text(c)}</th>" for c in columns) + "</tr>" if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{_text(cell)}</td>" for cell in row) + "</tr>" for row in rows)
     return f'<table id="{table_id}">{head}{body}</table>'
 
 
+def _text(value: object) -> str:
+    """Any text as page content: controls shown as escapes, then HTML-escaped."""
+    return html.escape(visible(str(value)))
+
+
 def _dot(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    """A DOT string's content: controls shown as escapes, then backslashes and quotes escaped for DOT."""
+    return visible(text).replace("\\", "\\\\").replace('"', '\\"')
 
 
 _CSS = """

@@ -1,9 +1,18 @@
-"""Tables for people and JSON for machines: every command's report goes through here."""
+"""Tables for people and JSON for machines: every command's report goes through here.
+
+Text from models and paths is data: the console of :func:`console` never reads markup (``[/]``, ``[red]``) or
+emoji codes in a string, and shows every control character as its escape (:mod:`gskit.io.text`), in the
+lines it prints, in table cells and in progress bars. Styles come only from ``rich.text.Text`` objects that
+gskit builds (:func:`styled`, :func:`verdict`). JSON is strict (RFC 8259): a float that is not finite is
+written as the string ``"inf"``, ``"-inf"`` or ``"nan"`` (``float()`` reads each back), never as the
+``Infinity``/``NaN`` tokens other parsers reject.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -13,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,13 +32,22 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
 from gskit.io import progress
+from gskit.io.text import escape_char, is_visible, visible
+
+#: How JSON output writes a float that is not finite (strict JSON has no token for them).
+NON_FINITE = {math.inf: "inf", -math.inf: "-inf"}
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Turn dataclasses, paths, enums, numpy scalars and tuples into plain JSON values."""
+    """Turn dataclasses, paths, enums, numpy scalars and tuples into plain JSON values.
+
+    A float that is not finite becomes ``"inf"``, ``"-inf"`` or ``"nan"``.
+    """
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else NON_FINITE.get(obj, "nan")
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
@@ -42,28 +59,76 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Enum):
         return obj.value
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
-        return obj.item()
+        return to_jsonable(obj.item())
     return obj
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
+    """Strict JSON (``allow_nan=False``; :func:`to_jsonable` has mapped inf and NaN to strings)."""
+    return json.dumps(to_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
 
 
 def print_json(obj: Any, file=None) -> None:
     print(dumps(obj), file=file or sys.stdout)
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    """A table whose cells show text as it is: ``[batch, 3]`` stays a shape, not a style tag.
+def data(value: Any) -> Text:
+    """``value`` as text that is only data: never markup or emoji, every control character escaped.
 
-    Cells that are rich ``Text`` (e.g. from :func:`verdict`) keep their styling.
+    The one way text from a model, a path or a file becomes something to print (``None`` is empty).
     """
-    t = Table(title=escape(title), title_justify="left", header_style="bold")
+    return Text(visible("" if value is None else str(value)))
+
+
+def lines(values: Iterable[Any]) -> Text:
+    """One table cell of several lines, one value (shown as :func:`data`) per line."""
+    return Text("\n").join(data(v) for v in values)
+
+
+def styled(*parts: str | tuple[str, str] | Text) -> Text:
+    """One line of styled text: each part a string (shown as :func:`data`), a ``(text, style)`` pair whose
+    text is shown as data, or a ``Text`` gskit built. ``styled(("validation passed", "green"))``."""
+    pieces: list[Text] = []
+    for part in parts:
+        if isinstance(part, Text):
+            pieces.append(shown(part))
+        elif isinstance(part, str):
+            pieces.append(data(part))
+        else:
+            pieces.append(Text(visible(part[0]), style=part[1]))
+    return Text.assemble(*pieces)
+
+
+def shown(text: Text) -> Text:
+    """A ``Text`` with its control characters escaped but for its line breaks, its styles kept in place.
+
+    A ``Text`` is gskit's own layout (it may span lines); anything interpolated into it is still data.
+    """
+    plain = text.plain
+    if is_visible(plain, keep="\n"):
+        return text
+    starts, pieces, at = [], [], 0
+    for char in plain:  # where each character of the old text starts in the new one
+        starts.append(at)
+        piece = char if is_visible(char, keep="\n") else escape_char(char)
+        pieces.append(piece)
+        at += len(piece)
+    starts.append(at)
+    safe = text.blank_copy("".join(pieces))
+    safe.spans = [Span(starts[s.start], starts[s.end], s.style) for s in text.spans]
+    return safe
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """A table whose cells are data: ``[batch, 3]`` stays a shape, not a style tag; controls are escaped.
+
+    Cells that are rich ``Text`` (e.g. from :func:`verdict`) keep their styling (and their line breaks).
+    """
+    t = Table(title=data(title), title_justify="left", header_style="bold")
     for column in columns:
-        t.add_column(escape(column))
+        t.add_column(data(column))
     for row in rows:
-        t.add_row(*(v if isinstance(v, Text) else escape("" if v is None else str(v)) for v in row))
+        t.add_row(*(shown(v) if isinstance(v, Text) else data(v) for v in row))
     return t
 
 
@@ -72,8 +137,24 @@ def verdict(passed: bool) -> Text:
     return Text("pass", style="green") if passed else Text("FAIL", style="red")
 
 
+class DataConsole(Console):
+    """A rich console for which every string is data (see the module's docstring).
+
+    Strings printed or rendered anywhere (lines, table cells, titles) are shown with :func:`visible`, without
+    markup, emoji codes or highlighting; ``Text`` objects keep their styles, controls escaped (:func:`shown`).
+    So a name like ``x[/]`` prints as it is, and ``\\x1b[2J`` clears no screen.
+    """
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs.update(markup=False, emoji=False, highlight=False)
+        return super().render_str(visible(text), **kwargs)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(shown(o) if isinstance(o, Text) else o for o in objects), **kwargs)
+
+
 def console(stderr: bool = False) -> Console:
-    """A rich console; when output goes to a file or pipe, tables get 160 columns instead of 80.
+    """A :class:`DataConsole`; when output goes to a file or pipe, tables get 160 columns instead of 80.
 
     ``NO_COLOR`` (https://no-color.org, any non-empty value) turns off every ANSI escape, bold and italic
     included (rich alone keeps those), also on a terminal and with ``FORCE_COLOR``.
@@ -81,8 +162,10 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if _isatty(stream) else 160
     plain = bool(os.environ.get("NO_COLOR"))
-    return Console(
+    return DataConsole(
         stderr=stderr,
+        markup=False,
+        emoji=False,
         highlight=False,
         soft_wrap=False,
         width=width,
@@ -111,7 +194,7 @@ class _RichDisplay:
     def __init__(self, out: Console) -> None:
         self.bars = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             _Count(),
             TimeElapsedColumn(),
@@ -120,7 +203,7 @@ class _RichDisplay:
         )
 
     def start(self, description: str, total: int | None) -> Hashable:
-        return self.bars.add_task(escape(description), total=total)
+        return self.bars.add_task(visible(description), total=total)
 
     def advance(self, handle: Hashable, amount: int) -> None:
         self.bars.advance(TaskID(int(handle)), amount)  # type: ignore[call-overload]

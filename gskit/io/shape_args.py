@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gskit.errors import GskitError
+from gskit.io.limits import check_int64
 
 Shape = tuple[int, ...]
 Dim = int | str | None
@@ -48,7 +49,7 @@ def split_name(text: str, flag: str, example: str = FIXED_EXAMPLE) -> tuple[str,
     """
     name, sep, dims = text.rpartition(":")
     if not sep or not name.strip():
-        raise GskitError(f"{flag} {text!r}: write NAME:DIMS, e.g. {example}")
+        raise GskitError(f"{flag} {_quoted(text)}: write NAME:DIMS, e.g. {example}")
     return name.strip(), dims.strip()
 
 
@@ -73,7 +74,7 @@ def parse_fixed_shape(text: str, flag: str = "--shape") -> tuple[str, Shape]:
         GskitError: not ``NAME:DIMS``, or a dim that is not an integer of at least 1 (one line naming it).
     """
     name, dims = split_name(text, flag)
-    return name, _fixed(dim_tokens(dims), f"{flag} {text!r}")
+    return name, _fixed(dim_tokens(dims), f"{flag} {_quoted(text)}")
 
 
 def parse_symbolic_shape(text: str, flag: str = "--input-shape") -> tuple[str, list[Dim]]:
@@ -83,7 +84,7 @@ def parse_symbolic_shape(text: str, flag: str = "--input-shape") -> tuple[str, l
         GskitError: not ``NAME:DIMS``, or a dim that is not an integer >= 0, ``-1``, ``?`` or a symbol name.
     """
     name, dims = split_name(text, flag, example="x:1,3,-1,batch or x:1x3x224x224")
-    return name, [_symbolic(token, f"{flag} {text!r}") for token in dim_tokens(dims)]
+    return name, [_symbolic(token, f"{flag} {_quoted(text)}") for token in dim_tokens(dims)]
 
 
 def parse_profile(text: str, flag: str = "--shape") -> tuple[str, Profile]:
@@ -95,7 +96,7 @@ def parse_profile(text: str, flag: str = "--shape") -> tuple[str, Profile]:
         GskitError: not ``NAME:MIN,OPT,MAX`` or one shape, a dim below 1, ranks that differ, or min > opt or
             opt > max on some dim.
     """
-    where = f"{flag} {text!r}"
+    where = f"{flag} {_quoted(text)}"
     example = "x:1x3x224x224,4x3x224x224,8x3x224x224 or x:[1,3,224,224],[4,3,224,224],[8,3,224,224]"
     name, dims = split_name(text, flag, example=example)
     parts = _profile_parts(dims)
@@ -128,6 +129,8 @@ def check_symbolic_dims(dims: Sequence[object], where: str) -> list[Dim]:
             raise GskitError(
                 f"{where}: dim {dim} is negative; write null (or a symbol name) for an unknown dim"
             )
+        if isinstance(dim, int) and not isinstance(dim, bool):
+            check_int64(dim, where)
         if isinstance(dim, str) and not dim.isidentifier():
             raise GskitError(f"{where}: dim {dim!r} is not a symbol name (letters, digits, _)")
     return list(dims)  # type: ignore[arg-type]
@@ -199,7 +202,7 @@ def _fixed(tokens: list[str], where: str) -> Shape:
                 f"{where}: dim {axis} is {value}; concrete shapes need dims of at least 1 "
                 "(write a dynamic dim as the size to use, e.g. 1)"
             )
-        dims.append(value)
+        dims.append(check_int64(value, f"{where}: dim {axis}"))
     return tuple(dims)
 
 
@@ -214,4 +217,9 @@ def _symbolic(token: str, where: str) -> Dim:
         return token
     if value < 0:
         raise GskitError(f"{where}: dim {value} is negative; write -1 or ? for an unknown dim")
-    return value
+    return check_int64(value, where)
+
+
+def _quoted(text: str, limit: int = 60) -> str:
+    """The text as a message quotes it: ``'x:1x3x224x224'``, cut after ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")

@@ -159,21 +159,43 @@ def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
 
 
 def _convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    if target < 1 or target > onnx.defs.onnx_opset_version():
+        raise GskitError(f"convert: opset {target} is not between 1 and {onnx.defs.onnx_opset_version()}")
+    try:
+        return convert_default_opset(model, target)
+    except GskitError as err:
+        raise GskitError(
+            f"convert: {err}; replace or edit that op first, or choose another --opset"
+        ) from err.__cause__
+
+
+def convert_default_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """The model converted to default-domain opset ``target`` by onnx's version converter (a new model;
+    ``model`` is unchanged). Other domains (plugin nodes) pass through as they are.
+
+    Raises:
+        GskitError: the target is not an opset onnx knows, or the converter cannot convert some op (one
+            line naming the op when the converter's message does).
+    """
     current = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if current == target:
         return model
     if target < 1 or target > onnx.defs.onnx_opset_version():
-        raise GskitError(f"convert: opset {target} is not between 1 and {onnx.defs.onnx_opset_version()}")
+        raise GskitError(f"opset {target} is not between 1 and {onnx.defs.onnx_opset_version()}")
     try:
-        return onnx.version_converter.convert_version(model, target)
+        converted = onnx.version_converter.convert_version(model, target)
     except Exception as err:  # the C++ converter raises RuntimeError/ValueError/IndexError
         first = (str(err).strip().splitlines() or [repr(err)])[0]
         op = _op_in_message(first, model)
         where = f" (op {op})" if op else ""
         raise GskitError(
-            f"convert: onnx's version converter cannot convert opset {current} -> {target}{where}: {first}; "
-            f"replace or edit that op first, or choose another --opset"
+            f"onnx's version converter cannot convert opset {current} -> {target}{where}: {first}"
         ) from err
+    if model.functions and not converted.functions:
+        # onnx 1.23's converter drops model-local functions; each keeps its own opset imports, which the
+        # checker and onnxruntime accept beside the model's newer ones.
+        converted.functions.extend(model.functions)
+    return converted
 
 
 def clamp_to_fp16(

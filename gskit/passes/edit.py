@@ -28,6 +28,7 @@ from onnx import TensorProto
 
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+from gskit.io.limits import check_int64, number_array, short_number
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
 from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.tensor_types import data_propagation_bounded
@@ -771,34 +772,86 @@ def _schema(graph: gs.Graph, op: str, domain: str) -> onnx.defs.OpSchema | None:
 def _checked_attrs(
     schema: onnx.defs.OpSchema | None, op: str, node_name: str, values: Mapping[str, Any], *, force: bool
 ) -> dict[str, Any]:
-    """Values checked against the op's schema and converted to its types; ``__`` names pass as custom."""
+    """Values checked against the op's schema and converted to its types; ``__`` names pass as custom.
+
+    Whatever the schema says (or without one: custom ops, ``force``), a value must be one ONNX can store:
+    numbers (integers in 64 bits), strings, or non-empty lists of one of them; graph and tensor attributes
+    come only from the Python API (a ``gs.Graph``, ``gs.Constant``, numpy array), never from plain values.
+    """
     checked = {}
     for key, value in values.items():
+        what = f"attribute '{key}' of node '{node_name}'"
         if schema is not None and not key.startswith("__"):
             if key in schema.attributes:
-                value = _coerce(
-                    value, schema.attributes[key].type, f"attribute '{key}' of node '{node_name}'"
-                )
+                value = _coerce(value, schema.attributes[key].type, what)
             elif not force:
                 known = ", ".join(sorted(schema.attributes)) or "none"
                 raise GskitError(
                     f"{op} (opset {schema.since_version}) has no attribute '{key}' (node '{node_name}'; "
                     f"known: {known}); prefix custom attributes with '__' or pass --force"
                 )
-        checked[key] = value
+        checked[key] = _storable(key, value, what)
     return checked
+
+
+#: Attribute values the Python API may give as they are (graphsurgeon exports them).
+_API_VALUES = (gs.Graph, gs.Tensor, np.ndarray, onnx.TensorProto, onnx.GraphProto)
+
+
+def _storable(key: str, value: Any, what: str) -> Any:
+    """``value`` if ONNX can store it as an attribute (asked of onnx itself); else one line naming it."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(item, _API_VALUES) for item in items):
+        return value
+    if isinstance(value, dict) or value is None:
+        raise GskitError(
+            f"{what}: {type(value).__name__} is no attribute value; give a number, a string or a list"
+        )
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            check_int64(item, what)
+    try:
+        onnx.helper.make_attribute(key, value)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise GskitError(f"{what}: {_shown(value)} is no attribute value ({err})") from err
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: long numbers shortened, long lists cut."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return short_number(value)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 _A = onnx.defs.OpSchema.AttrType
 
 
+#: Attribute kinds that no number, string or list can give (a Loop's ``body``, a Constant's ``value``).
+_STRUCTURED = frozenset(
+    {
+        _A.GRAPH,
+        _A.GRAPHS,
+        _A.TENSOR,
+        _A.TENSORS,
+        _A.SPARSE_TENSOR,
+        _A.SPARSE_TENSORS,
+        _A.TYPE_PROTO,
+        _A.TYPE_PROTOS,
+    }
+)
+
+
 def _coerce(value: Any, kind: onnx.defs.OpSchema.AttrType, what: str) -> Any:
+    if kind in _STRUCTURED and not isinstance(value, _API_VALUES):
+        raise GskitError(
+            f"{what}: a {kind.name} attribute cannot be given as {_shown(value)}; set it with the Python API "
+            "(gskit.passes.edit) or edit the model with onnx"
+        )
     try:
         if kind == _A.INT:
-            number = float(value)
-            if number != int(number):
-                raise ValueError(value)
-            return int(number)
+            return check_int64(_integer(value), what)
         if kind == _A.FLOAT:
             return float(value)
         if kind == _A.STRING:
@@ -808,9 +861,26 @@ def _coerce(value: Any, kind: onnx.defs.OpSchema.AttrType, what: str) -> Any:
             items = list(items) if isinstance(items, (list, tuple, np.ndarray)) else [items]
             inner = {_A.INTS: _A.INT, _A.FLOATS: _A.FLOAT, _A.STRINGS: _A.STRING}[kind]
             return [_coerce(v.strip() if isinstance(v, str) else v, inner, what) for v in items]
-    except (TypeError, ValueError) as err:
-        raise GskitError(f"{what}: value {value!r} is not a valid {kind.name}") from err
+    except (TypeError, ValueError, OverflowError) as err:
+        raise GskitError(f"{what}: value {_shown(value)} is not a valid {kind.name}") from err
     return value
+
+
+def _integer(value: Any) -> int:
+    """An INT attribute value: an integer as it is (exactly, however large), a whole float or numeric text."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(value)
+    return int(number)
 
 
 def _constant_values(node: gs.Node) -> gs.Constant | np.ndarray | None:
@@ -950,8 +1020,10 @@ def _insertion(entry: Any) -> Any:
         if isinstance(item, str):
             inputs.append(item)
         elif isinstance(item, (list, tuple)) and item and all(isinstance(v, (int, float)) for v in item):
-            whole = all(isinstance(v, int) and not isinstance(v, bool) for v in item)
-            inputs.append(np.array(item, dtype=np.int64 if whole else np.float32))
+            try:
+                inputs.append(number_array(list(item), f"insert_after input {_shown(item)}"))
+            except GskitError as err:
+                raise ValueError(str(err)) from err
         else:
             raise ValueError(f"insert_after input {item!r}: a tensor name or a list of numbers")
     return Insertion(

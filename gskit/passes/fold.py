@@ -70,6 +70,7 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, update_impor
 from gskit.errors import GskitError
 from gskit.io import interrupt, progress
 from gskit.io import model as gsmodel
+from gskit.io.gs_export import type_constant_nodes
 from gskit.passes.edit import unique_name
 from gskit.passes.fold_cost import RUN_BUDGET, ResultSizes, run_cost, volume
 from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
@@ -329,6 +330,7 @@ def _fold_graph(
     spill: _Spill | None,
     report: FoldReport,
 ) -> None:
+    type_constant_nodes(graph)  # graphsurgeon would lower a value_float as float64
     if fold_shapes:
         _fold_shape_nodes(graph)
     if spill is not None:

@@ -35,7 +35,7 @@ from onnx.external_data_helper import uses_external_data
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
 
-from gskit.errors import GskitError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.io import model as gsmodel
 from gskit.io.outputs import place_file
 from gskit.passes.tensor_types import data_propagation_bounded
@@ -104,7 +104,7 @@ _REGISTERED: dict[tuple[str, str], _Registered] = {}
 
 
 def register_schemas(registry: PluginRegistry) -> None:
-    """Register one onnx OpSchema per plugin ``(namespace, name)`` (idempotent; reloads replace specs).
+    """Register one onnx OpSchema per plugin ``(domain, name)`` (idempotent; reloads replace specs).
 
     Raises:
         GskitError: onnx already has a schema of that name and domain that gskit did not register.
@@ -115,7 +115,7 @@ def register_schemas(registry: PluginRegistry) -> None:
 
     by_op: dict[tuple[str, str], list[PluginSpec]] = {}
     for spec in registry:
-        by_op.setdefault((spec.namespace, spec.name), []).append(spec)
+        by_op.setdefault((spec.domain, spec.name), []).append(spec)
     for (domain, op), specs in by_op.items():
         signature = _signature(specs)
         entry = _REGISTERED.get((domain, op))
@@ -462,7 +462,7 @@ def _inference_function(domain: str, op: str, entry: _Registered) -> Callable[[A
         attrs = _node_attrs(spec, ctx)
         try:
             outputs = spec.infer(inputs, attrs)
-        except Exception as err:  # the spec's rule is user code; name the node and the plugin
+        except PLUGIN_CODE_FAILURES as err:  # the spec's rule is user code; name the node and the plugin
             message = f"{ctx.get_display_name()}: output rule of {spec.qualified_name} failed: {err}"
             if _STRICT.get():
                 raise GskitError(message) from err

@@ -41,10 +41,12 @@ from gskit.io.outputs import (
     replace_set,
 )
 from gskit.io.report import dumps
+from gskit.passes.nms import PLUGIN_KEY
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
 from gskit.plugin.ops import op_label
 from gskit.plugin.spec import load_plugins
+from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +81,15 @@ class PrepareReport:
     model: str
     output_dir: str
     recipe: str
+    #: the TensorRT version prepared for: ``{"tensorrt": "10.3", "source": "--tensorrt 10.3"}``
+    target: dict[str, str] = field(default_factory=dict)
     steps: list[StepResult] = field(default_factory=list)
     prepared_model: str | None = None
     plugins_inserted: dict[str, int] = field(default_factory=dict)
+    #: ops rewritten by lower steps into ops TensorRT takes, ``{"Col2Im -> reshape": 3}``
+    lowered: dict[str, int] = field(default_factory=dict)
+    #: native ops written in place of matched regions (op -> count; regions already native not counted)
+    native_inserted: dict[str, int] = field(default_factory=dict)
     regions: list[Any] = field(default_factory=list)
     comparison: Any = None
     tensorrt: Any = None
@@ -122,16 +130,22 @@ def recipe_with_overrides(
     rtol: float | None = None,
     seed: int | None = None,
     fp16: bool = False,
+    nms: bool = False,
     only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
     compute_capability: str | None = None,
+    tensorrt: str | None = None,
 ) -> Recipe:
     """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
+
+    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here.
 
     ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
     step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
     convert step, adding one (before check_trt/validate/build) when the recipe has none. ``skip`` drops
     every step of each name, first. ``inputs`` is relative to the working directory and kept absolute.
+    ``nms`` adds an nms step with its defaults after the first sanitize step (first when there is none) unless
+    the recipe has one.
 
     Raises:
         GskitError: ``skip`` names a step the recipe does not have, every step is skipped, an option is
@@ -141,6 +155,14 @@ def recipe_with_overrides(
         raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
     steps = _without(recipe, skip)
     flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
+    if tensorrt is not None:
+        TensorRTTarget.parse(tensorrt)
+        flags.append("--tensorrt")
+        # a replace step's own target follows the flag, as the recipe's does
+        steps = [
+            _with_options(step, {"tensorrt": tensorrt}) if getattr(step.options, "tensorrt", None) else step
+            for step in steps
+        ]
     overrides: dict[str, dict[str, Any]] = {
         "validate": {
             "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
@@ -153,6 +175,12 @@ def recipe_with_overrides(
         "build": {"compute_capability": compute_capability},
         "convert": {"fp16": True if fp16 else None},
     }
+    if nms and "nms" in skip:
+        raise GskitError("--nms needs the nms step, which --skip nms drops; give one of them")
+    if nms and not any(step.name == "nms" for step in steps):
+        at = next((i + 1 for i, step in enumerate(steps) if step.name == "sanitize"), 0)
+        steps.insert(at, RecipeStep("nms", PASSES["nms"].options()))
+        flags.append("--nms")
     if fp16 and not any(step.name == "convert" for step in steps):
         at = next((i for i, step in enumerate(steps) if step.name in _CONVERT_BEFORE), len(steps))
         steps.insert(at, RecipeStep("convert", PASSES["convert"].options()))
@@ -170,7 +198,11 @@ def recipe_with_overrides(
         steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
     if not flags:
         return recipe
-    return Recipe(steps=tuple(steps), source=f"{recipe.source} with {' '.join(flags)}")
+    return Recipe(
+        steps=tuple(steps),
+        source=f"{recipe.source} with {' '.join(flags)}",
+        tensorrt=tensorrt if tensorrt is not None else recipe.tensorrt,
+    )
 
 
 def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
@@ -220,6 +252,7 @@ def prepare(
     model_path, out_dir = Path(model_path), Path(out_dir)
     recipe = recipe or default_recipe()
     check_validation_order(recipe)
+    target = _target(recipe)
     final_model = out_dir / MODEL_NAME
     if final_model.resolve() == model_path.resolve():
         raise GskitError(f"{out_dir}: {MODEL_NAME} there is the input model; choose another OUTDIR")
@@ -232,13 +265,19 @@ def prepare(
         for name in _set_names(recipe):  # before the work: a name that cannot be written fails now
             check_output(out_dir / name)
         with _claim(out_dir) as work:
-            report = PrepareReport(model=str(model_path), output_dir=str(out_dir), recipe=recipe.source)
+            report = PrepareReport(
+                model=str(model_path),
+                output_dir=str(out_dir),
+                recipe=recipe.source,
+                target={"tensorrt": str(target), "source": target.source},
+            )
             state = RunState(
                 graph=gsmodel.to_graph(original),
                 original_path=model_path,
                 registry=registry,
                 plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
                 work_dir=work,
+                target=target,
             )
             staged = work / "outputs"  # this run's files, until they take their names in OUTDIR together
             staged.mkdir()
@@ -253,6 +292,16 @@ def prepare(
             if failure is not None:
                 raise failure
     return report
+
+
+def _target(recipe: Recipe) -> TensorRTTarget:
+    """The run's target: the recipe's (``--tensorrt`` sets it) or the default, saying where it came from."""
+    version = recipe.target
+    if version is None:
+        return resolve_target(None)
+    by_flag = "--tensorrt" in recipe.source.partition(" with ")[2].split()
+    where = "--tensorrt" if by_flag else f"target of {recipe.source}"
+    return TensorRTTarget.parse(version, f"{where} {version}")
 
 
 def set_names() -> tuple[str, ...]:
@@ -429,7 +478,16 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
         report.regions = list(state.replaced)
         report.comparison = state.comparison
         report.tensorrt = state.trt_report
-        report.plugins_inserted = dict(Counter(region.plugin for region in state.replaced))
+        report.plugins_inserted = dict(Counter(r.plugin for r in state.replaced if r.form == "plugin"))
+        report.native_inserted = dict(
+            Counter(r.op for r in state.replaced if r.form == "native" and not r.kept)
+        )
+        report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in state.lowered))
+        if state.nms is not None:  # the nms step's node is a plugin node too
+            label = (
+                state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
+            )
+            report.plugins_inserted[label] = report.plugins_inserted.get(label, 0) + 1
 
 
 def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
@@ -490,7 +548,10 @@ def _html(
             else "(not written)",
         ),
         ("recipe", report.recipe),
+        ("TensorRT target", f"{report.target.get('tensorrt')} ({report.target.get('source')})"),
         ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
+        ("native ops written", ", ".join(f"{k}: {v}" for k, v in report.native_inserted.items()) or "none"),
+        ("ops lowered", ", ".join(f"{k}: {v}" for k, v in report.lowered.items()) or "none"),
         ("TensorRT check", _trt_line(report.tensorrt)),
         ("engine", (report.engine or {}).get("engine", "not built")),
     ]
@@ -528,6 +589,7 @@ def _html(
         regions=_regions(report.regions, original, state.graph),
         skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in state.skipped],
         environment=environment_rows(),
+        error=report.error,
     )
     return render_page(page)
 
@@ -614,11 +676,24 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
             if plugin is not None
             else ()
         )
-        title = f"{region.plugin} ({region.node}) replaced {len(region.original_nodes)} node(s)"
+        title = _region_title(region)
         attrs = plugin.attrs if plugin is not None else {}
         attributes = tuple((k, _attribute_text(v)) for k, v in attrs.items())
-        regions.append(Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes))
+        form = f"form: {region.form} {region.op}: {region.why}"
+        regions.append(
+            Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes, form=form)
+        )
     return regions
+
+
+def _region_title(region: Any) -> str:
+    """``gskit::LayerNorm v1 (LayerNorm_0) replaced 9 node(s)``, or the native op when that form was taken."""
+    count = len(region.original_nodes)
+    if region.form != "native":
+        return f"{region.plugin} ({region.node}) replaced {count} node(s)"
+    if region.kept:
+        return f"{region.op} ({region.node}) kept: already the native form of {region.plugin}"
+    return f"{region.op} ({region.node}) replaced {count} node(s): the native form of {region.plugin}"
 
 
 def _attribute_text(value: Any) -> str:

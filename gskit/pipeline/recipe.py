@@ -2,6 +2,7 @@
 
 A recipe looks like::
 
+    target: {tensorrt: "10.3"}      # optional: the TensorRT version to prepare for
     steps:
       - sanitize
       - replace: {only: [LayerNorm]}
@@ -13,6 +14,11 @@ Each step name must be one that ``gskit.pipeline.steps.STEPS`` defines, and each
 option dataclass fields, with a value of the field's type. Errors name the file and line of the culprit.
 Options that name a file (``validate.inputs``, ``build.timing_cache``) are relative to the recipe file's
 folder, so a recipe and its inputs can move together; ``parse_recipe`` text keeps them as written.
+
+The target (``target: {tensorrt: VERSION}``) is the run's: replace picks the forms and check_trt answers for
+the same TensorRT (``gskit.plugin.target``). The replace step's own ``tensorrt`` option, where given, must
+agree with it. Without either, the run's target is the installed TensorRT's version, else the newest gskit
+knows.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 import yaml
 
 from gskit.errors import GskitError
+from gskit.io.limits import check_integers
 
 #: A float as YAML 1.2 writes it; PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -52,8 +59,25 @@ class RecipeStep:
 
 @dataclass(frozen=True)
 class Recipe:
+    """Validated steps, where they were read from, and the TensorRT version to prepare for.
+
+    Attributes:
+        steps: the steps in order.
+        source: the file, ``default``, or ``<python>``; flags that changed it are appended.
+        tensorrt: the target TensorRT version as written (``"10.3"``); None: the default target.
+    """
+
     steps: tuple[RecipeStep, ...]
     source: str = "<default>"
+    tensorrt: str | None = None
+
+    @property
+    def target(self) -> str | None:
+        """The TensorRT version the recipe prepares for: its ``target``, else a step's own (replace's
+        ``tensorrt``; ``parse_recipe`` checks they agree), else None (the default target)."""
+        if self.tensorrt is not None:
+            return self.tensorrt
+        return next((v for s in self.steps if (v := getattr(s.options, "tensorrt", None)) is not None), None)
 
     def to_yaml(self) -> str:
         """The recipe as YAML with every option spelled out (what ``--print-default-recipe`` prints)."""
@@ -61,7 +85,8 @@ class Recipe:
         for step in self.steps:
             options = dataclasses.asdict(step.options)
             entries.append({step.name: options} if options else step.name)
-        return yaml.safe_dump({"steps": entries}, sort_keys=False, default_flow_style=None)
+        head: dict[str, Any] = {"target": {"tensorrt": self.tensorrt}} if self.tensorrt is not None else {}
+        return yaml.safe_dump({**head, "steps": entries}, sort_keys=False, default_flow_style=None)
 
 
 def load_recipe(path: str | os.PathLike, registry: dict[str, type] | None = None) -> Recipe:
@@ -175,9 +200,12 @@ def parse_recipe(
     if not isinstance(root, yaml.MappingNode):
         raise GskitError(f"{_where(source, root)}: a recipe is a mapping with a 'steps:' list")
     top = _mapping(root, source)
-    unknown = set(top) - {"steps"}
+    unknown = set(top) - {"steps", "target"}
     if unknown:
-        raise GskitError(f"{_where(source, root)}: unknown top-level key(s) {sorted(unknown)}; only 'steps'")
+        raise GskitError(
+            f"{_where(source, root)}: unknown top-level key(s) {sorted(unknown)}; only 'steps' and 'target'"
+        )
+    tensorrt = _target(top["target"], source) if "target" in top else None
     steps_node = top.get("steps")
     if not isinstance(steps_node, yaml.SequenceNode):
         raise GskitError(f"{_where(source, steps_node or root)}: 'steps' must be a list")
@@ -185,9 +213,56 @@ def parse_recipe(
         raise GskitError(f"{_where(source, steps_node)}: 'steps' is empty; list at least one step")
     base = Path(base_dir) if base_dir is not None else None
     steps = tuple(_parse_step(node, source, registry, base) for node in steps_node.value)
-    recipe = Recipe(steps=steps, source=source)
+    _check_one_target(steps, tensorrt, source)
+    recipe = Recipe(steps=steps, source=source, tensorrt=tensorrt)
     check_validation_order(recipe)
     return recipe
+
+
+def _check_one_target(steps: tuple[RecipeStep, ...], tensorrt: str | None, source: str) -> None:
+    """A run has one target: a step's own ``tensorrt`` option (replace's) must agree with the recipe's and
+    with the other steps'."""
+    from gskit.plugin.target import TensorRTTarget
+
+    seen = [] if tensorrt is None else [("the recipe's target", TensorRTTarget.parse(tensorrt, ""))]
+    for step in steps:
+        value = getattr(step.options, "tensorrt", None)
+        if value is None:
+            continue
+        version = TensorRTTarget.parse(value, "")
+        if seen and seen[0][1] != version:
+            raise GskitError(
+                f"{source}:{step.line}: step '{step.name}' asks for TensorRT {value}, {seen[0][0]} is "
+                f"{seen[0][1]}; a run prepares for one TensorRT: give it once, at the top "
+                f'(target: {{tensorrt: "{value}"}})'
+            )
+        seen.append((f"step '{step.name}' (line {step.line})", version))
+
+
+def _target(node: yaml.Node, source: str) -> str:
+    """The version of ``target: {tensorrt: VERSION}``, checked (``gskit.plugin.target``)."""
+    from gskit.plugin.target import TensorRTTarget
+
+    if not isinstance(node, yaml.MappingNode):
+        raise GskitError(f'{_where(source, node)}: target is a mapping: target: {{tensorrt: "10.3"}}')
+    entries = _mapping(node, source)
+    unknown = sorted(set(entries) - {"tensorrt"})
+    if unknown or "tensorrt" not in entries:
+        raise GskitError(
+            f'{_where(source, node)}: target takes one key, tensorrt (target: {{tensorrt: "10.3"}}); '
+            f"got {sorted(entries)}"
+        )
+    value_node = entries["tensorrt"]
+    value = yaml.safe_load(yaml.serialize(value_node))
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise GskitError(
+            f'{_where(source, value_node)}: target.tensorrt is a version like "10.3", got {value!r}'
+        )
+    try:
+        TensorRTTarget.parse(value)
+    except GskitError as err:
+        raise GskitError(f"{_where(source, value_node)}: target.tensorrt: {err}") from err
+    return str(value)
 
 
 def check_validation_order(recipe: Recipe) -> None:
@@ -225,9 +300,17 @@ def _step_where(recipe: Recipe, index: int, *, line_only: bool = False) -> str:
     return f"{recipe.source}:{line}" if line is not None else f"{recipe.source}: {where}"
 
 
-def make_recipe(entries: list[tuple[str, dict[str, Any]]], registry: dict[str, type] | None = None) -> Recipe:
-    """A recipe from Python: ``[("fold", {"max_passes": 3}), ("validate", {})]``, validated the same way."""
-    text = yaml.safe_dump({"steps": [{name: options} for name, options in entries]}, sort_keys=False)
+def make_recipe(
+    entries: list[tuple[str, dict[str, Any]]],
+    registry: dict[str, type] | None = None,
+    *,
+    tensorrt: str | None = None,
+) -> Recipe:
+    """A recipe from Python: ``[("fold", {"max_passes": 3}), ("validate", {})]``, validated the same way;
+    ``tensorrt``: the target TensorRT version (``"10.3"``)."""
+    head = {"target": {"tensorrt": tensorrt}} if tensorrt is not None else {}
+    steps = [{name: options} for name, options in entries]
+    text = yaml.safe_dump({**head, "steps": steps}, sort_keys=False)
     return parse_recipe(text, source="<python>", registry=registry)
 
 
@@ -251,6 +334,9 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: P
         fields = {f.name: f for f in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls)
         for option, (key_node, value_node) in _mapping(options_node, source, keep_nodes=True).items():
+            refused = getattr(cls, "refused", lambda: {})()
+            if option in refused:
+                raise GskitError(f"{_where(source, key_node)}: {name}.{option}: {refused[option]}")
             if option not in fields:
                 raise GskitError(
                     f"{_where(source, key_node)}: step '{name}' has no option '{option}'; "
@@ -263,7 +349,9 @@ def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: P
                     f"{_where(source, value_node)}: {name}.{option}: cannot read the value: "
                     f"{getattr(err, 'problem', err)}"
                 ) from err
-            value = _check_type(value, hints[option], f"{_where(source, value_node)}: {name}.{option}")
+            where = f"{_where(source, value_node)}: {name}.{option}"
+            check_integers(value, where)  # one rule for every option: no 400-digit dim, seed or attribute
+            value = _check_type(value, hints[option], where)
             if base is not None and fields[option].metadata.get("file_path") and isinstance(value, str):
                 value = str(base / value)  # an absolute value stays as it is
             values[option] = value

@@ -17,6 +17,7 @@ A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,16 +29,20 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
+from gskit.io.gs_export import copy_graph
 from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options, format_shape
 from gskit.passes.convert import CONVERT, ConvertOptions
 from gskit.passes.edit import EDIT, EditOptions
 from gskit.passes.fold import FOLD, FoldOptions
 from gskit.passes.isolate import ISOLATE, IsolateOptions
-from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
+from gskit.passes.lower import LOWER, LowerOptions
+from gskit.passes.nms import NMS, NmsOptions
+from gskit.passes.patterns.replace import REPLACE, ReplaceOptions, summarize
 from gskit.passes.sanitize import SANITIZE, SanitizeOptions
 from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
 from gskit.passes.transform import Before, GraphPass, PassResult, run_pass
 from gskit.plugin.spec import PluginRegistry, implementation_paths
+from gskit.plugin.target import TensorRTTarget, default_target
 
 #: Sizes used for plugin-free parts of the default recipe.
 DEFAULT_ATOL = 1e-5
@@ -85,9 +90,17 @@ class BuildOptions:
     def __post_init__(self) -> None:
         check_shape_options(self.shapes, check_profile)
 
+    @staticmethod
+    def refused() -> Mapping[str, str]:
+        """Options a recipe may write that gskit refuses, with what to do instead (weakly typed precision)."""
+        from gskit.backends.trt_build import WEAK_TYPING_REFUSED
+
+        return WEAK_TYPING_REFUSED
+
 
 DEFAULT_STEPS: tuple[str, ...] = (
     "sanitize",
+    "lower",
     "replace",
     "infer_shapes",
     "fold",
@@ -114,12 +127,19 @@ class RunState:
     registry: PluginRegistry
     plugin_dirs: tuple[Path, ...] | None
     work_dir: Path
+    #: the TensorRT version the run prepares for (the recipe's target, else the default): replace picks the
+    #: forms and check_trt answers for it
+    target: TensorRTTarget = field(default_factory=default_target)
     replaced: list[Any] = field(default_factory=list)
     #: (plugin, Skip) for each match replace found and did not replace, with the reason (report.html)
     skipped: list[tuple[str, Any]] = field(default_factory=list)
     comparison: Any = None
     #: output dtype changes that convert steps made (``gskit.compare.outputs.DtypeChange``): not failures
     dtype_changes: list[Any] = field(default_factory=list)
+    #: what an nms step did (``gskit.passes.nms.NmsReport``): validation then compares detections
+    nms: Any = None
+    #: the nodes lower steps rewrote (``gskit.passes.lower.Lowered``)
+    lowered: list[Any] = field(default_factory=list)
     trt_report: Any = None
     engine: Any = None
     _snapshot: Path | None = field(default=None, repr=False)
@@ -134,7 +154,7 @@ class RunState:
         if self._snapshot is None:
             self._snapshots_taken += 1
             target = self.work_dir / f"step{self._snapshots_taken}" / "model.onnx"
-            self._snapshot = gsmodel.save(self.graph.copy(), target)
+            self._snapshot = gsmodel.save(copy_graph(self.graph), target)
         return self._snapshot
 
     def graph_changed(self) -> None:
@@ -231,6 +251,15 @@ class Isolate(_Transform[IsolateOptions]):
             raise StepError("isolate: the step needs both 'inputs' and 'outputs' tensor names")
 
 
+class Lower(_Transform[LowerOptions]):
+    core = LOWER
+
+    def call(self, state: RunState, options: LowerOptions) -> PassResult:
+        result = super().call(state, options)
+        state.lowered.extend(result.report.lowered)
+        return result
+
+
 class Replace(_Transform[ReplaceOptions]):
     core = REPLACE
 
@@ -239,9 +268,28 @@ class Replace(_Transform[ReplaceOptions]):
             raise StepError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
 
     def call(self, state: RunState, options: ReplaceOptions) -> PassResult:
+        """Forms are chosen for the run's target (a recipe gives it once, at the top)."""
+        options = dataclasses.replace(options, tensorrt=str(state.target))
         result = run_pass(self.core, state.graph, options, plugins=list(state.registry))
+        result.report.target_source = state.target.source
+        result.summary = summarize(result.report)
         state.replaced.extend(result.report.regions)
         state.skipped.extend((p.plugin, skip) for p in result.report.plugins for skip in p.skipped)
+        return result
+
+
+class Nms(_Transform[NmsOptions]):
+    """EfficientNMS_TRT behind the detection head; the model's outputs become the plugin's four."""
+
+    core = NMS
+
+    def requires(self, state: RunState, options: NmsOptions) -> None:
+        if state.nms is not None:
+            raise StepError("nms: the recipe has a second nms step; the model has its NMS already")
+
+    def call(self, state: RunState, options: NmsOptions) -> PassResult:
+        result = super().call(state, options)
+        state.nms = result.report
         return result
 
 
@@ -295,15 +343,23 @@ class CheckTrt(Pass[CheckTrtOptions]):
     name, options, effect = "check_trt", CheckTrtOptions, "check"
 
     def call(self, state: RunState, options: CheckTrtOptions) -> PassResult:
-        from gskit.backends.trt_check import NEEDS_PLUGIN, check_trt
+        from gskit.backends.trt_check import NEEDS_PLUGIN, NOT_CHECKED, check_trt
 
-        report = check_trt(state.snapshot(), plugins=state.plugin_dirs, backend=options.backend)
+        report = check_trt(
+            state.snapshot(), plugins=state.plugin_dirs, backend=options.backend, target=state.target
+        )
         state.trt_report = report
         bad = len(report.rejected)
         if options.fail_on_unsupported:
             _ensure(report.ok, self.name, f"{bad} node(s) TensorRT will not take (see the report)")
         plugins = len(report.nodes_with(NEEDS_PLUGIN))
-        summary = f"{report.source}: {bad} node(s) rejected, {plugins} plugin node(s) with known plugins"
+        summary = (
+            f"{report.source} for TensorRT {report.target}: {bad} node(s) rejected, {plugins} plugin node(s) "
+            "with known plugins"
+        )
+        unchecked = len(report.nodes_with(NOT_CHECKED))
+        if unchecked:
+            summary += f", {unchecked} node(s) not checked (the target imports them, {report.source} cannot)"
         return PassResult(summary=summary, report=report)
 
 
@@ -327,14 +383,32 @@ class Validate(Pass[ValidateOptions]):
         from gskit.compare.outputs import ReferenceRunError, compare, describe_feeds, failing_node
         from gskit.io.feeds import load_feeds, random_feeds
 
-        prepared = state.snapshot()
+        snapshot = state.snapshot()
         common = dict(
             atol=options.atol, rtol=options.rtol, plugins=state.registry, dtype_changes=state.dtype_changes
         )
+        if state.nms is not None:  # the outputs changed: detections are compared (gskit.compare.detections)
+            from functools import partial
+
+            from gskit.compare.detections import compare_detections
+
+            compare = partial(compare_detections, nms=state.nms)
+
+        def prepared(feeds: dict) -> Any:
+            """The comparison; a message naming the run's snapshot file names "the prepared model" instead."""
+            try:
+                return compare(state.original_path, snapshot, feeds=feeds, **common)
+            except ReferenceRunError:
+                raise
+            except GskitError as err:
+                if str(snapshot) not in str(err):
+                    raise
+                raise StepError(str(err).replace(str(snapshot), "the prepared model")) from err
+
         if options.inputs:
             feeds = load_feeds(options.inputs)
             try:
-                report = compare(state.original_path, prepared, feeds=feeds, **common)
+                report = prepared(feeds)
             except ReferenceRunError as err:
                 raise StepError(
                     f"validate: {err}; check the file given as inputs ({options.inputs})"
@@ -353,7 +427,7 @@ class Validate(Pass[ValidateOptions]):
             if failures and describe_feeds(feeds) == failures[-1][0]:
                 continue  # nothing left open to grow: the same inputs would fail the same way
             try:
-                report = compare(state.original_path, prepared, feeds=feeds, **common)
+                report = prepared(feeds)
             except ReferenceRunError as err:
                 failures.append((describe_feeds(feeds), err.failure))
                 continue
@@ -450,7 +524,9 @@ PASSES: Mapping[str, Pass] = {
         Sanitize(),
         Edit(),
         Isolate(),
+        Lower(),
         Replace(),
+        Nms(),
         InferShapes(),
         Fold(),
         Convert(),

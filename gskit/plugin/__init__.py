@@ -4,7 +4,9 @@
 :class:`PluginSpec` (attributes, tensor info, output rules, reference), the registry and plugin discovery
 (shipped, installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``).
 ``derive``: ``from_torch``, a plugin's patterns derived from the PyTorch code it replaces, and their caches.
-``scaffold``: the folder ``gskit plugin new`` writes.
+``native``: a plugin's native forms (the ONNX op a TensorRT version runs natively) and the choice of a form
+for a target; ``target``: the TensorRT version a model is prepared for. ``scaffold``: the folder ``gskit
+plugin new`` writes.
 
 The plugin folders themselves live outside this package (the repository's ``plugins/``, installed as
 ``gskit_plugins``, or third-party packages); their ``spec.py`` imports the names re-exported here. How a
@@ -13,6 +15,7 @@ it with TensorRT. Core layer (docs/architecture.md).
 """
 
 from gskit.plugin.derive import from_torch
+from gskit.plugin.native import NativeForm
 from gskit.plugin.spec import (
     Attribute,
     AttrType,
@@ -30,6 +33,7 @@ __all__ = [
     "Attribute",
     "AttrType",
     "PluginSpec",
+    "NativeForm",
     "TensorInfo",
     "per_channel_of",
     "same_as_input",

@@ -13,9 +13,10 @@ Three domain sets, each a superset of the one before, because three different qu
   itself; a node of any other domain is a **plugin node**, run through its plugin (a numpy reference on
   onnxruntime, a TensorRT plugin in an engine) and never evaluated by ``fold``.
 
-A plugin's identity is ``(namespace, name, version)`` everywhere (:data:`PluginKey`): the node's domain is
-the namespace, its op type the name, and its ``plugin_version`` attribute the version (``"1"`` when absent,
-as TensorRT reads it). Never key a plugin on its op type or ``(domain, op)`` alone.
+A plugin's identity is ``(domain, name, version)`` everywhere (:data:`PluginKey`): the node's domain (the
+TensorRT namespace for gskit's own plugins; ``TRT`` for TensorRT's own, whose namespace ``""`` travels in
+the ``plugin_namespace`` attribute), its op type the name, and its ``plugin_version`` attribute the version
+(``"1"`` when absent, as TensorRT reads it). Never key a plugin on its op type or ``(domain, op)`` alone.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ NAMESPACE_ATTR = "plugin_namespace"
 VERSION_ATTR = "plugin_version"
 DEFAULT_VERSION = "1"
 
-#: ``(namespace, name, version)``: a plugin's identity (``PluginSpec.key``, :func:`node_key`).
+#: ``(domain, name, version)``: a plugin's identity (``PluginSpec.key``, :func:`node_key`).
 PluginKey = tuple[str, str, str]
 Node = gs.Node | onnx.NodeProto
 

@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 
 from gskit.errors import GskitError
 from gskit.io import model as gmodel
-from gskit.plugin.spec import ROUTING_ATTRIBUTES, AttrType
+from gskit.plugin.spec import ROUTING_ATTRIBUTES, AttrType, check_identity
 
 log = logging.getLogger(__name__)
 
@@ -160,24 +160,57 @@ def new_plugin(
             f"{target} already exists; pick another name or remove it first (nothing overwritten)"
         )
     if from_node:
-        model_path, sep, node_name = from_node.rpartition(":")
-        if not sep or not model_path or not node_name:
-            raise GskitError(f"--from-node wants MODEL:NODE, got {from_node!r}")
+        model_path, node_name = split_from_node(from_node)
         signature = read_node(model_path, node_name)
+        where = f"--from-node {from_node}: node '{signature.node}'"
+        check_identity(signature.op_type, "name (the node's op type)", where)
+        check_identity(signature.domain or namespace, "namespace (the node's domain)", where)
     else:
         signature = NodeSignature(_op_name(name), "", "", ((("float32", EXAMPLE_SHAPE)),), ("float32",), ())
+        check_identity(namespace, "namespace", "--namespace")
     values = _template_values(signature, folder_name, namespace, from_node, str(target))
-    target.mkdir(parents=True)
-    written = []
+    texts = {}
     for file_name, template in FILES.items():
         text = (
             "" if not template else string.Template((TEMPLATE_DIR / template).read_text()).substitute(values)
         )
+        if file_name.endswith(".py"):
+            _check_python(text, target / file_name)
+        texts[file_name] = text
+    target.mkdir(parents=True)
+    written = []
+    for file_name, text in texts.items():
         path = target / file_name
         path.write_text(text)
         written.append(path)
     log.info("created plugin %s in %s", signature.op_type, target)
     return written
+
+
+def split_from_node(from_node: str) -> tuple[str, str]:
+    """``MODEL:NODE`` -> (MODEL, NODE); a node name may hold ":" (MODEL is the first prefix that is a file).
+
+    Raises:
+        GskitError: no ``:`` with text on both sides.
+    """
+    for at in [i for i, char in enumerate(from_node) if char == ":"]:
+        if at and at < len(from_node) - 1 and Path(from_node[:at]).is_file():
+            return from_node[:at], from_node[at + 1 :]
+    model_path, sep, node_name = from_node.rpartition(":")
+    if not sep or not model_path or not node_name:
+        raise GskitError(f"--from-node wants MODEL:NODE, got {from_node!r}")
+    return model_path, node_name  # no such file: read_node says so
+
+
+def _check_python(text: str, path: Path) -> None:
+    """Generated code must compile; anything a model holds is quoted, so a failure here is a gskit bug."""
+    try:
+        compile(text, str(path), "exec")
+    except SyntaxError as err:
+        raise GskitError(
+            f"{path}: the generated code is not valid Python ({err.msg}, line {err.lineno}); nothing written "
+            "(a gskit bug: report it with the model)"
+        ) from err
 
 
 def _template_values(
@@ -202,7 +235,7 @@ def _template_values(
     signature = ", ".join(params + (["*", *attr_params] if attr_params else []))
     function = folder
     summary = f"custom op {sig.domain or namespace}::{sig.op_type} (write what it computes here)"
-    origin = f" from node '{sig.node}' of {from_node.rpartition(':')[0]}" if from_node else ""
+    origin = f" from node '{sig.node}' of {split_from_node(from_node)[0]}" if from_node else ""
     # Every value read from the model is text inside a string literal or a docstring of generated code:
     # escaped, so a crafted node name or op type stays text and never becomes code.
     return {
@@ -340,8 +373,15 @@ def _tuple_repr(items: Sequence[Any]) -> str:
 
 def _folder_name(name: str) -> str:
     folder = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-    if not folder.isidentifier() or keyword.iskeyword(folder):
+    if not folder.isidentifier():
         raise GskitError(f"plugin name {name!r} must be a Python identifier (letters, digits, '_')")
+    if keyword.iskeyword(folder):
+        raise GskitError(f"plugin name {name!r} is a Python keyword; its folder could not be imported")
+    if folder.startswith("_"):
+        # gskit's plugin discovery skips such folders (private helpers, __pycache__): the plugin would vanish
+        raise GskitError(
+            f"plugin name {name!r} starts with '_', and gskit skips such folders; start with a letter"
+        )
     return folder
 
 

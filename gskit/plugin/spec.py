@@ -4,7 +4,10 @@ A plugin lives in ``plugins/<name>/`` and its ``spec.py`` defines ``SPEC``, a :c
 The spec is the single source of truth: the ONNX node gskit writes, the onnx shape-inference schema,
 the numpy reference used on onnxruntime, and the TensorRT plugin registration are all derived from it.
 
-Identity of a plugin is ``(namespace, name, version)``; the node's domain is the namespace.
+Identity of a plugin is ``(domain, name, version)``: the node's ONNX domain, op type and ``plugin_version``.
+For gskit's own plugins the domain is the TensorRT namespace. TensorRT's own plugins (``library=LIBRARY``, see
+``gskit.plugin.libnvinfer``) live in TensorRT's namespace ``""``, which cannot be an ONNX domain for an op
+onnx does not know, so their nodes are written in ``node_domain`` (``TRT``) with ``plugin_namespace=""``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,18 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import PluginError
-from gskit.plugin.ops import DEFAULT_DOMAINS, ONNX_DOMAINS, is_onnx_op, node_key, op_label, similar_onnx_ops
+from gskit.errors import PLUGIN_CODE_FAILURES, PluginError
+from gskit.plugin import libnvinfer
+from gskit.plugin.native import NativeForm, validate_native_forms
+from gskit.plugin.ops import (
+    DEFAULT_DOMAINS,
+    ONNX_DOMAINS,
+    ORT_DOMAINS,
+    is_onnx_op,
+    node_key,
+    op_label,
+    similar_onnx_ops,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +160,8 @@ class PluginSpec:
 
     Attributes:
         name: op type of the plugin node and the TensorRT plugin name.
-        namespace: TensorRT plugin namespace; also the node's ONNX domain.
+        namespace: TensorRT plugin namespace (the ``plugin_namespace`` attribute); also the node's ONNX
+            domain unless ``node_domain`` is given.
         version: TensorRT plugin version (the ``plugin_version`` attribute, a string).
         inputs: input names in order; a name ending in ``?`` is optional (may be the empty name).
         outputs: output names in order.
@@ -159,6 +173,17 @@ class PluginSpec:
         source: file the spec was loaded from (set by the loader).
         supports_fp16: the plugin takes float16 inputs; otherwise ``gskit convert --fp16`` keeps its node in
             float32 with Casts around it.
+        node_domain: the node's ONNX domain when it is not the namespace: required for TensorRT's own
+            plugins, whose namespace ``""`` is ONNX's default domain (``libnvinfer.DOMAIN``).
+        library: the shared library that implements the plugin and ships with TensorRT
+            (``libnvinfer.LIBRARY``: TensorRT's own plugins, registered by ``initLibNvInferPlugins``; the
+            folder then has no kernel and no ``trt_plugin.py``). None: the plugin folder brings it.
+        native: the standard ONNX ops TensorRT runs natively that compute the same, each with the first
+            TensorRT version that imports it (:class:`gskit.plugin.native.NativeForm`); the target of a run
+            picks the form of each region (``--tensorrt``). Empty: the region always becomes the plugin node.
+        plugin_form: the plugin node is one of the forms (False: the spec only names a native op, e.g. a
+            decomposed GroupNorm that becomes ``GroupNormalization``; below that op's TensorRT version the
+            region is left as it was).
     """
 
     name: str
@@ -173,19 +198,32 @@ class PluginSpec:
     doc: str = ""
     source: Path | None = None
     supports_fp16: bool = False
+    node_domain: str | None = None
+    library: str | None = None
+    native: tuple[NativeForm, ...] = ()
+    plugin_form: bool = True
 
     @property
     def domain(self) -> str:
-        return self.namespace
+        """The ONNX domain of the plugin's nodes: ``node_domain``, else the namespace."""
+        return self.namespace if self.node_domain is None else self.node_domain
 
     @property
     def key(self) -> tuple[str, str, str]:
-        """``(namespace, name, version)``: the identity used everywhere."""
-        return (self.namespace, self.name, self.version)
+        """``(domain, name, version)``: the identity used everywhere (``gskit.plugin.ops.node_key`` of its
+        nodes)."""
+        return (self.domain, self.name, self.version)
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.namespace}::{self.name} v{self.version}"
+        return f"{self.domain}::{self.name} v{self.version}"
+
+    @property
+    def shipped(self) -> libnvinfer.ShippedPlugin | None:
+        """What ``libnvinfer_plugin`` says of this plugin, for one TensorRT implements (``library``)."""
+        if self.library != libnvinfer.LIBRARY:
+            return None
+        return libnvinfer.shipped_plugin(self.name, self.version)
 
     def attribute(self, name: str) -> Attribute:
         for attr in self.attributes:
@@ -245,7 +283,19 @@ class PluginSpec:
         if missing:
             raise PluginError(f"{self.qualified_name}: node lacks required attribute(s) {missing}")
         result = self.reference(*inputs, **plugin_attrs)
-        return list(result) if isinstance(result, (tuple, list)) else [result]
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        for index, output in enumerate(outputs):
+            kind = np.asarray(output).dtype.kind if output is not None else None
+            if kind is None or kind not in "biufc":
+                got = (
+                    "None"
+                    if output is None
+                    else f"{type(output).__name__} of dtype {np.asarray(output).dtype}"
+                )
+                raise PluginError(
+                    f"{self.qualified_name}: the reference returned {got} as output {index}, not numbers"
+                )
+        return outputs
 
 
 def coerce_attribute(spec: PluginSpec, attr: Attribute, value: Any) -> Any:
@@ -392,7 +442,7 @@ class PluginRegistry:
 
     def domains(self) -> set[str]:
         """ONNX domains used by the plugins."""
-        return {s.namespace for s in self._specs.values()}
+        return {s.domain for s in self._specs.values()}
 
     def check_plugin_ops(self) -> None:
         """A pattern that names an op of its own plugin's namespace names a loaded plugin of it.
@@ -405,11 +455,11 @@ class PluginRegistry:
         """
         names: dict[str, set[str]] = {}
         for spec in self._specs.values():
-            names.setdefault(spec.namespace, set()).add(spec.name)
+            names.setdefault(spec.domain, set()).add(spec.name)
         for spec in self._specs.values():
             for rule in spec.patterns:
                 for domain, op in sorted(rule.ops()):
-                    if domain == spec.namespace and op not in names[domain]:
+                    if domain == spec.domain and op not in names[domain]:
                         raise PluginError(
                             f"{spec.source or spec.qualified_name}: pattern '{rule.name}' names op "
                             f"'{domain}::{op}', but no loaded plugin of namespace '{domain}' is called {op} "
@@ -565,6 +615,20 @@ def _normalized(dist_name: str) -> str:
     return dist_name.lower().replace("_", "-").replace(".", "-")
 
 
+def check_identity(value: object, label: str, where: str) -> None:
+    """A plugin's name or namespace: a non-empty string of printable characters without spaces or ':'
+    (TensorRT's creator lookup joins them with '::'; a control character could only hide in a terminal).
+
+    Raises:
+        PluginError: ``where: plugin {label} must be ...``.
+    """
+    if not isinstance(value, str) or not value or not value.isprintable() or any(c in value for c in " :"):
+        raise PluginError(
+            f"{where}: plugin {label} must be a non-empty string of printable characters without spaces or "
+            f"':', got {value!r}"
+        )
+
+
 def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
     """Import one ``spec.py`` as a package and return its specs with ``source`` set.
 
@@ -589,7 +653,7 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         import_spec.loader.exec_module(module)
-    except Exception as err:  # user code: any failure becomes one line naming the file
+    except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
         del sys.modules[module_name]
         raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
     finally:
@@ -629,11 +693,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
     if source is not None and spec.source is None:
         spec = dataclasses.replace(spec, source=source)
     where = str(spec.source or spec.qualified_name)
-    for label, value in (("name", spec.name), ("namespace", spec.namespace)):
-        if not isinstance(value, str) or not value or any(c in value for c in " :\t\n"):
-            raise PluginError(
-                f"{where}: plugin {label} must be a non-empty string without spaces or ':', got {value!r}"
-            )
+    _check_identity(spec, where)
     if not isinstance(spec.version, str) or not spec.version:
         raise PluginError(f'{where}: version must be a non-empty string like "1", got {spec.version!r}')
     for label, names in (("inputs", spec.inputs), ("outputs", spec.outputs)):
@@ -659,6 +719,7 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
                 coerce_attribute(spec, attr, attr.default)
             except PluginError as err:
                 raise PluginError(f"{where}: default of {err}") from err
+    validate_native_forms(spec, where)
     check_patterns(spec, where)
     if onnx.defs.has(spec.name):
         log.warning(
@@ -668,6 +729,36 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
             spec.name,
         )
     return spec
+
+
+def _check_identity(spec: PluginSpec, where: str) -> None:
+    """Name, namespace and node domain are names; a TensorRT-implemented plugin is one gskit knows."""
+    names = [("name", spec.name), ("namespace", spec.namespace)]
+    if spec.node_domain is not None:
+        names.append(("node_domain", spec.node_domain))
+    for label, value in names:
+        if label == "namespace" and value == "":
+            if spec.node_domain is not None:
+                continue  # TensorRT's own plugins: namespace "", found through their node domain
+            raise PluginError(f'{where}: plugin namespace "" (TensorRT\'s own) needs a node_domain')
+        check_identity(value, label, where)
+    if spec.domain in ORT_DOMAINS:
+        raise PluginError(
+            f"{where}: the node domain {spec.domain!r} is one onnx or onnxruntime implements; a plugin node "
+            f"needs a domain of its own (TensorRT's own plugins use {libnvinfer.DOMAIN!r})"
+        )
+    if spec.library is None:
+        return
+    if spec.library != libnvinfer.LIBRARY:
+        raise PluginError(
+            f"{where}: library must be {libnvinfer.LIBRARY!r} (a plugin TensorRT implements) or None, "
+            f"got {spec.library!r}"
+        )
+    if spec.shipped is None:
+        raise PluginError(
+            f"{where}: {spec.name} v{spec.version} is not a {libnvinfer.LIBRARY} creator gskit knows; add it "
+            "to gskit/plugin/libnvinfer.py with the TensorRT releases that ship it"
+        )
 
 
 def check_patterns(spec: PluginSpec, where: str) -> None:
@@ -775,7 +866,7 @@ def _load_entry_point(ep: Any) -> tuple[list[Path], list[PluginSpec]]:
     where = f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP})"
     try:
         loaded = ep.load()
-    except Exception as err:  # third-party code
+    except PLUGIN_CODE_FAILURES as err:  # third-party code
         raise PluginError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
     if isinstance(loaded, types.ModuleType):
         folders = [Path(p) for p in getattr(loaded, "__path__", ())]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from gskit.errors import GskitError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.passes.patterns.derived import RuleDescription
 from gskit.passes.patterns.describe import (
     AttributeLost,
@@ -284,7 +284,7 @@ def _export_module(
                 return _dynamo_export(torch, module, args, names, form.opset, shapes)
             finally:
                 logging.disable(logging.NOTSET)
-    except Exception as err:  # the exporter's failures are many kinds; each is one form that does not export
+    except PLUGIN_CODE_FAILURES as err:  # many kinds (sys.exit too): each is one form that does not export
         text = str(err).strip().splitlines()
         raise _ExportFailed(f"{type(err).__name__}: {text[0][:200] if text else ''}") from err
 

@@ -152,6 +152,7 @@ def export_as_plugins(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     keep_function: bool = ReplaceOptions().keep_function,
+    tensorrt: str | None = ReplaceOptions().tensorrt,
     check: bool = True,
     atol: float = 1e-5,
     rtol: float = 1e-5,
@@ -161,7 +162,9 @@ def export_as_plugins(
 
     The TorchScript exporter writes each listed module class as a local function named like the class
     (domain: the class's Python module) called once per instance; each call becomes a plugin node and
-    the function is removed (kept with ``keep_function``: see :func:`gskit.passes.patterns.replace`).
+    the function is removed (kept with ``keep_function``: see :func:`gskit.passes.patterns.replace`). Where
+    the plugin declares a native form the target TensorRT runs (``tensorrt``), the call becomes that ONNX op
+    instead, as in ``gskit replace``.
 
     Args:
         model: the module (eval mode).
@@ -172,6 +175,8 @@ def export_as_plugins(
         input_names: graph input names.
         output_names: graph output names.
         keep_function: keep the function body as a local function named like the plugin.
+        tensorrt: the TensorRT version to prepare for (``gskit.passes.patterns.replace``); None: the installed
+            TensorRT, else the newest gskit knows.
         check: validate on onnxruntime against PyTorch.
         atol: absolute tolerance.
         rtol: relative tolerance.
@@ -201,7 +206,7 @@ def export_as_plugins(
         dataclasses.replace(plan.spec, patterns=(_call_pattern(cls, plan, instances),))
         for cls, plan in plans.items()
     ]
-    report = replace(graph, specs, keep_function=keep_function)
+    report = replace(graph, specs, keep_function=keep_function, tensorrt=tensorrt)
     for cls, plugin_report in zip(plans, report.plugins, strict=True):
         if plugin_report.replaced == 0:
             reasons = "; ".join(s.reason for s in plugin_report.skipped) or "no call of it was exported"

@@ -4,6 +4,10 @@ Each kernel tap samples the input at its regular position plus a learned ``(dy, 
 bilinear interpolation (zero outside the image), optionally scaled by a mask (DCNv2); the samples go
 through an ordinary grouped convolution. Inputs follow ONNX DeformConv's order ``(x, weight, offset,
 bias?, mask?)`` and its attribute names; see ``reference.deform_conv2d`` for the exact math.
+
+Native form: ONNX ``DeformConv`` (opset 19), which TensorRT imports natively from 10.1 (1D/2D, the same pads
+at both ends of each axis). For such a target a matched region becomes that op (a ``DeformConv`` node is left
+as it is); below 10.1, or with asymmetric pads, the plugin node. TensorRT-RTX has no DeformConv importer.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gskit.errors import PluginError
-from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, TensorInfo
 
 from .patterns import PATTERNS
 from .reference import deform_conv2d, output_size
@@ -65,6 +69,15 @@ def infer(inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]) -> list
     return [TensorInfo(x.dtype, (x_shape[0], w_shape[0], *spatial))]
 
 
+def symmetric_pads(attrs: Mapping[str, Any]) -> str | None:
+    """TensorRT's DeformConv importer takes the same padding at both ends of each spatial axis only."""
+    pads = list(attrs.get("pads") or (0, 0, 0, 0))
+    half = len(pads) // 2
+    if pads[:half] != pads[half:]:
+        return f"pads {pads} differ at the two ends of an axis (TensorRT takes symmetric pads only)"
+    return None
+
+
 SPEC = PluginSpec(
     name="DeformConv2d",
     namespace="gskit",
@@ -81,6 +94,16 @@ SPEC = PluginSpec(
     infer=infer,
     reference=deform_conv2d,
     patterns=PATTERNS,
+    native=(
+        NativeForm(
+            "DeformConv",
+            opset=19,
+            tensorrt="10.1",
+            attributes={k: k for k in ("strides", "pads", "dilations", "group", "offset_group")},
+            check=symmetric_pads,
+            doc="onnx-tensorrt 10.1 changelog; 1D/2D, symmetric pads; no importer in TensorRT-RTX",
+        ),
+    ),
     doc=(
         "Deformable 2-D convolution (torchvision deform_conv2d / ONNX DeformConv): bilinear samples at "
         "offset kernel taps, zero outside the image, times the optional mask, then a grouped convolution "

@@ -4,11 +4,16 @@
 taken over the last axis. It replaces what exporters write for ``nn.LayerNorm`` at opsets below 17 and
 for hand-written layer norms (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add), and ONNX's
 own ``LayerNormalization`` over the last axis. The name is not an ONNX op (ONNX has LayerNormalization).
+
+Native form: ONNX ``LayerNormalization`` (opset 17), which TensorRT imports natively from 8.6 (its
+INormalizationLayer); TensorRT also warns that decomposed layer norms overflow in fp16 and asks for opset 17.
+For a target of 8.6 or newer a matched region becomes that op (a ``LayerNormalization`` node is left as it
+is), below 8.6 the plugin node.
 """
 
 from __future__ import annotations
 
-from gskit.plugin import Attribute, AttrType, PluginSpec, per_channel_of
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, per_channel_of
 
 from .patterns import PATTERNS
 from .reference import layer_norm
@@ -25,6 +30,16 @@ SPEC = PluginSpec(
     infer=per_channel_of(0, 1),
     reference=layer_norm,
     patterns=PATTERNS,
+    native=(
+        NativeForm(
+            "LayerNormalization",
+            opset=17,
+            tensorrt="8.6",
+            attributes={"epsilon": "epsilon"},
+            fixed={"axis": -1},
+            doc="INormalizationLayer (onnx-tensorrt 8.6 changelog); only output Y",
+        ),
+    ),
     doc=(
         "Layer normalization over the last axis: y = (x - mean) / sqrt(var + epsilon) * weight + bias "
         "(biased variance). weight and bias have the size of x's last axis. Output: x's dtype and shape."

@@ -10,10 +10,18 @@ order the plugins were given, the order of rules in a spec, the graph (main grap
 position in its graph. Each is accepted if none of its nodes belongs to a match accepted before it;
 otherwise it is skipped with the name of the match that won. So a LayerNorm wins over the RMSNorm-shaped
 tail inside it, and the result does not depend on dict or set order.
+
+Forms (``gskit.plugin.native``): each accepted match becomes the form its spec offers for the target TensorRT
+(``tensorrt`` option): the ONNX op that version runs natively, else the plugin node, else nothing (left as it
+was). A native op that needs a higher opset than the model's raises the model's opset first, with onnx's
+version converter, and the graph is matched again; where the converter cannot, the region takes its plugin
+node and the report says why. A match that already is the native op (a ``LayerNormalization`` node) is left
+as it is and reported as kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +31,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from gskit.errors import GskitError, PluginError
+from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, PluginError
 from gskit.passes.edit import unique_name
 from gskit.passes.patterns.match import (
     GraphIndex,
@@ -37,8 +45,10 @@ from gskit.passes.patterns.match import (
 )
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
-from gskit.plugin.ops import DEFAULT_DOMAINS, onnx_op_since
+from gskit.plugin.native import FormChoice, choose_form
+from gskit.plugin.ops import DEFAULT_DOMAINS, onnx_op_since, op_label
 from gskit.plugin.spec import PluginSpec, TensorInfo
+from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +106,28 @@ class RuleReport:
 
 @dataclass
 class PluginReport:
-    """Counts for one plugin: ``found`` structural matches, ``replaced``, and the skipped ones."""
+    """Counts for one plugin: ``found`` structural matches, ``replaced`` (regions rewritten, as plugin nodes
+    or native ops), ``native`` (regions in a native form, kept ones included), ``kept`` (regions that already
+    were the native op, left as they were), and the skipped ones."""
 
     plugin: str
     found: int = 0
     replaced: int = 0
     skipped: list[Skip] = field(default_factory=list)
+    native: int = 0
+    kept: int = 0
 
 
 @dataclass
 class ReplacedRegion:
-    """One replacement, enough to draw the before/after picture."""
+    """One replaced region, enough to draw the before/after picture and say which form it took and why.
+
+    Attributes:
+        form: ``plugin`` (the plugin node) or ``native`` (the ONNX op the target TensorRT runs natively).
+        op: the written node's op (``gskit::LayerNorm``, ``LayerNormalization``).
+        why: why this form, naming the target and the version that decided.
+        kept: the region already was the native op (one node): left as it was, ``node`` is that node.
+    """
 
     plugin: str
     rule: str
@@ -115,6 +136,10 @@ class ReplacedRegion:
     original_nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    form: str = "plugin"
+    op: str = ""
+    why: str = ""
+    kept: bool = False
 
 
 @dataclass
@@ -130,10 +155,23 @@ class ReplaceReport:
     norm_like_left: list[str] = field(default_factory=list)
     #: one entry per plugin and rule, in the order they were tried
     rules: list[RuleReport] = field(default_factory=list)
+    #: per rule with ``watches``: the nodes of those ops still in the graph (instances it did not take)
+    watched_left: dict[str, list[str]] = field(default_factory=dict)
+    #: the TensorRT version the forms were chosen for, and where that target came from
+    target: str = ""
+    target_source: str = ""
+    #: ``[before, after]`` when the model's opset was raised for a native form, else None
+    opset_raised: list[int] | None = None
+    #: opsets the model could not be raised to (onnx's version converter failed), with the reason
+    opset_refused: dict[int, str] = field(default_factory=dict)
 
     @property
     def replaced(self) -> int:
         return sum(p.replaced for p in self.plugins)
+
+    @property
+    def kept(self) -> int:
+        return sum(p.kept for p in self.plugins)
 
 
 @dataclass
@@ -164,6 +202,18 @@ class ReplaceOptions:
         "(plain onnxruntime runs it)",
     )
     explain: bool = option(False, help="say which node or constant failed which check")
+    tensorrt: str | None = option(
+        None,
+        help="the TensorRT version to prepare for (8.6, 10.3, 11, ...): each region becomes the ONNX op that "
+        "version runs natively where its plugin declares one, else the plugin node (default: the installed "
+        "TensorRT, else the newest gskit knows)",
+        flag="--tensorrt",
+        metavar="VERSION",
+    )
+
+    def __post_init__(self) -> None:
+        if self.tensorrt is not None:
+            resolve_target(self.tensorrt)  # a bad version is refused where it is given
 
 
 _DEFAULTS = ReplaceOptions()
@@ -176,8 +226,10 @@ def replace(
     only: Sequence[str] | None = _DEFAULTS.only,
     keep_function: bool = _DEFAULTS.keep_function,
     explain: bool = _DEFAULTS.explain,
+    tensorrt: str | None = _DEFAULTS.tensorrt,
 ) -> ReplaceReport:
-    """Replace every instance of the plugins' patterns by one plugin node each, in place
+    """Replace every instance of the plugins' patterns by one node each, in place: the plugin node, or the
+    ONNX op the target TensorRT runs natively where the plugin declares one
     (``run_pass(REPLACE, graph, ReplaceOptions(...), plugins=plugins).report``).
 
     Args:
@@ -192,12 +244,16 @@ def replace(
             from the first one's (other constants, other exporter form) are skipped with a reason, since
             one function name can have only one body.
         explain: record, for each rule and anchor that did not match, the deepest failed check.
+        tensorrt: the TensorRT version the model is prepared for (``"10.3"``, ``"11"``); it picks each
+            region's form (``gskit.plugin.native.choose_form``). None: the installed full TensorRT's
+            version, else the newest gskit knows (the report says which).
 
     Returns:
-        The report: per plugin counts and skip reasons, the replaced regions, explanations.
+        The report: per plugin counts and skip reasons, the replaced regions with their forms, the target,
+        explanations.
 
     Raises:
-        GskitError: a name in ``only`` is not among the plugins.
+        GskitError: a name in ``only`` is not among the plugins, or ``tensorrt`` is not a version.
         TypeError: ``graph`` is a ModelProto (the replacement would be lost).
     """
     if not isinstance(graph, gs.Graph):
@@ -206,7 +262,10 @@ def replace(
             "or use run_pass(REPLACE, model, ...).model for a new ModelProto"
         )
     options = ReplaceOptions(
-        only=None if only is None else tuple(only), keep_function=keep_function, explain=explain
+        only=None if only is None else tuple(only),
+        keep_function=keep_function,
+        explain=explain,
+        tensorrt=tensorrt,
     )
     return run_pass(REPLACE, graph, options, plugins=plugins).report
 
@@ -216,23 +275,14 @@ class _Replace(GraphPass[ReplaceOptions]):
 
     def call(self, model: Any, options: ReplaceOptions, **context: Any) -> PassResult:
         report = _replace(model, context.get("plugins") or (), options)
-        skipped = sum(len(p.skipped) for p in report.plugins)
-        per_plugin = ", ".join(f"{p.plugin}: {p.replaced}" for p in report.plugins if p.found)
-        left = report.norm_like_left
-        missed = (
-            f"; {len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
-            f"{' ...' if len(left) > 3 else ''}; gskit replace --explain says why)"
-            if left
-            else ""
-        )
-        summary = f"{report.replaced} replaced, {skipped} skipped"
-        summary += f" ({per_plugin})" if per_plugin else ""
-        return PassResult(model, modified=report.replaced > 0, report=report, summary=summary + missed)
+        modified = report.replaced > 0 or report.opset_raised is not None
+        return PassResult(model, modified=modified, report=report, summary=summarize(report))
 
     def ensures(self, model: Any, options: ReplaceOptions, result: PassResult, before: Before) -> None:
-        """Each replaced region is one plugin node now: its own node is there and none of its originals is."""
+        """Each replaced region is one node now (plugin or native op): its own node is there and none of its
+        originals is. A kept region (already the native op) is what it was."""
         super().ensures(model, options, result, before)
-        regions = result.report.regions
+        regions = [r for r in result.report.regions if not r.kept]
         if not regions:
             return
         names = {n.name for g in (model, *model.subgraphs(recursive=True)) for n in g.nodes}
@@ -246,8 +296,42 @@ class _Replace(GraphPass[ReplaceOptions]):
 REPLACE = _Replace()
 
 
+def summarize(report: ReplaceReport) -> str:
+    """One line: regions by form, skips, the target and an opset change (the step's summary in prepare; where
+    the target came from is in the report)."""
+    skipped = sum(len(p.skipped) for p in report.plugins)
+    forms = [(p.plugin, p.replaced - (p.native - p.kept), p.native - p.kept, p.kept) for p in report.plugins]
+    parts = []
+    for plugin, as_plugin, as_native, kept in forms:
+        said = [f"{as_plugin} plugin"] if as_plugin else []
+        said += [f"{as_native} native"] if as_native else []
+        said += [f"{kept} already native"] if kept else []
+        if said:
+            parts.append(f"{plugin}: {', '.join(said)}")
+    kept = f", {report.kept} kept native" if report.kept else ""
+    summary = f"{report.replaced} replaced{kept}, {skipped} skipped"
+    summary += f" ({'; '.join(parts)})" if parts else ""
+    summary += f"; TensorRT {report.target}"
+    if report.opset_raised:
+        summary += f"; opset {report.opset_raised[0]} -> {report.opset_raised[1]}"
+    if report.opset_refused:
+        opset, why = max(report.opset_refused.items())
+        summary += f"; opset {opset} refused: {why}"
+    left = report.norm_like_left
+    if left:
+        summary += (
+            f"; {len(left)} norm-like computation(s) left unreplaced (at {', '.join(left[:3])}"
+            f"{' ...' if len(left) > 3 else ''}; gskit replace --explain says why)"
+        )
+    for rule, nodes in report.watched_left.items():
+        more = " ..." if len(nodes) > 3 else ""
+        summary += f"; {len(nodes)} node(s) of what '{rule}' replaces left ({', '.join(nodes[:3])}{more})"
+    return summary
+
+
 def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOptions) -> ReplaceReport:
     only, keep_function, explain = options.only, options.keep_function, options.explain
+    target = resolve_target(options.tensorrt)
     specs = list(plugins)
     if only is not None:
         names = {s.name for s in specs}
@@ -257,9 +341,44 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
                 f"--only {', '.join(unknown)}: no such plugin (known: {', '.join(sorted(names))})"
             )
         specs = [s for s in specs if s.name in set(only)]
+    report, accepted, indexes = _match(graph, specs, explain)
+    choices = [_choose(c, target, {}) for c in accepted]
+    needed = sorted(
+        {c.native.opset for c in choices if c.native is not None and c.native.opset > graph.opset},
+        reverse=True,
+    )
+    refused: dict[int, str] = {}
+    if needed:
+        before = graph.opset
+        reached = _raise_opset(graph, needed, refused)
+        if reached != before:  # the converter made new nodes: match the converted graph again
+            report, accepted, indexes = _match(graph, specs, explain)
+            report.opset_raised = [before, reached]
+        choices = [_choose(c, target, refused) for c in accepted]
+    report.target, report.target_source, report.opset_refused = str(target), target.source, refused
+    if accepted:
+        _apply(graph, indexes, accepted, choices, keep_function, report)
+    graphs = [graph, *graph.subgraphs(recursive=True)]
+    native_nodes = {r.node for r in report.regions if r.form == "native"}
+    report.norm_like_left = [n for n in norm_like_left(graphs) if n not in native_nodes]
+    for spec in specs:
+        for rule in spec.patterns:
+            watched = set(getattr(rule, "watches", ()))
+            left = [label(n) for g in graphs for n in g.nodes if op_key(n) in watched]
+            if left:
+                report.watched_left[rule.name] = left
+    log.info("replaced %d region(s) (target TensorRT %s)", report.replaced, target)
+    return report
+
+
+def _match(
+    graph: gs.Graph, specs: list[PluginSpec], explain: bool
+) -> tuple[ReplaceReport, list[_Candidate], list[GraphIndex]]:
+    """A report of what matched, the accepted matches (overlaps resolved) and the index of each graph."""
     report = ReplaceReport(plugins=[PluginReport(s.qualified_name) for s in specs])
     graphs = [graph, *graph.subgraphs(recursive=True)]
-    _infer_cast_dtypes(graph, graphs)
+    shaped = {key for spec in specs for rule in spec.patterns for key in getattr(rule, "needs_shapes_of", ())}
+    _infer_cast_dtypes(graph, graphs, shaped)
     functions = {(f.domain or "", f.name): f for f in graph.functions}
     indexes = [GraphIndex.build(g, functions) for g in graphs]
 
@@ -280,14 +399,41 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
                     candidates.extend(_find(spec, rule, (si, ri, gi), index, found))
                 except GskitError:
                     raise
-                except Exception as err:  # the plugin's own pattern code (a check, an attribute function)
+                except (
+                    PLUGIN_CODE_FAILURES
+                ) as err:  # the plugin's own pattern code (a check, an attribute function)
                     raise _pattern_error(spec, rule, err) from err
-    accepted = _resolve_overlaps(candidates)
-    if accepted:
-        _apply(graph, indexes, accepted, keep_function, report)
-    report.norm_like_left = norm_like_left(graphs)
-    log.info("replaced %d region(s) with plugin nodes", report.replaced)
-    return report
+    return report, _resolve_overlaps(candidates), indexes
+
+
+def _choose(cand: _Candidate, target: TensorRTTarget, refused: dict[int, str]) -> FormChoice:
+    """The form of one accepted match (the plugin's attribute values with defaults and its inputs' element
+    types decide a native form's checks)."""
+    values = {a.name: cand.rewrite.attrs.get(a.name, a.default) for a in cand.spec.attributes}
+    dtypes = [None if t is None else elem_type(t.dtype) for t in cand.rewrite.inputs]
+    outs = [elem_type(t.dtype) for t in cand.match.outputs]
+    return choose_form(cand.spec, target, values, opset_refused=refused, dtypes=dtypes, out_dtypes=outs)
+
+
+def _raise_opset(graph: gs.Graph, needed: list[int], refused: dict[int, str]) -> int:
+    """Convert the graph, in place, to the highest of ``needed`` onnx's version converter reaches.
+
+    Each opset that fails is recorded in ``refused`` with the converter's one-line reason; the model is left
+    at its opset when none is reached. Returns the opset the graph has now.
+    """
+    from gskit.io import model as gsmodel
+    from gskit.passes.convert import convert_default_opset
+
+    for opset in needed:  # highest first: one conversion serves every native form
+        try:
+            proto = convert_default_opset(gsmodel.to_model(graph), opset)
+        except GskitError as err:
+            refused[opset] = str(err)
+            log.info("native forms needing opset %d not used: %s", opset, err)
+            continue
+        graph.__dict__.update(gsmodel.to_graph(proto).__dict__)  # an in-place pass keeps the caller's object
+        return opset
+    return graph.opset
 
 
 def _size(rule: Any) -> int:
@@ -348,18 +494,22 @@ def _reads_a_mean(node: gs.Node) -> bool:
     return False
 
 
-def _infer_cast_dtypes(graph: gs.Graph, graphs: Sequence[gs.Graph]) -> None:
+def _infer_cast_dtypes(
+    graph: gs.Graph, graphs: Sequence[gs.Graph], shaped: set[tuple[str, str]] = frozenset()
+) -> None:
     """Give Cast inputs their dtypes when some are unknown, so the matcher can tell no-op Casts.
 
     Exports without value_info (TorchScript's) leave intermediate dtypes unknown. One best-effort onnx
     inference fills dtypes only, and only when some Cast needs it; shapes too when a ``GlobalAveragePool``
-    (a mean over the last axis only for a 3-D input) reads a tensor of unknown rank.
+    (a mean over the last axis only for a 3-D input) reads a tensor of unknown rank, or a node of an op some
+    rule needs shapes around (``Rule.needs_shapes_of``: the level sizes of deformable attention) has an input
+    of unknown shape.
     """
     nodes = [n for g in graphs for n in g.nodes]
     casts = any(op_key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None for n in nodes)
     pools = any(
         op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
-    )
+    ) or any(op_key(n) in shaped and any(t.shape is None for t in n.inputs) for n in nodes)
     if casts or pools:
         from gskit.passes.tensor_types import (
             infer_tensor_types,  # imports onnxruntime's inference: only when needed
@@ -550,6 +700,7 @@ def _apply(
     root: gs.Graph,
     indexes: list[GraphIndex],
     accepted: list[_Candidate],
+    choices: list[FormChoice],
     keep_function: bool,
     report: ReplaceReport,
 ) -> None:
@@ -557,15 +708,50 @@ def _apply(
     bodies: dict[tuple[str, str], tuple[Any, ...]] = {}
     calls_before = _local_calls(root)
     replacement: dict[int, gs.Node] = {}  # id(anchor) -> plugin node
+    added: dict[int, list[gs.Node]] = {}  # id(graph) -> Reshapes after plugin nodes (Rewrite.output_shapes)
     removed: set[int] = set()
     detached: dict[int, gs.Tensor] = {}
     changed: dict[int, gs.Graph] = {}
-    accepted.sort(key=lambda c: (c.rank[3], c.rank[4]))
-    for cand in accepted:
+    plugin_domains: set[str] = set()
+    written: dict[str, int] = {}  # node-name stem -> nodes named so far
+    for cand, choice in sorted(
+        zip(accepted, choices, strict=True), key=lambda cc: (cc[0].rank[3], cc[0].rank[4])
+    ):
         spec, match, rewrite = cand.spec, cand.match, cand.rewrite
         index = indexes[cand.rank[3]]
         ordered = sorted(match.nodes, key=lambda n: index.position[id(n)])
-        if keep_function:
+        if choice.kind == "none":
+            cand.report.skipped.append(Skip(cand.rule.name, label(match.anchor), choice.why, None))
+            continue
+        native = choice.native
+        if native is not None and _already(match, native.domain, native.op_type):
+            cand.report.native += 1
+            cand.report.kept += 1
+            anchor = match.anchor
+            region = _region(
+                spec,
+                cand,
+                anchor.name,
+                ordered,
+                rewrite,
+                "native",
+                native.op_type,
+                native.domain,
+                f"{choice.why}; already {native.op_type}: left as it was",
+            )
+            report.regions.append(dataclasses.replace(region, kept=True))
+            continue
+        if keep_function and native is None and any(s is not None for s in rewrite.output_shapes):
+            cand.report.skipped.append(
+                Skip(
+                    cand.rule.name,
+                    label(match.anchor),
+                    "keep_function cannot keep a function whose outputs the plugin gives in another layout",
+                    label(match.anchor),
+                )
+            )
+            continue
+        if keep_function and native is None:
             body = _function_body(spec, match, rewrite, ordered)
             key = (spec.domain, spec.name)
             if key not in bodies:
@@ -583,16 +769,9 @@ def _apply(
                     )
                 )
                 continue
-        name = unique_name(f"{spec.name}_{cand.report.replaced}", taken)
-        region = ReplacedRegion(
-            spec.qualified_name,
-            cand.rule.name,
-            name,
-            match.graph.name,
-            tuple(label(n) for n in ordered),
-            tuple(t.name for t in rewrite.inputs if t is not None),
-            tuple(t.name for t in match.outputs),
-        )
+        stem = native.op_type if native is not None else spec.name
+        name = unique_name(f"{stem}_{written.get(stem, 0)}", taken)
+        written[stem] = written.get(stem, 0) + 1
         for node in match.nodes:
             for tensor in node.inputs:
                 detached[id(tensor)] = tensor
@@ -602,27 +781,115 @@ def _apply(
         inputs = list(rewrite.inputs)
         while inputs and inputs[-1] is None:
             inputs.pop()
-        plugin = spec.make_node(
-            [t if t is not None else gs.Variable.empty() for t in inputs],
-            list(match.outputs),
-            rewrite.attrs,
-            name=name,
-        )
-        replacement[id(ordered[-1])] = plugin
+        if native is None:
+            outputs, reshapes = _plugin_outputs(name, match.outputs, rewrite.output_shapes, taken)
+            node = spec.make_node(
+                [t if t is not None else gs.Variable.empty() for t in inputs],
+                outputs,
+                rewrite.attrs,
+                name=name,
+            )
+            added.setdefault(id(match.graph), []).extend(reshapes)
+            plugin_domains.add(spec.domain)
+            form, op, domain = "plugin", spec.name, spec.domain
+        else:
+            values = {a.name: rewrite.attrs.get(a.name, a.default) for a in spec.attributes}
+            attrs = {k: v for k, v in spec.node_attrs(values).items() if k in values}
+            node = native.make_node(inputs, list(match.outputs), attrs, name=name)
+            cand.report.native += 1
+            form, op, domain = "native", native.op_type, native.domain
+        replacement[id(ordered[-1])] = node
         _drop_dead_constants(match, index, removed, detached)
         changed[id(match.graph)] = match.graph
         cand.report.replaced += 1
         cand.rule_report.replaced += 1
-        report.regions.append(region)
+        report.regions.append(_region(spec, cand, name, ordered, rewrite, form, op, domain, choice.why))
     for tensor in detached.values():
         kept = [c for c in tensor.outputs if id(c) not in removed]
         list.clear(tensor.outputs)
         list.extend(tensor.outputs, kept)
+    for index in indexes:
+        if id(index.graph) in changed:
+            _drop_dead_producers(index, detached, removed)
     for g in changed.values():
         g.nodes = [replacement.get(id(n), n) for n in g.nodes if id(n) not in removed or id(n) in replacement]
+        g.nodes.extend(added.get(id(g), []))
         g.toposort(recurse_subgraphs=False, recurse_functions=False)
-    _ensure_domains(root, {c.spec.domain for c in accepted})
+    _ensure_domains(root, plugin_domains)
     _remove_unused_functions(root, calls_before, report)
+
+
+def _plugin_outputs(
+    name: str, outputs: Sequence[gs.Tensor], shapes: Sequence[np.ndarray | None], taken: set[str]
+) -> tuple[list[gs.Tensor], list[gs.Node]]:
+    """The plugin node's outputs: the match's own, or new tensors that a Reshape turns into them."""
+    tensors: list[gs.Tensor] = []
+    reshapes: list[gs.Node] = []
+    for i, out in enumerate(outputs):
+        shape = shapes[i] if i < len(shapes) else None
+        if shape is None:
+            tensors.append(out)
+            continue
+        raw = gs.Variable(f"{out.name}__{name}", dtype=out.dtype)
+        target = gs.Constant(f"{out.name}__{name}_shape", np.asarray(shape, dtype=np.int64))
+        reshape_name = unique_name(f"{name}_reshape_{i}", taken)
+        reshapes.append(gs.Node("Reshape", name=reshape_name, inputs=[raw, target], outputs=[out]))
+        tensors.append(raw)
+    return tensors, reshapes
+
+
+def _drop_dead_producers(index: GraphIndex, detached: dict[int, gs.Tensor], removed: set[int]) -> None:
+    """Remove nodes of ``index``'s graph that fed only replaced nodes and now feed nothing.
+
+    A match may leave out nodes that another instance also reads (TorchScript shares a computation two
+    attention calls make alike); once both instances are replaced, such nodes are dead.
+    """
+    own = {id(n) for n in index.graph.nodes}
+    frontier = list(detached.values())
+    while frontier:
+        tensor = frontier.pop()
+        node = tensor.inputs[0] if tensor.inputs else None
+        if node is None or id(node) in removed or id(node) not in own:
+            continue
+        if any(t.outputs or index.external_use(t, set()) for t in node.outputs):
+            continue
+        removed.add(id(node))
+        for source in node.inputs:
+            kept = [c for c in source.outputs if c is not node]
+            list.clear(source.outputs)
+            list.extend(source.outputs, kept)
+            frontier.append(source)
+        node.outputs.clear()
+
+
+def _already(match: Match, domain: str, op_type: str) -> bool:
+    """The match is one node that already is the native op (a ``LayerNormalization`` node)."""
+    return len(match.nodes) == 1 and op_key(match.anchor) == (domain, op_type)
+
+
+def _region(
+    spec: PluginSpec,
+    cand: _Candidate,
+    node: str,
+    ordered: list[gs.Node],
+    rewrite: Rewrite,
+    form: str,
+    op: str,
+    domain: str,
+    why: str,
+) -> ReplacedRegion:
+    return ReplacedRegion(
+        spec.qualified_name,
+        cand.rule.name,
+        node,
+        cand.match.graph.name,
+        tuple(label(n) for n in ordered),
+        tuple(t.name for t in rewrite.inputs if t is not None),
+        tuple(t.name for t in cand.match.outputs),
+        form=form,
+        op=op_label(domain, op),
+        why=why,
+    )
 
 
 def _drop_dead_constants(

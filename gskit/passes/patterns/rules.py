@@ -82,10 +82,16 @@ class Match:
 
 @dataclass(frozen=True)
 class Rewrite:
-    """What the plugin node gets: inputs in the spec's order (None = absent) and attribute values."""
+    """What the plugin node gets: inputs in the spec's order (None = absent) and attribute values.
+
+    ``output_shapes``: for each plugin output, None, or the constant shape (a ``Reshape`` target, ``0`` copies
+    a dim) that turns the plugin's output into the match's, when the two layouts differ (multi-scale
+    deformable attention gives ``[N, Lq, M, D]`` where the model has ``[N, Lq, M * D]``).
+    """
 
     inputs: tuple[gs.Tensor | None, ...]
     attrs: dict[str, Any]
+    output_shapes: tuple[np.ndarray | None, ...] = ()
 
 
 CheckFn = Callable[[Match], "MatchResult | bool"]
@@ -100,6 +106,12 @@ class Rule:
     name: str
     anchor: tuple[str, str]
     check: CheckFn | None
+    #: ``(domain, op_type)`` of ops the rule's instances are made of, whose nodes left after replacement the
+    #: report lists (an instance the rule did not recognise), e.g. GridSample for deformable attention
+    watches: tuple[tuple[str, str], ...] = ()
+    #: ``(domain, op_type)`` of ops around which the rule reads tensor shapes: replace infers shapes first
+    #: when a node of one of them has an input of unknown shape (TorchScript exports record none)
+    needs_shapes_of: tuple[tuple[str, str], ...] = ()
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
         raise NotImplementedError
