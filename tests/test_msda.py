@@ -231,3 +231,18 @@ def test_per_plugin_comparison_ends_after_the_layout_reshape(tmp_path: Path, rng
     report = compare_plugins(original, gsmodel.to_model(graph), feeds=_feeds(rng), plugins=REGISTRY)
     assert report.passed and len(report.plugins) == 2
     assert all(len(check.original_nodes) > 10 for check in report.plugins)
+
+
+def test_a_target_older_than_the_plugin_version_leaves_the_region_with_the_reason(tmp_path: Path) -> None:
+    """MultiscaleDeformableAttnPlugin_TRT v2 ships from TensorRT 10.11: for 8.6 no node it cannot load is
+    written; for 10.11 the plugin is."""
+    path = _export(_module("twice"), tmp_path / "msda.onnx", True)
+    spec = REGISTRY.get("TRT", "MultiscaleDeformableAttnPlugin_TRT", "2")
+    graph = gsmodel.to_graph(onnx.load(path))
+    report = replace(graph, [spec], tensorrt="8.6")
+    (plugin,) = report.plugins
+    assert plugin.replaced == 0 and len(plugin.skipped) == 2
+    assert all("TensorRT 8.6 predates MultiscaleDeformableAttnPlugin_TRT v2" in s.reason for s in plugin.skipped)
+    assert "MultiscaleDeformableAttnPlugin_TRT" not in {n.op for n in graph.nodes}
+    graph = gsmodel.to_graph(onnx.load(path))
+    assert replace(graph, [spec], tensorrt="10.11").replaced == 2
