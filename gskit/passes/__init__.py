@@ -2,8 +2,9 @@
 
 ``inspect`` (summaries), ``edit`` (editing primitives and the ``EditPlan`` orchestrator), ``isolate`` (cut a
 subgraph out between named tensors), ``shapes`` (shape inference that knows plugins), ``tensor_types`` (dtypes
-and shapes on a graph, export without losing types), ``fold`` (constant folding that keeps the model's
-meaning; ``fold_cost``: what evaluating a constant node costs, judged before it runs), ``sanitize``,
+and shapes on a graph, export without losing types), ``fold/`` (constant folding that keeps the model's
+meaning, one module per part: the pass, its options, exclusions, costs, the two evaluation engines, shape
+folding, ``If`` flattening), ``sanitize``,
 ``convert`` (opset, fp16, int64 -> int32), ``patterns/`` (matching patterns and replacing them by plugin
 nodes). Each is a library call; ``gskit.pipeline`` runs them as recipe steps. ``transform``: the contract
 every pass follows (``GraphPass``, ``run_pass``).
