@@ -54,7 +54,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gskit.errors import PluginError
-from gskit.plugin.spec import PLUGIN_PACKAGE, AttrType, PluginSpec, load_spec_file
+from gskit.plugin.discovery import PLUGIN_PACKAGE, load_spec_file
+from gskit.plugin.spec import AttrType, PluginSpec
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def autotune_signature(spec: PluginSpec) -> inspect.Signature:
 def load_plugin_folder(module_file: str | os.PathLike) -> tuple[PluginSpec, ModuleType]:
     """The spec and the kernel module of the plugin folder holding ``module_file`` (its ``trt_plugin.py``).
 
-    ``spec.py`` is imported by :func:`gskit.plugin.spec.load_spec_file` as the package
+    ``spec.py`` is imported by :func:`gskit.plugin.discovery.load_spec_file` as the package
     ``gskit_plugins.<folder>``; ``kernel.py`` is imported as a member of that package.
 
     Raises:

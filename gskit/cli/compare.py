@@ -21,7 +21,7 @@ from gskit.errors import GskitError
 from gskit.io import report
 from gskit.io.feeds import check_seed, load_feeds
 from gskit.io.shape_args import format_shape, parse_fixed_shape
-from gskit.plugin.spec import implementation_paths, load_plugins
+from gskit.plugin.discovery import implementation_paths, load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

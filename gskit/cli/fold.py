@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     out_path = gsmodel.resolve_output(args.model, args.output, in_place=False)
     plugins = None
     if args.plugins:
-        from gskit.plugin.spec import load_plugins
+        from gskit.plugin.discovery import load_plugins
 
         plugins = load_plugins(args.plugins, entry_points=False)
     # Weights stay on disk: folding reads only what each batch needs, so models over 2 GB fold in bounded

@@ -10,7 +10,7 @@ from gskit.io import model as gsmodel
 from gskit.io import report
 from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, missing_shapes
 from gskit.passes.transform import run_pass
-from gskit.plugin.spec import load_plugins
+from gskit.plugin.discovery import load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

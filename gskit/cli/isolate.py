@@ -13,7 +13,7 @@ from gskit.io.model import load, resolve_output, save, to_graph
 from gskit.io.report import console, print_json, table
 from gskit.passes.isolate import ISOLATE, IsolateOptions
 from gskit.passes.transform import run_pass
-from gskit.plugin.spec import load_plugins
+from gskit.plugin.discovery import load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -14,7 +14,7 @@ from gskit.io.report import console, print_json, table
 from gskit.passes.patterns import ReplaceReport
 from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
 from gskit.passes.transform import run_pass
-from gskit.plugin.spec import load_plugins
+from gskit.plugin.discovery import load_plugins
 
 log = logging.getLogger(__name__)
 

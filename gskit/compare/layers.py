@@ -46,7 +46,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io import progress
 from gskit.io.feeds import feed_shapes, resolve_feeds
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

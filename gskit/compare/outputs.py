@@ -48,7 +48,7 @@ from gskit.backends import trt as trt_backend
 from gskit.errors import GskitError, ModelLoadError, PluginError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes, resolve_feeds
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

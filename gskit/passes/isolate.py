@@ -27,7 +27,7 @@ from gskit.io.model import node_subgraphs, to_model
 from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.shapes import infer_shapes, stubbed_constants
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

@@ -40,15 +40,8 @@ from gskit.io import model as gsmodel
 from gskit.io.outputs import place_file
 from gskit.passes.tensor_types import data_propagation_bounded
 from gskit.passes.transform import GraphPass, PassResult, option, run_pass
-from gskit.plugin.spec import (
-    REQUIRED,
-    ROUTING_ATTRIBUTES,
-    AttrType,
-    PluginRegistry,
-    PluginSpec,
-    TensorInfo,
-    attribute_value,
-)
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import REQUIRED, ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo, attribute_value
 
 log = logging.getLogger(__name__)
 

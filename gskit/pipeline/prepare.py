@@ -44,8 +44,8 @@ from gskit.io.report import dumps
 from gskit.passes.nms import PLUGIN_KEY
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
+from gskit.plugin.discovery import load_plugins
 from gskit.plugin.ops import op_label
-from gskit.plugin.spec import load_plugins
 from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)

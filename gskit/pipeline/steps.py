@@ -41,7 +41,8 @@ from gskit.passes.patterns.replace import REPLACE, ReplaceOptions, summarize
 from gskit.passes.sanitize import SANITIZE, SanitizeOptions
 from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
 from gskit.passes.transform import Before, GraphPass, PassResult, run_pass
-from gskit.plugin.spec import PluginRegistry, implementation_paths
+from gskit.plugin.discovery import implementation_paths
+from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.target import TensorRTTarget, default_target
 
 #: Sizes used for plugin-free parts of the default recipe.

@@ -51,7 +51,7 @@ def fold(
         size_threshold: do not create constants larger than this many bytes (``None``: no limit).
         allow_partial: skip folds that onnxruntime cannot evaluate (recorded in ``FoldReport.failures``)
             instead of raising.
-        plugins: a ``gskit.plugin.spec.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never
+        plugins: a ``gskit.plugin.registry.PluginRegistry`` (or iterable of PluginSpec) whose nodes are never
             evaluated, in addition to every node of a custom domain.
         spill_dir: batched mode (over 1.5 GB of constants, or weights on disk): folder for the data file
             holding large folded constants until the model is saved; it must outlive the returned model and
