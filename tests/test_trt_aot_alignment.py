@@ -31,7 +31,7 @@ def main(out: Path) -> None:
     from triton.backends.compiler import GPUTarget
 
     from gskit.backends.row_launch import TRITON_ITEMSIZE, row_constexprs, row_launch
-    from gskit.backends.trt_plugin import triton_ptx
+    from gskit.backends.aot_ptx import triton_ptx
 
     target = GPUTarget("cuda", 90, 32)
     results = {}
