@@ -42,15 +42,19 @@ COMMANDS = (
 )
 
 
-def add_plugins_option(parser: argparse.ArgumentParser, purpose: str = "") -> None:
+def add_plugins_option(
+    parser: argparse.ArgumentParser, purpose: str = "", *, help: str | None = None
+) -> None:  # noqa: A002
     """``--plugins DIR`` (repeatable): plugin folders loaded besides the shipped plugins, installed plugin
-    packages, ``$GSKIT_PLUGINS`` and ``./plugins``."""
-    parser.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help=f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and "
-        f"./plugins (repeatable)",
+    packages, ``$GSKIT_PLUGINS`` and ``./plugins``; ``help`` replaces the whole help text."""
+    parser.add_argument("--plugins", action="append", metavar="DIR", help=help or plugins_help(purpose))
+
+
+def plugins_help(purpose: str = "") -> str:
+    """The help of ``--plugins`` where it adds folders to the plugins gskit finds."""
+    return (
+        f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and ./plugins "
+        "(repeatable)"
     )
 
 
