@@ -110,7 +110,7 @@ class PassCommand:
     around: Callable[[Any, Any], None] | None = None
 
     def add_parser(self, subparsers: argparse._SubParsersAction) -> None:
-        parser = subparsers.add_parser(self.name, help=self.help, description=self.description)
+        parser = subcommand(subparsers, self.name, help=self.help, description=self.description, model=None)
         parts: dict[str, Callable[[], None]] = {
             "model": lambda: parser.add_argument("model", help=self.model),
             "output": lambda: add_output(parser, self.output),
