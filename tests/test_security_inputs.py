@@ -600,7 +600,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path) -> None:
 def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch) -> None:
     import gskit.cli as cli
 
-    def interrupted() -> None:
+    def interrupted(words=None) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_parser", interrupted)
