@@ -13,13 +13,13 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gskit.cli import add_plugins_option
 from gskit.cli.options import add_options, options_from_args
-from gskit.io.model import load, resolve_output, save, to_graph
-from gskit.io.report import print_json
-from gskit.passes.transform import GraphPass, PassResult, run_pass
+
+if TYPE_CHECKING:  # the helpers load with every command: only a pass command's run loads onnx
+    from gskit.passes.transform import GraphPass, PassResult
 
 #: The help of the MODEL argument most commands take.
 MODEL_HELP = "the .onnx file"
@@ -125,6 +125,10 @@ class PassCommand:
         parser.set_defaults(func=self.run)
 
     def run(self, args: argparse.Namespace) -> int:
+        from gskit.io.model import load, resolve_output, save, to_graph
+        from gskit.io.report import print_json
+        from gskit.passes.transform import run_pass
+
         options = options_from_args(args, self.graph_pass.options)
         if self.check is not None:
             self.check(options)
