@@ -16,8 +16,8 @@ from onnx import TensorProto
 
 from gskit.io import model as gsmodel
 from gskit.passes import edit, inspect, isolate, shapes, tensor_types
-from gskit.passes.sanitize import sanitize
 from gskit.passes.plugin_schemas import deregister_schemas
+from gskit.passes.sanitize import sanitize
 from gskit.passes.tensor_types import (
     WEIGHTLESS_MAX_BYTES,
     constant_elem_type,
@@ -176,7 +176,8 @@ def test_elem_type_takes_graphsurgeon_numpy_and_onnx_spellings():
     assert elem_type(ml_dtypes.float8_e4m3fnuz) == TensorProto.FLOAT8E4M3FNUZ
     assert elem_type(None) is None and elem_type(0) is None and elem_type(999) is None
     assert elem_type("nonsense") is None and elem_type(True) is None
-    assert gs_dtype(TensorProto.FLOAT16) == np.float16 and gs_dtype(TensorProto.BFLOAT16) == TensorProto.BFLOAT16
+    assert gs_dtype(TensorProto.FLOAT16) == np.float16
+    assert gs_dtype(TensorProto.BFLOAT16) == TensorProto.BFLOAT16  # as graphsurgeon's importer stores it
 
 
 def test_a_bfloat16_constant_in_memory_has_its_export_type():
