@@ -39,6 +39,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
+from gskit.backends.model_run import ModelRun
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
 from gskit.io import interrupt
 from gskit.io import model as gsmodel
@@ -223,32 +224,18 @@ def require_runtime(what: str) -> None:
 
 
 @contextlib.contextmanager
-def comparison_runner(
-    model: onnx.ModelProto | str | os.PathLike,
-    feeds: Mapping[str, np.ndarray],
-    *,
-    name: str,
-    plugins: PluginRegistry | None = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-) -> Iterator[Any]:
-    """:func:`runner` for ``model``, for Polygraphy's ``Comparator`` (``trt_plugins`` are TensorRT's)."""
-    yield runner(model, plugins, name)
+def comparison_runner(model_run: ModelRun) -> Iterator[Any]:
+    """:func:`runner` for the model, for Polygraphy's ``Comparator``."""
+    yield runner(model_run.model, model_run.plugins, model_run.name)
 
 
-def run_unit(
-    model: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
-    outputs: Sequence[str],
-    *,
-    plugins: PluginRegistry | None = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-) -> dict[str, np.ndarray]:
+def run_unit(model_run: ModelRun, outputs: Sequence[str]) -> dict[str, np.ndarray]:
     """Run a small model (a plugin node with what feeds it) once, plugin nodes through their references.
 
     Raises:
         GskitError: as :func:`run`.
     """
-    return run(model, feeds, outputs=list(outputs), plugins=plugins)
+    return run(model_run.model, model_run.feeds, outputs=list(outputs), plugins=model_run.plugins)
 
 
 class ExposedTensors:
@@ -290,19 +277,10 @@ class ExposedTensors:
 
 
 @contextlib.contextmanager
-def tensor_source(
-    model: onnx.ModelProto | str | os.PathLike,
-    feeds: Mapping[str, np.ndarray],
-    candidates: Sequence[str],
-    *,
-    name: str,
-    loaded: onnx.ModelProto | None = None,
-    plugins: PluginRegistry | None = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-) -> Iterator[ExposedTensors]:
-    """The intermediate tensors of ``model`` (:class:`ExposedTensors`); ``loaded``: the model already loaded
-    (weights left on disk), so it is not read twice."""
-    yield ExposedTensors(loaded if loaded is not None else _as_proto(model), feeds, plugins, name)
+def tensor_source(model_run: ModelRun, candidates: Sequence[str]) -> Iterator[ExposedTensors]:
+    """The intermediate tensors of the model (:class:`ExposedTensors`); every candidate can be read."""
+    loaded = model_run.loaded if model_run.loaded is not None else _as_proto(model_run.model)
+    yield ExposedTensors(loaded, model_run.feeds, model_run.plugins, model_run.name)
 
 
 def _as_input_dtypes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -36,6 +36,8 @@ from gskit.io.outputs import process_alive
 if TYPE_CHECKING:
     import onnx
 
+    from gskit.backends.model_run import ModelRun
+
 log = logging.getLogger(__name__)
 
 #: Accepted values of ``backend`` arguments.
@@ -434,36 +436,21 @@ def model_file(model: onnx.ModelProto | str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def comparison_runner(
-    model: onnx.ModelProto | str | os.PathLike,
-    feeds: Mapping[str, np.ndarray],
-    *,
-    name: str,
-    plugins: Any = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-) -> Iterator[Any]:
-    """A ``TrtRunner`` for an engine or a model (built for the shapes of ``feeds``), for Polygraphy's
-    ``Comparator``; ``plugins`` (specs) are onnxruntime's, TensorRT loads ``trt_plugins``."""
-    with model_file(model) as path:
-        yield trt_runner(path, feeds, trt_plugins, name=name)
+def comparison_runner(model_run: ModelRun) -> Iterator[Any]:
+    """A ``TrtRunner`` for an engine or a model (built for the shapes of the feeds), for Polygraphy's
+    ``Comparator``."""
+    with model_file(model_run.model) as path:
+        yield trt_runner(path, model_run.feeds, model_run.trt_plugins, name=model_run.name)
 
 
-def run_unit(
-    model: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
-    outputs: Sequence[str],
-    *,
-    plugins: Any = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-) -> dict[str, np.ndarray]:
-    """Build a small model (a plugin node with what feeds it) and run it once.
+def run_unit(model_run: ModelRun, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Build a small model (a plugin node with what feeds it) and run it once; all of its outputs come back.
 
     Raises:
         GskitError: TensorRT failed to build or run it (the first line of its error).
     """
-    with model_file(model) as path:
-        runner = trt_runner(path, feeds, trt_plugins, name="tensorrt")
-        return run_once(runner, feeds, "TensorRT failed to build or run the node")
+    with comparison_runner(model_run) as runner:
+        return run_once(runner, model_run.feeds, "TensorRT failed to build or run the node")
 
 
 class DebugTensors:
@@ -506,37 +493,27 @@ class DebugTensors:
 
 
 @contextmanager
-def tensor_source(
-    model: onnx.ModelProto | str | os.PathLike,
-    feeds: Mapping[str, np.ndarray],
-    candidates: Sequence[str],
-    *,
-    name: str,
-    loaded: onnx.ModelProto | None = None,
-    plugins: Any = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-) -> Iterator[DebugTensors]:
-    """The intermediate tensors of ``model`` on TensorRT (:class:`DebugTensors`), its engine built on entry.
-
-    ``loaded`` (onnxruntime's) is not used: TensorRT parses the file, with its weights.
+def tensor_source(model_run: ModelRun, candidates: Sequence[str]) -> Iterator[DebugTensors]:
+    """The intermediate tensors of the model on TensorRT (:class:`DebugTensors`), its engine built on entry;
+    TensorRT parses the file (``loaded`` is onnxruntime's).
 
     Raises:
         GskitError: TensorRT cannot build the model (the first line of its error).
     """
     unfused = marks_unfused_debug_tensors()
-    with model_file(model) as path:
+    with model_file(model_run.model) as path:
         runner = trt_runner(
             path,
-            feeds,
-            trt_plugins,
-            name=name,
+            model_run.feeds,
+            model_run.trt_plugins,
+            name=model_run.name,
             debug_unfused=unfused,
             mark_debug=() if unfused else candidates,
         )
         with one_line_errors(f"{path}: TensorRT cannot build the prepared model"):
             runner.activate()
         try:
-            yield DebugTensors(runner, feeds, name)
+            yield DebugTensors(runner, model_run.feeds, model_run.name)
         finally:
             runner.deactivate()
 

@@ -31,15 +31,13 @@ import numpy as np
 import onnx
 
 from gskit.backends import ort as ort_backend
-from gskit.compare.options import CompareOptions, header_fields
+from gskit.compare.options import CompareOptions, ModelSource, header_fields, source_model
 from gskit.compare.outputs import (
     CompareReport,
-    ModelSource,
     OutputComparison,
     ReferenceRunError,
     compare_arrays,
     describe_feeds,
-    source_model,
 )
 from gskit.errors import GskitError, ModelLoadError, PluginError
 from gskit.io import model as gsmodel

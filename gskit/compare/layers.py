@@ -26,15 +26,9 @@ import numpy as np
 import onnx
 
 from gskit.backends import ort as ort_backend
-from gskit.compare.options import CompareOptions, ComparisonHeader, header_fields
-from gskit.compare.outputs import (
-    ModelSource,
-    OutputComparison,
-    backend_for,
-    compare_arrays,
-    quiet_polygraphy,
-    source_model,
-)
+from gskit.backends.model_run import ModelRun
+from gskit.compare.options import CompareOptions, ComparisonHeader, ModelSource, header_fields, source_model
+from gskit.compare.outputs import OutputComparison, backend_for, compare_arrays, quiet_polygraphy
 from gskit.errors import GskitError
 from gskit.io import progress
 
@@ -131,13 +125,15 @@ def compare_layerwise(
         with quiet_polygraphy():  # TensorRT's engine is built on entry
             test: TensorSource = stack.enter_context(
                 backend.tensor_source(
-                    prepared,
-                    feeds,
+                    ModelRun(
+                        prepared,
+                        feeds,
+                        f"prepared ({backend.NAME})",
+                        options.plugins,
+                        options.trt_plugins,
+                        loaded=prepared_proto,
+                    ),
                     candidates,
-                    name=f"prepared ({backend.NAME})",
-                    loaded=prepared_proto,
-                    plugins=options.plugins,
-                    trt_plugins=options.trt_plugins,
                 )
             )
         candidates = test.available(candidates)

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed, feed_shapes, load_feeds, resolve_feeds
 from gskit.io.shape_args import parse_fixed_shape
 from gskit.passes.transform import option
@@ -32,6 +33,9 @@ from gskit.plugin.spec import PluginRegistry
 #: The absolute and relative tolerance of every comparison unless told otherwise (float32 outputs: a prepared
 #: model that sums in another order differs by a few units in the last place, far below it).
 DEFAULT_TOLERANCE = 1e-5
+
+#: A compared model: in memory, or the path of a file (loaded with its weights left on disk).
+ModelSource = onnx.ModelProto | str | os.PathLike
 
 #: What runs the model under test: ``gskit.backends.ort`` (CPU) or ``gskit.backends.trt`` (TensorRT, a GPU).
 COMPARE_BACKENDS = ("onnxruntime", "trt")
@@ -232,3 +236,17 @@ class ComparisonHeader:
 def header_fields(options: CompareOptions, feeds: Mapping[str, np.ndarray], passed: bool) -> dict[str, Any]:
     """The :class:`ComparisonHeader` fields of a comparison run with ``options`` on ``feeds``."""
     return dict(passed=passed, input_shapes=feed_shapes(feeds), atol=options.atol, rtol=options.rtol)
+
+
+def source_model(model: ModelSource) -> onnx.ModelProto:
+    """``model`` itself if it is a ModelProto, else the model at that path with its weights left on disk.
+
+    Raises:
+        GskitError: the file cannot be loaded (as ``gskit.io.model.load``).
+    """
+    return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
+
+
+def source_label(model: ModelSource) -> str:
+    """How messages name a compared model: its path, or "prepared model" for an in-memory ModelProto."""
+    return "prepared model" if isinstance(model, onnx.ModelProto) else str(model)

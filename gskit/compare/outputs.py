@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,21 +43,23 @@ import onnx
 
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
+from gskit.backends.model_run import ModelRun
 from gskit.compare.options import (
     DEFAULT_TOLERANCE,
     CompareOptions,
     ComparisonHeader,
     DtypeChange,
+    ModelSource,
     check_tolerances,
+    source_label,
+    source_model,
 )
 from gskit.errors import GskitError, ModelLoadError, PluginError
-from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes
 from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
 
-ModelSource = onnx.ModelProto | str | os.PathLike
 
 #: Lowest (atol, rtol) an output of this dtype is compared with: about four units in the last place.
 DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
@@ -180,11 +181,14 @@ def compare(
         check_same_inputs(original_proto, prepared_proto, source_label(original), source_label(prepared))
     feeds = options.feeds_for(original_proto)
     reference = ort_backend.runner(original, options.plugins, "original")
-    under_test = engine if engine is not None else prepared
-    name = UNDER_TEST_NAMES[options.under_test_backend]
-    with backend.comparison_runner(
-        under_test, feeds, name=name, plugins=options.plugins, trt_plugins=options.trt_plugins
-    ) as runner:
+    under_test = ModelRun(
+        engine if engine is not None else prepared,
+        feeds,
+        UNDER_TEST_NAMES[options.under_test_backend],
+        options.plugins,
+        options.trt_plugins,
+    )
+    with backend.comparison_runner(under_test) as runner:
         try:
             return compare_runners(
                 reference,
@@ -715,20 +719,6 @@ def _integer_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, fl
     with np.errstate(divide="ignore", invalid="ignore"):
         reldiff = absdiff.astype(np.float64) / np.abs(a.astype(np.float64))
     return float(worst), _worst(reldiff)
-
-
-def source_model(model: ModelSource) -> onnx.ModelProto:
-    """``model`` itself if it is a ModelProto, else the model at that path with its weights left on disk.
-
-    Raises:
-        GskitError: the file cannot be loaded (as ``gskit.io.model.load``).
-    """
-    return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
-
-
-def source_label(model: ModelSource) -> str:
-    """How messages name a compared model: its path, or "prepared model" for an in-memory ModelProto."""
-    return "prepared model" if isinstance(model, onnx.ModelProto) else str(model)
 
 
 def _first_line(err: Exception) -> str:

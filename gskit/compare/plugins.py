@@ -23,15 +23,16 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.backends import ort as ort_backend
-from gskit.compare.options import CompareOptions, ComparisonHeader, header_fields
-from gskit.compare.outputs import (
+from gskit.backends.model_run import ModelRun
+from gskit.compare.options import (
+    CompareOptions,
+    ComparisonHeader,
     ModelSource,
-    OutputComparison,
-    backend_for,
-    compare_arrays,
+    header_fields,
     source_label,
     source_model,
 )
+from gskit.compare.outputs import OutputComparison, backend_for, compare_arrays
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes
@@ -187,13 +188,8 @@ def _check(
         unit = isolate(graphs.prepared, inputs, outputs, registry=graphs.registry)
         if graphs.registry.for_node(node) is not None:
             unit.functions = []  # run the plugin's reference, not a kept copy of the original region
-        actual = backend.run_unit(
-            gsmodel.to_model(unit),
-            fed,
-            outputs,
-            plugins=graphs.registry,
-            trt_plugins=options.trt_plugins,
-        )
+        unit_run = ModelRun(gsmodel.to_model(unit), fed, backend.NAME, graphs.registry, options.trt_plugins)
+        actual = backend.run_unit(unit_run, outputs)
     except GskitError as err:
         return _unchecked(node, captured, f"plugin failed to run: {err}", region_nodes)
     rows = compare_arrays(expected, actual, outputs, atol=options.atol, rtol=options.rtol)
