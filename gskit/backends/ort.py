@@ -93,6 +93,9 @@ def runner(model: onnx.ModelProto | str | os.PathLike, plugins: PluginRegistry |
     references, for Polygraphy's ``Comparator``."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
     return OnnxrtRunner(lambda: session(model, plugins=plugins), name=name)
 
 

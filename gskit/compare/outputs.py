@@ -330,6 +330,10 @@ def compare_runners(
     from polygraphy.comparator.struct import RunResults
     from polygraphy.exception import PolygraphyException
 
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
+
     check_tolerances(atol, rtol)
 
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
@@ -388,6 +392,10 @@ def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitErr
     """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
     from polygraphy.comparator import Comparator
     from polygraphy.exception import PolygraphyException
+
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
 
     try:
         with quiet_polygraphy():
@@ -509,6 +517,10 @@ def compare_arrays(
     """
     from polygraphy.comparator import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
+
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
 
     check_tolerances(atol, rtol)
 

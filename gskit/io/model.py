@@ -111,8 +111,22 @@ def load(
             del tensor.external_data[:]
         else:
             _set_entry(tensor, _BASEPATH, base_dir)
-    check_wellformed(model, path)
+    identity = _file_identity(path, load_weights)
+    if identity not in _WELLFORMED_FILES:
+        check_wellformed(model, path)
+        _WELLFORMED_FILES.add(identity)
     return model
+
+
+#: Files ``load`` found well-formed, by :func:`_file_identity`: ``compare`` and ``prepare`` load one model
+#: several times (weightless views, sessions), and the check is most of a load's time on a large graph.
+_WELLFORMED_FILES: set[tuple] = set()
+
+
+def _file_identity(path: Path, load_weights: bool) -> tuple:
+    """The file as it is now: a rewritten or replaced file (new size, time or inode) is checked again."""
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, load_weights)
 
 
 def not_a_file(path: Path, what: str) -> str:
