@@ -206,7 +206,8 @@ def check_trt(
             the parser process crashed.
     """
     path = Path(model_path)
-    model = gsmodel.load(path)
+    # The weights stay on disk: the checks read small constants only, and the parser reads the file itself
+    model = gsmodel.load(path, load_weights=False)
     goal = resolve_target(target)
     table = parser_table(goal)
     flavour, notes = _answering(backend, goal)
@@ -563,9 +564,12 @@ def _parser_report(
             target=str(target),
             table=table.source,
         )
-    with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
-        parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
-        answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
+    if parsed is model:  # nothing cut: the parser reads the file as it is
+        answer = run_worker("check", flavour, {**request, "model": str(path.resolve())})
+    else:
+        with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
+            parsed_path = gsmodel.save_beside_weights(parsed, Path(tmp) / path.name)
+            answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
     errors_by_node: dict[int, list[str]] = {}
     model_errors = []
     for error in answer["errors"]:
