@@ -541,10 +541,13 @@ class Change:
     detail: str
 
 
-def apply_edits(model: onnx.ModelProto, plan: EditPlan) -> tuple[gs.Graph, list[Change]]:
+def apply_edits(
+    model: onnx.ModelProto, plan: EditPlan, *, plugins: PluginRegistry | None = None
+) -> tuple[gs.Graph, list[Change]]:
     """Apply an EditPlan to a model, in the order given in this module's docstring.
 
     Initializers that the model lists as graph inputs stay inputs unless ``plan.drop_initializer_inputs``.
+    ``plugins``: see :func:`apply_plan`.
 
     Returns:
         The edited graph and what changed, one Change per edit.
@@ -558,7 +561,7 @@ def apply_edits(model: onnx.ModelProto, plan: EditPlan) -> tuple[gs.Graph, list[
     if listed and not plan.drop_initializer_inputs:
         tensors = graph.tensors()
         graph.inputs.extend(tensors[n] for n in listed if n in tensors)
-    return graph, apply_plan(graph, plan, listed_initializers=listed)
+    return graph, apply_plan(graph, plan, listed_initializers=listed, plugins=plugins)
 
 
 def apply_plan(
