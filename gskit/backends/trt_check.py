@@ -62,6 +62,7 @@ from gskit.backends.trt_support import (
 )
 from gskit.errors import GskitError, PluginError
 from gskit.io import model as gsmodel
+from gskit.passes.tensor_types import InferenceFailed, elem_type, gs_dtype, with_inferred_types
 from gskit.plugin import libnvinfer
 from gskit.plugin.libnvinfer import ShippedPlugin
 from gskit.plugin.ops import (
@@ -205,7 +206,8 @@ def check_trt(
             the parser process crashed.
     """
     path = Path(model_path)
-    model = gsmodel.load(path)
+    # The weights stay on disk: the checks read small constants only, and the parser reads the file itself
+    model = gsmodel.load(path, load_weights=False)
     goal = resolve_target(target)
     table = parser_table(goal)
     flavour, notes = _answering(backend, goal)
@@ -562,9 +564,12 @@ def _parser_report(
             target=str(target),
             table=table.source,
         )
-    with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
-        parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
-        answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
+    if parsed is model:  # nothing cut: the parser reads the file as it is
+        answer = run_worker("check", flavour, {**request, "model": str(path.resolve())})
+    else:
+        with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
+            parsed_path = gsmodel.save_beside_weights(parsed, Path(tmp) / path.name)
+            answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
     errors_by_node: dict[int, list[str]] = {}
     model_errors = []
     for error in answer["errors"]:
@@ -668,7 +673,11 @@ def _cut_plugin_nodes(
     """
     if not plugin_indices:
         return model, list(range(len(model.graph.node))), []
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    try:
+        inferred = with_inferred_types(model)
+    except InferenceFailed as err:  # the model's own types; plugin outputs below still come from the specs
+        log.info("%s", err)
+        inferred = model
     graph = gsmodel.to_graph(inferred)
     cut = []
     feeding: list[gs.Variable] = []
@@ -704,7 +713,9 @@ def _give_output_types(node: gs.Node, registry: PluginRegistry) -> bool:
     if spec is None:
         return False
     infos = [
-        None if not t.name else TensorInfo(_onnx_dtype(t.dtype), None if t.shape is None else tuple(t.shape))
+        None
+        if not t.name
+        else TensorInfo(elem_type(t.dtype) or 0, None if t.shape is None else tuple(t.shape))
         for t in node.inputs
     ]
     try:
@@ -715,14 +726,10 @@ def _give_output_types(node: gs.Node, registry: PluginRegistry) -> bool:
     for tensor, info in zip(node.outputs, outputs, strict=False):
         if not info.dtype or info.shape is None:
             return False
-        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(info.dtype)
+        tensor.dtype = gs_dtype(elem_type(info.dtype) or 0)
         tensor.shape = list(info.shape)
     return True
 
 
-def _onnx_dtype(dtype: Any) -> int:
-    if dtype is None:
-        return 0
-    if isinstance(dtype, int):
-        return dtype
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+def _tensor_info(tensor: gs.Tensor) -> TensorInfo:
+    return TensorInfo(elem_type(tensor.dtype) or 0, None if tensor.shape is None else tuple(tensor.shape))

@@ -32,15 +32,17 @@ from gskit.io.limits import check_int64, number_array, short_number
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
 from gskit.passes import edit_args
 from gskit.passes.inspect import tensor_name_hint
-from gskit.passes.tensor_types import data_propagation_bounded
+from gskit.passes.tensor_types import (
+    InferenceFailed,
+    elem_type,
+    gs_dtype,
+    infer_types,
+)
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
+from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
-
-#: Constants up to this many bytes are given to onnx shape inference as values (enough for shapes, pads,
-#: axes); bigger ones only by type, so inference never copies weights.
-INFERENCE_CONSTANT_MAX_BYTES = 1 << 16
 
 Dim = int | str | None
 DtypeLike = np.dtype | type | str | int
@@ -146,7 +148,7 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
     old = _onnx_dtype(tensor.dtype)
     if old == new:
         return graph
-    tensor.dtype = _gs_dtype(new)
+    tensor.dtype = gs_dtype(new)
     if not cast:
         return graph
     consumers = list(tensor.outputs)
@@ -154,7 +156,7 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
         return graph
     names = _all_tensor_names(graph)
     casted = gs.Variable(
-        unique_name(f"{name}_{_dtype_name(old)}", names), dtype=_gs_dtype(old), shape=tensor.shape
+        unique_name(f"{name}_{_dtype_name(old)}", names), dtype=gs_dtype(old), shape=tensor.shape
     )
     node = gs.Node(
         "Cast",
@@ -172,15 +174,18 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
     return _finish(graph)
 
 
-def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
+def expose_tensors(
+    graph: gs.Graph, names: Iterable[str], *, plugins: PluginRegistry | None = None
+) -> gs.Graph:
     """Add intermediate tensors as graph outputs (for debugging: onnxruntime returns only graph outputs).
 
-    Dtype and shape come from the graph where known, else from onnx shape inference run on an export of the
-    graph in which large constants are given by type only (weights are neither loaded nor copied).
+    Dtype and shape come from the graph where known, else from onnx shape inference on a weightless view of
+    the graph (weights are neither loaded nor copied; plugin nodes typed by ``plugins``).
 
     Args:
         graph: the graph to edit.
         names: tensors to expose; ones already graph outputs are left as they are.
+        plugins: loaded plugins, whose output rules type the outputs of plugin nodes for shape inference.
 
     Raises:
         GskitError: a name is not a tensor of the graph, is a constant, or its dtype cannot be inferred
@@ -202,7 +207,7 @@ def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
             wanted.append(tensor)
     missing = [t for t in wanted if t.dtype is None or t.shape is None]
     if missing:
-        types = _inferred_types(graph)
+        types = _inferred_types(graph, plugins)
         for tensor in missing:
             dtype, shape = types.get(tensor.name, (None, None))
             if tensor.dtype is None:
@@ -211,8 +216,8 @@ def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
                 tensor.shape = shape
             if tensor.dtype is None:
                 raise GskitError(
-                    f"expose: cannot infer the dtype of tensor '{tensor.name}'; run shape inference "
-                    f"that knows its producer's custom op first"
+                    f"expose: cannot infer the dtype of tensor '{tensor.name}'; load the plugin of its "
+                    f"producer's custom op, or run shape inference that knows it first"
                 )
     graph.outputs.extend(wanted)
     log.info("exposed %s", [t.name for t in wanted])
@@ -232,6 +237,7 @@ def insert_after(
     domain: str = "",
     name: str | None = None,
     force: bool = False,
+    plugins: PluginRegistry | None = None,
 ) -> gs.Node:
     """Insert a node that consumes a tensor and takes over its name and consumers.
 
@@ -249,6 +255,8 @@ def insert_after(
         domain: op domain of the new node (``""`` is the standard ONNX domain).
         name: node name; default ``<tensor>_<op>`` made unique.
         force: skip the check of ``attrs`` against the op's schema (see ``set_attributes``).
+        plugins: loaded plugins, whose output rules type a plugin node before the new node, or the new
+            plugin node itself.
 
     Returns:
         The new node.
@@ -304,7 +312,7 @@ def insert_after(
         _replace_input(consumer, tensor, output)
     graph.outputs = [output if t is tensor else t for t in graph.outputs]
     graph.nodes.append(node)
-    _infer_node_outputs(graph, node)
+    _infer_node_outputs(graph, node, plugins)
     if output.dtype is None and is_output:
         log.warning("dtype of '%s' (output of %s) unknown; assuming the input's dtype", output.name, op)
         output.dtype = tensor.dtype
@@ -313,7 +321,7 @@ def insert_after(
     return node
 
 
-def remove_node(graph: gs.Graph, node_name: str) -> gs.Graph:
+def remove_node(graph: gs.Graph, node_name: str, *, plugins: PluginRegistry | None = None) -> gs.Graph:
     """Remove a node with one data input and one used output, connecting its consumers to that input.
 
     Constant inputs (a Reshape's shape) do not count as data inputs. When the node's output is a graph output,
@@ -322,6 +330,7 @@ def remove_node(graph: gs.Graph, node_name: str) -> gs.Graph:
     Args:
         graph: the graph to edit.
         node_name: the node to remove.
+        plugins: loaded plugins, whose output rules type the outputs of plugin nodes for shape inference.
 
     Raises:
         GskitError: no node or several nodes have that name, the node has several data inputs or used outputs,
@@ -351,7 +360,7 @@ def remove_node(graph: gs.Graph, node_name: str) -> gs.Graph:
                     f"to graph output '{out.name}'; removing it would merge two model I/O names"
                 )
             if source.dtype is None:  # a graph output needs a type
-                source.dtype, source.shape = _inferred_types(graph).get(source.name, (None, None))
+                source.dtype, source.shape = _inferred_types(graph, plugins).get(source.name, (None, None))
             out_name = out.name
             out.name = f"{out_name}__removed"
             source.name = out_name
@@ -591,10 +600,13 @@ class Change:
     detail: str
 
 
-def apply_edits(model: onnx.ModelProto, options: EditOptions) -> tuple[gs.Graph, list[Change]]:
+def apply_edits(
+    model: onnx.ModelProto, options: EditOptions, *, plugins: PluginRegistry | None = None
+) -> tuple[gs.Graph, list[Change]]:
     """Apply edits to a model, in the order given in this module's docstring (what ``gskit edit`` does).
 
     Initializers that the model lists as graph inputs stay inputs unless ``options.drop_initializer_inputs``.
+    ``plugins``: see :func:`apply_to_graph`.
 
     Returns:
         The edited graph and what changed, one Change per edit.
@@ -608,16 +620,21 @@ def apply_edits(model: onnx.ModelProto, options: EditOptions) -> tuple[gs.Graph,
     if listed and not options.drop_initializer_inputs:
         tensors = graph.tensors()
         graph.inputs.extend(tensors[n] for n in listed if n in tensors)
-    return graph, apply_to_graph(graph, options, listed_initializers=listed)
+    return graph, apply_to_graph(graph, options, listed_initializers=listed, plugins=plugins)
 
 
 def apply_to_graph(
-    graph: gs.Graph, options: EditOptions, *, listed_initializers: Sequence[str] = ()
+    graph: gs.Graph,
+    options: EditOptions,
+    *,
+    listed_initializers: Sequence[str] = (),
+    plugins: PluginRegistry | None = None,
 ) -> list[Change]:
     """Apply edits to a graph in place (``gskit edit`` and the recipe's ``edit`` step both run this).
 
     ``listed_initializers``: initializers the file listed as graph inputs, which graphsurgeon's import
-    already dropped (reported as dropped when the options ask for it).
+    already dropped (reported as dropped when the options ask for it). ``plugins``: loaded plugins, whose
+    output rules type plugin nodes' outputs where an edit needs shape inference.
 
     Returns:
         What changed, one Change per edit.
@@ -652,7 +669,7 @@ def apply_to_graph(
         changes.append(Change("input shape", name, str(["?" if d is None else d for d in shape])))
     for node_name in options.remove_nodes:
         op = _node(graph, node_name).op
-        remove_node(graph, node_name)
+        remove_node(graph, node_name, plugins=plugins)
         changes.append(Change("remove node", node_name, op))
     for ins in map(_insertion, options.insert_after):
         node = insert_after(
@@ -663,6 +680,7 @@ def apply_to_graph(
             extra_inputs=ins.extra_inputs,
             domain=ins.domain,
             force=options.force,
+            plugins=plugins,
         )
         changes.append(Change("insert after", ins.tensor, f"{ins.op} node '{node.name}'"))
     for node_name in dict.fromkeys([*options.set_attrs, *options.remove_attrs]):
@@ -671,7 +689,7 @@ def apply_to_graph(
         detail = ", ".join([*(f"{k}={v}" for k, v in values.items()), *(f"-{k}" for k in remove)])
         changes.append(Change("attributes", node_name, detail))
     if options.expose:
-        expose_tensors(graph, options.expose)
+        expose_tensors(graph, options.expose, plugins=plugins)
         changes += [Change("expose", name, "now a graph output") for name in options.expose]
     return changes
 
@@ -788,28 +806,13 @@ def _replace_input(node: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
 
 
 def _onnx_dtype(dtype: DtypeLike) -> int:
-    """An onnx TensorProto data type from a numpy dtype, a name or an onnx enum value."""
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        if int(dtype) not in TensorProto.DataType.values():
-            raise GskitError(f"unknown onnx data type {dtype}")
-        return int(dtype)
-    if isinstance(dtype, str):
-        enum = dtype.upper()
-        if enum in TensorProto.DataType.keys():
-            return TensorProto.DataType.Value(enum)
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    except (TypeError, KeyError, ValueError) as err:
-        raise GskitError(f"unknown dtype {dtype!r}; use a name such as int32, float16, bool") from err
-
-
-def _gs_dtype(onnx_dtype: int) -> np.dtype | int:
-    """What gs stores as a dtype: a numpy dtype where one exists, else the onnx enum (bfloat16, fp8)."""
-    try:
-        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(onnx_dtype)
-    except KeyError:
-        return onnx_dtype
-    return np_dtype if onnx.helper.np_dtype_to_tensor_dtype(np_dtype) == onnx_dtype else onnx_dtype
+    """An onnx TensorProto data type from a numpy dtype, a name or an onnx enum value (what a user wrote)."""
+    code = elem_type(dtype)
+    if code is None and isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        raise GskitError(f"unknown onnx data type {dtype}")
+    if code is None:
+        raise GskitError(f"unknown dtype {dtype!r}; use a name such as int32, float16, bool")
+    return code
 
 
 def _dtype_name(dtype: DtypeLike) -> str:
@@ -970,50 +973,37 @@ def _constant_values(node: gs.Node) -> gs.Constant | np.ndarray | None:
     raise GskitError(f"Constant node '{node.name}' has no value attribute; fix or remove it")
 
 
-def _infer_node_outputs(graph: gs.Graph, node: gs.Node) -> None:
-    """Set dtype/shape of a new node's outputs by running onnx inference on a one-node model."""
-    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
-
-    inputs, inits = [], []
-    for tensor in node.inputs:
-        if tensor.is_empty():
-            continue
-        if isinstance(tensor, gs.Constant) and _nbytes(tensor) <= INFERENCE_CONSTANT_MAX_BYTES:
-            inits.append(onnx.numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
-        elif tensor.dtype is not None:
-            inputs.append(
-                onnx.helper.make_tensor_value_info(tensor.name, _onnx_dtype(tensor.dtype), tensor.shape)
-            )
-    outputs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in node.outputs]
-    proto = onnx.helper.make_graph([OnnxExporter.export_node(node)], "infer", inputs, outputs, inits)
-    opsets = [onnx.helper.make_opsetid("", graph.opset)]
-    opsets += [d for d in graph.import_domains or [] if d.domain not in DEFAULT_DOMAINS]
-    model = onnx.helper.make_model(proto, opset_imports=opsets)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_propagation_bounded(model))
-    except (onnx.shape_inference.InferenceError, RuntimeError) as err:
-        raise GskitError(f"node '{node.name}' ({node.op}) is invalid for its inputs: {err}") from err
-    types = _types(inferred.graph)
+def _infer_node_outputs(graph: gs.Graph, node: gs.Node, plugins: PluginRegistry | None) -> None:
+    """Set dtype/shape of a new node's outputs: onnx inference on a one-node graph, or on the whole graph
+    when an input's type is not known yet (a plugin node's output: its rule gives it)."""
+    untyped = any(isinstance(t, gs.Variable) and not t.is_empty() and t.dtype is None for t in node.inputs)
+    if untyped:
+        types = _inferred_types(graph, plugins)
+    else:
+        one = gs.Graph(
+            nodes=[node],
+            inputs=[t for t in node.inputs if isinstance(t, gs.Variable) and not t.is_empty()],
+            outputs=list(node.outputs),
+            opset=graph.opset,
+            import_domains=graph.import_domains,
+        )
+        try:
+            types = _types(infer_types(one, plugins).graph)
+        except InferenceFailed as err:
+            raise GskitError(
+                f"node '{node.name}' ({node.op}) is invalid for its inputs: {err.reason}"
+            ) from err
     for out in node.outputs:
         out.dtype, out.shape = types.get(out.name, (None, None))
 
 
-def _inferred_types(graph: gs.Graph) -> dict[str, tuple[Any, Any]]:
-    """Dtype and shape of every tensor per onnx shape inference, without loading or copying large weights."""
-    copy = graph.copy()
-    for tensor in list(copy.tensors().values()):
-        if isinstance(tensor, gs.Constant) and _nbytes(tensor) > INFERENCE_CONSTANT_MAX_BYTES:
-            shape, dtype = list(tensor.shape), tensor.dtype
-            tensor.to_variable(dtype=dtype, shape=shape)
-            tensor.type = "tensor_type"  # to_variable leaves out what Variable.__init__ sets
-            copy.inputs.append(tensor)
-    model = gsmodel.to_model(copy)
+def _inferred_types(graph: gs.Graph, plugins: PluginRegistry | None = None) -> dict[str, tuple[Any, Any]]:
+    """Dtype and shape of every tensor per onnx shape inference (through plugin nodes with ``plugins``),
+    without loading or copying large weights."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_propagation_bounded(model))
-    except (onnx.shape_inference.InferenceError, RuntimeError) as err:
-        raise GskitError(
-            f"shape inference failed on graph '{graph.name}': {str(err).splitlines()[0]}"
-        ) from err
+        inferred = infer_types(graph, plugins)
+    except InferenceFailed as err:
+        raise GskitError(f"shape inference failed on graph '{graph.name}': {err.reason}") from err
     return _types(inferred.graph)
 
 
@@ -1026,14 +1016,8 @@ def _types(graph: onnx.GraphProto) -> dict[str, tuple[Any, Any]]:
         shape = None
         if ttype.HasField("shape"):
             shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in ttype.shape.dim]
-        found[info.name] = (_gs_dtype(ttype.elem_type), shape)
+        found[info.name] = (gs_dtype(ttype.elem_type), shape)
     return found
-
-
-def _nbytes(tensor: gs.Constant) -> int:
-    dtype = tensor.dtype
-    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_onnx_dtype(dtype))).itemsize
-    return int(np.prod(tensor.shape, dtype=np.int64)) * itemsize
 
 
 # --- the edit pass: a recipe's edit step --------------------------------------------------------------------
@@ -1073,7 +1057,7 @@ class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
     def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
-        changes = apply_to_graph(model, options)
+        changes = apply_to_graph(model, options, plugins=context.get("plugins"))
         steps = list(dict.fromkeys(c.step for c in changes))
         summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
         return PassResult(model, modified=bool(changes), report=changes, summary=summary)

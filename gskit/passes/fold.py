@@ -73,7 +73,13 @@ from gskit.io import model as gsmodel
 from gskit.io.gs_export import type_constant_nodes
 from gskit.passes.edit import unique_name
 from gskit.passes.fold_cost import RUN_BUDGET, ResultSizes, run_cost, volume
-from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
+from gskit.passes.tensor_types import (
+    GsLosses,
+    constant_elem_type,
+    constant_nbytes,
+    export_graph,
+    infer_tensor_types,
+)
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
 
@@ -679,7 +685,7 @@ class _BatchContext:
         graph = onnx.helper.make_graph(
             [OnnxExporter.export_node(n) for n in nodes],
             "gskit_fold_batch",
-            [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), t.shape) for t in fed],
+            [onnx.helper.make_tensor_value_info(t.name, constant_elem_type(t), t.shape) for t in fed],
             [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in outputs],
             initializer=[OnnxExporter.export_tensor_proto(t) for t in kept],
         )
@@ -801,13 +807,6 @@ def _is_string(tensor: gs.Tensor) -> bool:
 
 def _over(nbytes: int | None, size_threshold: int | None) -> bool:
     return nbytes is not None and size_threshold is not None and nbytes > size_threshold
-
-
-def _onnx_dtype(tensor: gs.Constant) -> int:
-    values = tensor._values
-    if isinstance(values, gs.ir.tensor.LazyValues) and isinstance(values.tensor, onnx.TensorProto):
-        return values.tensor.data_type
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.export_dtype or values.dtype))
 
 
 def _read_values(tensor: gs.Constant) -> np.ndarray:

@@ -741,7 +741,7 @@ def _check_identity(spec: PluginSpec, where: str) -> None:
             if spec.node_domain is not None:
                 continue  # TensorRT's own plugins: namespace "", found through their node domain
             raise PluginError(
-                f'{where}: plugin namespace must be a non-empty string, or "" (TensorRT\'s own) with a '
+                f'{where}: plugin namespace must be a non-empty string; "" (TensorRT\'s own plugins) needs a '
                 "node_domain"
             )
         check_identity(value, label, where)

@@ -38,12 +38,12 @@ from gskit.passes.patterns.match import (
     MatchResult,
     Tracer,
     constant_value,
-    elem_type,
     elem_type_name,
     label,
     op_key,
 )
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
+from gskit.passes.tensor_types import elem_type, infer_tensor_types
 from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
 from gskit.plugin.native import FormChoice, choose_form
 from gskit.plugin.ops import DEFAULT_DOMAINS, onnx_op_since, op_label
@@ -524,10 +524,6 @@ def _infer_cast_dtypes(
         op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
     ) or any(op_key(n) in shaped and any(t.shape is None for t in n.inputs) for n in nodes)
     if casts or pools:
-        from gskit.passes.tensor_types import (
-            infer_tensor_types,  # imports onnxruntime's inference: only when needed
-        )
-
         infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
 
 
