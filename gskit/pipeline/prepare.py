@@ -13,38 +13,33 @@ runs); a run clears the work folders that killed runs left.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import onnx
-import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError, WriteError, write_error
 from gskit.io import model as gsmodel
-from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
 from gskit.io.outputs import (
     blaming,
     check_output,
     guarding_inputs,
-    make_scratch_folder,
     output_entry,
-    remove_abandoned_scratch,
     replace_set,
 )
 from gskit.io.report import dumps
 from gskit.passes.nms import PLUGIN_KEY
+from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
+from gskit.pipeline.report_page import render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
-from gskit.plugin.ops import op_label
 from gskit.plugin.spec import load_plugins
 from gskit.plugin.target import TensorRTTarget, resolve_target
 
@@ -53,10 +48,6 @@ log = logging.getLogger(__name__)
 MODEL_NAME = "model.onnx"
 ENGINE_NAME = "model.engine"
 REPORT_NAMES = ("report.json", "report.html")
-#: OUTDIR's lock file: one run at a time writes there.
-LOCK_NAME = ".gskit.lock"
-#: Prefix of a run's work folder inside OUTDIR.
-WORK_PREFIX = ".gskit-work-"
 
 
 @dataclass
@@ -264,7 +255,7 @@ def prepare(
         registry = load_plugins(plugin_dirs)
         for name in _set_names(recipe):  # before the work: a name that cannot be written fails now
             check_output(out_dir / name)
-        with _claim(out_dir) as work:
+        with claim_outdir(out_dir) as work:
             report = PrepareReport(
                 model=str(model_path),
                 output_dir=str(out_dir),
@@ -412,55 +403,6 @@ def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
             )
 
 
-@contextmanager
-def _claim(out_dir: Path) -> Iterator[Path]:
-    """Lock OUTDIR for this run, clear what killed runs left there, and give a work folder inside it.
-
-    The lock (``flock`` on ``OUTDIR/.gskit.lock``, released by the kernel even when the process is killed)
-    keeps two runs from mixing their files. The work folder is a scratch folder marked as this process's
-    (``gskit.io.outputs.make_scratch_folder``); holding the lock, the marked scratch folders of gskit
-    processes that are gone are removed, and nothing else (a folder without the mark, whatever its name, or
-    one holding the input model, stays). The work folder is removed on the way out (errors, Ctrl-C, SIGTERM).
-
-    Raises:
-        GskitError: OUTDIR is a file or cannot be created, or another run holds it.
-    """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise GskitError(f"{out_dir}: OUTDIR is a file, not a folder; choose another -o")
-    lock = out_dir / LOCK_NAME
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise GskitError(f"{out_dir}: cannot create OUTDIR ({err.strerror}); choose another -o") from err
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # The holder before us removes the file on its way out: the lock must be on the file there now.
-            locked = os.fstat(fd).st_ino == os.stat(lock, follow_symlinks=False).st_ino
-        except (BlockingIOError, FileNotFoundError):
-            locked = False
-        if not locked:
-            raise GskitError(
-                f"{out_dir}: another gskit prepare is writing there; wait for it to end or choose another -o"
-            )
-        for left in remove_abandoned_scratch(out_dir):
-            log.info("removed %s, left by an interrupted gskit run", left)
-        work = None
-        try:
-            try:
-                work = make_scratch_folder(out_dir, WORK_PREFIX)
-            except OSError as err:
-                raise write_error(out_dir, err) from err
-            yield work
-        finally:
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
-            lock.unlink(missing_ok=True)  # still locked: a run that opened it meanwhile sees it is gone
-    finally:
-        os.close(fd)
-
-
 def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
     total = len(recipe.steps)
     try:
@@ -529,180 +471,14 @@ def _write_reports(
     out_dir = Path(report.output_dir)
     with blaming(out_dir / json_name):
         (staged / json_name).write_text(dumps(report))
-    page = _html(report, original, state, recipe, staged / MODEL_NAME)
+    page = render_report(
+        report,
+        original,
+        graph=state.graph,
+        registry=state.registry,
+        skipped=state.skipped,
+        recipe=recipe,
+        written=staged / MODEL_NAME,
+    )
     with blaming(out_dir / html_name):
         (staged / html_name).write_text(page)
-
-
-def _html(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe, written: Path
-) -> str:
-    """The report page; ``written`` is where the prepared model is now (its size is shown)."""
-    comparison = report.comparison
-    summary = [
-        ("input model", f"{report.model} ({_size(_model_files(Path(report.model), original))})"),
-        (
-            "prepared model",
-            f"{report.prepared_model} ({_size(_model_files(written))})"
-            if report.prepared_model
-            else "(not written)",
-        ),
-        ("recipe", report.recipe),
-        ("TensorRT target", f"{report.target.get('tensorrt')} ({report.target.get('source')})"),
-        ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
-        ("native ops written", ", ".join(f"{k}: {v}" for k, v in report.native_inserted.items()) or "none"),
-        ("ops lowered", ", ".join(f"{k}: {v}" for k, v in report.lowered.items()) or "none"),
-        ("TensorRT check", _trt_line(report.tensorrt)),
-        ("engine", (report.engine or {}).get("engine", "not built")),
-    ]
-    stubs = _stub_lines(state)
-    if stubs:
-        summary.append(("plugin stubs", "; ".join(stubs)))
-    if report.error:
-        summary.append(("error", report.error))
-    steps = [
-        (s.name, f"{s.seconds:.2f}", str(s.nodes_before), str(s.nodes_after), f"{s.status}: {s.summary}")
-        for s in report.steps
-    ]
-    rows = []
-    if comparison is not None:
-        rows = [
-            (
-                o.name,
-                "x".join(str(d) for d in o.shape),
-                o.dtypes,
-                f"{o.max_abs_err:.3g}",
-                f"{o.max_rel_err:.3g}",
-                f"{o.atol:g}",
-                f"{o.rtol:g}",
-                ("pass" if o.passed else "FAIL") + (f": {o.note}" if o.note else ""),
-            )
-            for o in comparison.outputs
-        ]
-    page = Page(
-        title=f"gskit prepare: {Path(report.model).name}",
-        passed=None if report.passed is None else report.passed and report.error is None,
-        summary=summary,
-        steps=steps,
-        comparison=rows,
-        comparison_inputs=_comparison_inputs(comparison, original, recipe),
-        regions=_regions(report.regions, original, state.graph),
-        skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in state.skipped],
-        environment=environment_rows(),
-        error=report.error,
-    )
-    return render_page(page)
-
-
-def _stub_lines(state: RunState) -> list[str]:
-    """``my.ns::MyOp v1: reference and kernel are stubs (...)`` for each plugin of the model's nodes."""
-    from gskit.plugin.stubs import describe_stubs
-
-    specs = {spec.key: spec for node in state.graph.nodes if (spec := state.registry.for_node(node))}
-    lines = [(spec.qualified_name, describe_stubs(spec)) for spec in specs.values()]
-    return [f"{name}: {text}" for name, text in sorted(lines) if text]
-
-
-def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recipe) -> str:
-    """``inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05, rtol 1e-05 ...``."""
-    if comparison is None:
-        return ""
-    options = next((s.options for s in recipe.steps if s.name == "validate"), None)
-    dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
-    fed = ", ".join(
-        f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
-        for name, shape in comparison.input_shapes.items()
-    )
-    source = getattr(options, "inputs", None)
-    how = f"from {source}" if source else f"random (seed {getattr(options, 'seed', 0)})"
-    return (
-        f"inputs {fed}, {how}; tolerances given: atol {comparison.atol:g}, rtol {comparison.rtol:g} "
-        "(float32 outputs; lower-precision outputs get at least their dtype's floor, see each row)"
-    )
-
-
-def _model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:
-    """The model file and the external data files it reads (those of ``model``, else ``<path>.data``)."""
-    if model is None:
-        data = path.with_name(path.name + ".data")
-        return [path, data] if data.is_file() else [path]
-    return [path, *(path.parent / name for name in gsmodel.data_locations(model))]
-
-
-def _size(files: list[Path]) -> str:
-    """``1.2 MB`` for the files together (``3 files`` named when there are several)."""
-    total = sum(f.stat().st_size for f in files if f.is_file())
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if total >= scale:
-            text = f"{total / scale:.1f} {unit}"
-            break
-    else:
-        text = f"{total} bytes"
-    return text if len(files) == 1 else f"{text} in {len(files)} files"
-
-
-def _trt_line(trt: Any) -> str:
-    if trt is None:
-        return "not run"
-    from gskit.backends.trt_check import NEEDS_PLUGIN
-
-    plugins = len(trt.nodes_with(NEEDS_PLUGIN))
-    return f"{trt.source}: {len(trt.rejected)} node(s) rejected, {plugins} plugin node(s)"
-
-
-def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:
-    before_nodes: dict[str, onnx.NodeProto] = {}
-    for g in gsmodel.graph_protos(original.graph):
-        for node in g.node:
-            before_nodes.setdefault(node.name, node)
-    after_nodes = {n.name: n for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes}
-    regions = []
-    for region in replaced:
-        before = tuple(
-            DrawnNode(n.name, op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
-            for n in (before_nodes.get(name) for name in region.original_nodes)
-            if n is not None
-        )
-        plugin = after_nodes.get(region.node)
-        after = (
-            (
-                DrawnNode(
-                    plugin.name,
-                    op_label(plugin.domain or "", plugin.op),
-                    tuple(t.name for t in plugin.inputs),
-                    tuple(t.name for t in plugin.outputs),
-                ),
-            )
-            if plugin is not None
-            else ()
-        )
-        title = _region_title(region)
-        attrs = plugin.attrs if plugin is not None else {}
-        attributes = tuple((k, _attribute_text(v)) for k, v in attrs.items())
-        form = f"form: {region.form} {region.op}: {region.why}"
-        regions.append(
-            Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes, form=form)
-        )
-    return regions
-
-
-def _region_title(region: Any) -> str:
-    """``gskit::LayerNorm v1 (LayerNorm_0) replaced 9 node(s)``, or the native op when that form was taken."""
-    count = len(region.original_nodes)
-    if region.form != "native":
-        return f"{region.plugin} ({region.node}) replaced {count} node(s)"
-    if region.kept:
-        return f"{region.op} ({region.node}) kept: already the native form of {region.plugin}"
-    return f"{region.op} ({region.node}) replaced {count} node(s): the native form of {region.plugin}"
-
-
-def _attribute_text(value: Any) -> str:
-    """An attribute value as a cell: numbers as written, long lists cut."""
-    if isinstance(value, (list, tuple)):
-        shown = ", ".join(_attribute_text(v) for v in value[:8])
-        return f"[{shown}{', ...' if len(value) > 8 else ''}]"
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
