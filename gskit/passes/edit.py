@@ -32,7 +32,7 @@ from gskit.io.limits import check_int64, number_array, short_number
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
 from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.tensor_types import data_propagation_bounded
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 
 log = logging.getLogger(__name__)
@@ -1038,7 +1038,7 @@ def _insertion(entry: Any) -> Any:
 class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
-    def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
+    def call(self, model: Any, options: EditOptions, context: PassContext) -> PassResult:
         plan = EditPlan(
             drop_initializer_inputs=options.drop_initializer_inputs,
             constants_to_initializers=options.constants_to_initializers,

@@ -18,12 +18,13 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import onnx
+import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError, WriteError, write_error
 from gskit.io import model as gsmodel
@@ -36,17 +37,18 @@ from gskit.io.outputs import (
 )
 from gskit.io.report import dumps
 from gskit.passes.nms import PLUGIN_KEY
+from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
 from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.report_page import render_report
-from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
+from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, NotRun, Snapshots, step_status
 from gskit.plugin.spec import load_plugins
 from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "model.onnx"
-ENGINE_NAME = "model.engine"
+ENGINE_NAME = Build.ENGINE_NAME
 REPORT_NAMES = ("report.json", "report.html")
 
 
@@ -94,6 +96,44 @@ class PrepareReport:
     error: str | None = None
 
 
+@dataclass
+class _Run:
+    """One run's graph and context; what the steps found is read from their results, by step name."""
+
+    graph: gs.Graph
+    context: PassContext
+    snapshots: Snapshots
+    #: False once a failed run dropped its engine (a failed run's set is its reports alone)
+    keep_engine: bool = True
+
+    def reports(self, step: str) -> list[Any]:
+        return self.context.reports(step)
+
+    def last(self, step: str) -> Any:
+        """The report of the last step of this name that ran, or None."""
+        reports = self.reports(step)
+        return reports[-1] if reports else None
+
+    @property
+    def regions(self) -> list[Any]:
+        return [region for report in self.reports("replace") for region in report.regions]
+
+    @property
+    def skipped(self) -> list[tuple[str, Any]]:
+        """(plugin, Skip) for each match replace found and did not replace, with the reason (report.html)."""
+        return [(p.plugin, skip) for r in self.reports("replace") for p in r.plugins for skip in p.skipped]
+
+    @property
+    def engine(self) -> Any:
+        """The built engine's ``BuildInfo``, or None."""
+        info = self.last(Build.name)
+        return info if self.keep_engine and info is not None and not isinstance(info, NotRun) else None
+
+    @property
+    def registry(self) -> Any:
+        return self.context.plugins
+
+
 class StepListener(Protocol):
     """Receives progress: the CLI shows a spinner per step and a line when it ends."""
 
@@ -107,43 +147,43 @@ def default_recipe() -> Recipe:
     return dataclasses.replace(make_recipe([(name, {}) for name in DEFAULT_STEPS]), source="default")
 
 
-#: Where ``fp16=True`` puts a convert step when the recipe has none: before the first of these steps (after
-#: replacing and folding, so plugin nodes and folded constants are what gets converted).
-_CONVERT_BEFORE = ("check_trt", "validate", "build")
+def prepare_flags() -> list[tuple[str, StepFlag]]:
+    """``(step, flag)`` for every ``gskit prepare`` flag the passes' options declare, in registry order."""
+    return [(name, flag) for name, graph_pass in PASSES.items() for flag in step_flags(graph_pass.options)]
 
 
 def recipe_with_overrides(
     recipe: Recipe,
     *,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    inputs: str | os.PathLike | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    seed: int | None = None,
-    fp16: bool = False,
-    nms: bool = False,
-    only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
-    compute_capability: str | None = None,
     tensorrt: str | None = None,
+    **given: Any,
 ) -> Recipe:
     """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
 
-    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here.
-
-    ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
-    step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
-    convert step, adding one (before check_trt/validate/build) when the recipe has none. ``skip`` drops
-    every step of each name, first. ``inputs`` is relative to the working directory and kept absolute.
-    ``nms`` adds an nms step with its defaults after the first sanitize step (first when there is none) unless
-    the recipe has one.
+    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here. ``skip`` drops every
+    step of each name, first. Every other keyword is a flag the steps' options declare
+    (``gskit.passes.transform.StepFlag``, see ``prepare_flags()``: ``shapes``, ``inputs``, ``atol``, ``rtol``,
+    ``seed``, ``only``, ``compute_capability``, ``fp16``, ``nms``): it sets its option in every step of its
+    pass, adding the step where the flag says so (``fp16``: a convert step before the checks; ``nms``: an
+    nms step after sanitize) when the recipe has none. ``inputs`` is relative to the working directory and
+    kept absolute. The recipe's source lists the flags in the order given.
 
     Raises:
         GskitError: ``skip`` names a step the recipe does not have, every step is skipped, an option is
             given for a step the recipe does not have, or a value is invalid (e.g. a dim below 1).
+        TypeError: a keyword that is no flag.
     """
-    if fp16 and "convert" in skip:
-        raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
+    declared = {flag.name: (step, flag) for step, flag in prepare_flags()}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise TypeError(f"recipe_with_overrides: no flag {unknown}; flags: {', '.join(declared)}")
+    chosen = [declared[name] for name, value in given.items() if _is_given(declared[name][1], value)]
+    for step_name, flag in chosen:
+        if flag.adds_step and step_name in skip:
+            raise GskitError(
+                f"{flag.flag} needs the {step_name} step, which --skip {step_name} drops; give one of them"
+            )
     steps = _without(recipe, skip)
     flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
     if tensorrt is not None:
@@ -154,39 +194,26 @@ def recipe_with_overrides(
             _with_options(step, {"tensorrt": tensorrt}) if getattr(step.options, "tensorrt", None) else step
             for step in steps
         ]
-    overrides: dict[str, dict[str, Any]] = {
-        "validate": {
-            "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
-            "inputs": str(Path(inputs).absolute()) if inputs is not None else None,
-            "atol": atol,
-            "rtol": rtol,
-            "seed": seed,
-        },
-        "replace": {"only": tuple(only) if only else None},
-        "build": {"compute_capability": compute_capability},
-        "convert": {"fp16": True if fp16 else None},
-    }
-    if nms and "nms" in skip:
-        raise GskitError("--nms needs the nms step, which --skip nms drops; give one of them")
-    if nms and not any(step.name == "nms" for step in steps):
-        at = next((i + 1 for i, step in enumerate(steps) if step.name == "sanitize"), 0)
-        steps.insert(at, RecipeStep("nms", PASSES["nms"].options()))
-        flags.append("--nms")
-    if fp16 and not any(step.name == "convert" for step in steps):
-        at = next((i for i, step in enumerate(steps) if step.name in _CONVERT_BEFORE), len(steps))
-        steps.insert(at, RecipeStep("convert", PASSES["convert"].options()))
-    for step_name, values in overrides.items():
-        given = {option: value for option, value in values.items() if value is not None}
-        if not given:
+    for step_name, flag in chosen:
+        if flag.adds_step is None or any(step.name == step_name for step in steps):
             continue
-        named = [_flag(option) for option in given]
+        steps.insert(_position(steps, flag.adds_step), RecipeStep(step_name, PASSES[step_name].options()))
+        if flag.option is None:  # a flag that only adds its step is named when it did
+            flags.append(flag.flag)
+    setting: dict[str, dict[str, Any]] = {}
+    for step_name, flag in chosen:
+        if flag.option is not None:
+            setting.setdefault(step_name, {})[flag.flag] = (flag.option, flag.option_value(given[flag.name]))
+    for step_name, values in setting.items():
+        named = list(values)
         flags += named
         if not any(step.name == step_name for step in steps):
             raise GskitError(
                 f"{', '.join(named)}: the recipe has no {step_name} step to apply it to; its steps: "
                 f"{', '.join(step.name for step in steps)}"
             )
-        steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
+        options = dict(values.values())
+        steps = [_with_options(step, options) if step.name == step_name else step for step in steps]
     if not flags:
         return recipe
     return Recipe(
@@ -194,6 +221,23 @@ def recipe_with_overrides(
         source=f"{recipe.source} with {' '.join(flags)}",
         tensorrt=tensorrt if tensorrt is not None else recipe.tensorrt,
     )
+
+
+def _is_given(flag: StepFlag, value: Any) -> bool:
+    """A switch is given when true, a repeatable flag when not empty, a value when not None."""
+    if flag.kind == "value":
+        return value is not None
+    return bool(value)
+
+
+def _position(steps: list[RecipeStep], where: tuple[str, tuple[str, ...]]) -> int:
+    """Where a flag adds its step: after the first step named in ``where`` (first when none), or before
+    it (last when none)."""
+    side, names = where
+    found = next((i for i, step in enumerate(steps) if step.name in names), None)
+    if side == "after":
+        return 0 if found is None else found + 1
+    return len(steps) if found is None else found
 
 
 def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
@@ -206,11 +250,6 @@ def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
     if not steps:
         raise GskitError(f"--skip {' '.join(skip)}: that leaves no step to run")
     return steps
-
-
-def _flag(option: str) -> str:
-    """The ``gskit prepare`` flag that sets a recipe option."""
-    return "--shape" if option == "shapes" else f"--{option.replace('_', '-')}"
 
 
 def _with_options(step: RecipeStep, values: dict[str, Any]) -> RecipeStep:
@@ -262,14 +301,16 @@ def prepare(
                 recipe=recipe.source,
                 target={"tensorrt": str(target), "source": target.source},
             )
-            state = RunState(
-                graph=gsmodel.to_graph(original),
-                original_path=model_path,
-                registry=registry,
+            snapshots = Snapshots(work)
+            context = PassContext(
+                plugins=registry,
                 plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
                 work_dir=work,
                 target=target,
+                original=model_path,
+                snapshot=snapshots,
             )
+            state = _Run(gsmodel.to_graph(original), context, snapshots)
             staged = work / "outputs"  # this run's files, until they take their names in OUTDIR together
             staged.mkdir()
             failure: GskitError | None = None
@@ -317,7 +358,7 @@ def _set_names(recipe: Recipe) -> list[str]:
 
 
 def _stage(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe, staged: Path
+    report: PrepareReport, original: onnx.ModelProto, state: _Run, recipe: Recipe, staged: Path
 ) -> None:
     """Write the prepared model and the reports of a run whose steps all ran into ``staged``."""
     gsmodel.save(state.graph, staged / MODEL_NAME)
@@ -337,7 +378,7 @@ def _stage_failure(
     err: GskitError,
     report: PrepareReport,
     original: onnx.ModelProto,
-    state: RunState,
+    state: _Run,
     recipe: Recipe,
     staged: Path,
 ) -> None:
@@ -347,7 +388,7 @@ def _stage_failure(
     """
     report.error = str(err)
     report.passed = False
-    report.prepared_model, report.engine, state.engine = None, None, None
+    report.prepared_model, report.engine, state.keep_engine = None, None, False
     shutil.rmtree(staged, ignore_errors=True)  # a half-written model frees its space for the reports
     staged.mkdir()
     try:
@@ -367,7 +408,7 @@ def _named_in(out_dir: Path, staged: Path, err: GskitError) -> GskitError:
     return err
 
 
-def _staged_files(staged: Path, out_dir: Path, state: RunState) -> list[tuple[Path, Path]]:
+def _staged_files(staged: Path, out_dir: Path, state: _Run) -> list[tuple[Path, Path]]:
     """``(staged file, final name)`` of the run's files, in ``set_names()`` order (report.json last)."""
     found = {path.name: path for path in staged.iterdir() if path.is_file()}
     if state.engine is not None:
@@ -376,7 +417,7 @@ def _staged_files(staged: Path, out_dir: Path, state: RunState) -> list[tuple[Pa
     return [(found[name], out_dir / name) for name in set_names() if name in found]
 
 
-def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]:
+def _verdict(report: PrepareReport, state: _Run) -> tuple[bool, bool | None]:
     """``(validated, passed)`` of a run that wrote its model.
 
     The recipe puts every validate step after the steps that change the model (``check_validation_order``),
@@ -384,9 +425,10 @@ def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]
     True, unless a step failed.
     """
     failed = any(s.status == "failed" for s in report.steps)
-    if state.comparison is None:
+    comparison = state.last("validate")
+    if comparison is None:
         return False, False if failed else None
-    return True, not failed and state.comparison.passed
+    return True, not failed and comparison.passed
 
 
 def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
@@ -403,7 +445,7 @@ def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
             )
 
 
-def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
+def _run_steps(recipe: Recipe, state: _Run, report: PrepareReport, listener: StepListener | None) -> None:
     total = len(recipe.steps)
     try:
         for index, step in enumerate(recipe.steps):
@@ -417,22 +459,22 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
                 where = f" (recipe line {step.line})" if step.line else ""
                 raise GskitError(f"step '{step.name}'{where} failed: {error}") from error
     finally:  # a failed run's report keeps what the steps before the failure did
-        report.regions = list(state.replaced)
-        report.comparison = state.comparison
-        report.tensorrt = state.trt_report
-        report.plugins_inserted = dict(Counter(r.plugin for r in state.replaced if r.form == "plugin"))
-        report.native_inserted = dict(
-            Counter(r.op for r in state.replaced if r.form == "native" and not r.kept)
-        )
-        report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in state.lowered))
-        if state.nms is not None:  # the nms step's node is a plugin node too
+        regions = state.regions
+        report.regions = regions
+        report.comparison = state.last("validate")
+        report.tensorrt = state.last("check_trt")
+        report.plugins_inserted = dict(Counter(r.plugin for r in regions if r.form == "plugin"))
+        report.native_inserted = dict(Counter(r.op for r in regions if r.form == "native" and not r.kept))
+        lowered = [item for r in state.reports("lower") for item in r.lowered]
+        report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in lowered))
+        if state.reports("nms"):  # the nms step's node is a plugin node too
             label = (
                 state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
             )
             report.plugins_inserted[label] = report.plugins_inserted.get(label, 0) + 1
 
 
-def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
+def _timed_step(step: RecipeStep, state: _Run) -> tuple[StepResult, GskitError | None]:
     """Run one step and describe it; a step's GskitError comes back beside its failed result."""
     before = gsmodel.count_nodes(state.graph)
     start = time.perf_counter()
@@ -442,17 +484,19 @@ def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitErr
         seconds, summary = time.perf_counter() - start, str(err)
         return StepResult(step.name, step.line, seconds, before, before, "failed", summary, step.options), err
     if outcome.modified:
-        state.graph_changed()
+        state.snapshots.graph_changed()
     seconds = time.perf_counter() - start
     after = gsmodel.count_nodes(state.graph)
-    status, summary = outcome.status, outcome.summary
+    status, summary = step_status(outcome), outcome.summary
     return StepResult(step.name, step.line, seconds, before, after, status, summary, step.options), None
 
 
-def _run_step(name: str, state: RunState, options: Any) -> PassResult:
-    """One pass; an exception that is not a GskitError is a gskit bug, still reported as one line."""
+def _run_step(name: str, state: _Run, options: Any) -> PassResult:
+    """One pass on the run's graph, its result kept under the step's name; an exception that is not a
+    GskitError is a gskit bug, still reported as one line."""
+    graph_pass = PASSES[name]
     try:
-        return PASSES[name](state, options)
+        result = run_pass(graph_pass, state.graph, options, state.context)
     except GskitError:
         raise
     except Exception as err:  # a library deep inside a step (onnx, graphsurgeon, onnxruntime) failing
@@ -461,10 +505,14 @@ def _run_step(name: str, state: RunState, options: Any) -> PassResult:
             f"unexpected {type(err).__name__}: {text[0] if text else ''} (a gskit bug: rerun with "
             f"`gskit --debug prepare ...` for the traceback and report it, or skip the step with --recipe)"
         ) from err
+    if graph_pass.effect != "analysis":
+        state.graph = result.model
+    state.context.results.setdefault(name, []).append(result)
+    return result
 
 
 def _write_reports(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, staged: Path, recipe: Recipe
+    report: PrepareReport, original: onnx.ModelProto, state: _Run, staged: Path, recipe: Recipe
 ) -> None:
     """Write report.json and report.html into ``staged`` (a full disk names the file as OUTDIR's)."""
     json_name, html_name = REPORT_NAMES
