@@ -6,6 +6,8 @@ it is given (``in_place``: that graph is changed and returned; ``copying``: a ne
 given one is left as it was; ``analysis``: the graph is only read, nothing comes back; a ``ModelProto`` is
 never changed) and:
 
+* ``check_input(model, options)``: in ``gskit prepare``, before any step runs, whether the options fit the
+  input model (validate's shapes name its inputs),
 * ``requires(model, options)``: cheap preconditions (raises ``GskitError``),
 * ``call(model, options, context) -> PassResult``: the work; ``context`` is a :class:`PassContext` (the
   plugins, and in a ``gskit prepare`` run the plugin folders, the work folder, the target, the saved model and
@@ -212,6 +214,10 @@ class GraphPass(Generic[OptionsT]):
 
     def requires(self, model: Any, options: OptionsT) -> None:
         """Raise ``GskitError`` when the pass cannot run on this model (default: no precondition)."""
+
+    def check_input(self, model: onnx.ModelProto, options: OptionsT) -> None:
+        """Raise ``GskitError`` when the options cannot fit the input model (``gskit prepare`` asks every
+        step before the first runs; cheap: the model's weights are not loaded). Default: they fit."""
 
     def call(self, model: Any, options: OptionsT, context: PassContext) -> PassResult:
         raise NotImplementedError

@@ -290,7 +290,7 @@ def prepare(
         original = gsmodel.load(model_path, load_weights=False)
         if not original.graph.output:
             raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
-        _check_validate_shapes(recipe, original)
+        _check_input(recipe, original)
         registry = load_plugins(plugin_dirs)
         for name in _set_names(recipe):  # before the work: a name that cannot be written fails now
             check_output(out_dir / name)
@@ -353,7 +353,7 @@ def set_names() -> tuple[str, ...]:
 def _set_names(recipe: Recipe) -> list[str]:
     """The names this recipe's run may write (the engine's only with a build step): none may be a folder,
     a device or a FIFO, or a file the input reads."""
-    builds = any(step.name == "build" for step in recipe.steps)
+    builds = any(step.name == Build.name for step in recipe.steps)
     return [name for name in set_names() if builds or not name.startswith(ENGINE_NAME)]
 
 
@@ -431,18 +431,14 @@ def _verdict(report: PrepareReport, state: _Run) -> tuple[bool, bool | None]:
     return True, not failed and comparison.passed
 
 
-def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
-    """Validation feeds the original model: a shape for an input it lacks fails now, not after every step."""
-    known = sorted({i.name for i in original.graph.input})
+def _check_input(recipe: Recipe, original: onnx.ModelProto) -> None:
+    """Each step's options against the input model, before any step runs (a shape for an input the model
+    lacks fails now, not after every step)."""
     for step in recipe.steps:
-        if step.name != "validate":
-            continue
-        unknown = sorted(set(step.options.shapes) - set(known))
-        if unknown:
-            raise GskitError(
-                f"step 'validate' (recipe line {step.line}): --shape names unknown input(s) {unknown}; "
-                f"model inputs are {known}"
-            )
+        try:
+            PASSES[step.name].check_input(original, step.options)
+        except GskitError as err:
+            raise GskitError(f"step '{step.name}' (recipe line {step.line}): {err}") from err
 
 
 def _run_steps(recipe: Recipe, state: _Run, report: PrepareReport, listener: StepListener | None) -> None:

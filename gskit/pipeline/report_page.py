@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from gskit.io import model as gsmodel
 from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
 from gskit.pipeline.recipe import Recipe
+from gskit.pipeline.steps import Validate
 from gskit.plugin.ops import op_label
 from gskit.plugin.spec import PluginRegistry
 
@@ -110,21 +111,11 @@ def _stub_lines(graph: gs.Graph, registry: PluginRegistry) -> list[str]:
 
 
 def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recipe) -> str:
-    """``inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05, rtol 1e-05 ...``."""
+    """What the comparison fed, as the validate step describes it (its options: the recipe's first)."""
     if comparison is None:
         return ""
-    options = next((s.options for s in recipe.steps if s.name == "validate"), None)
-    dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
-    fed = ", ".join(
-        f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
-        for name, shape in comparison.input_shapes.items()
-    )
-    source = getattr(options, "inputs", None)
-    how = f"from {source}" if source else f"random (seed {getattr(options, 'seed', 0)})"
-    return (
-        f"inputs {fed}, {how}; tolerances given: atol {comparison.atol:g}, rtol {comparison.rtol:g} "
-        "(float32 outputs; lower-precision outputs get at least their dtype's floor, see each row)"
-    )
+    options = next((s.options for s in recipe.steps if s.name == Validate.name), None)
+    return Validate.describe_inputs(comparison, original, options)
 
 
 def _model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:

@@ -13,11 +13,12 @@ A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
@@ -250,6 +251,29 @@ class Validate(GraphPass[ValidateOptions]):
 
     name, options, effect = "validate", ValidateOptions, "analysis"
 
+    def check_input(self, model: onnx.ModelProto, options: ValidateOptions) -> None:
+        """Validation feeds the original model: a shape for an input it lacks fails before any step runs."""
+        known = sorted({i.name for i in model.graph.input})
+        unknown = sorted(set(options.shapes) - set(known))
+        if unknown:
+            raise GskitError(f"--shape names unknown input(s) {unknown}; model inputs are {known}")
+
+    @staticmethod
+    def describe_inputs(comparison: Any, original: onnx.ModelProto, options: ValidateOptions | None) -> str:
+        """``inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05, rtol 1e-05 ...``
+        (report.html's line above the comparison)."""
+        dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
+        fed = ", ".join(
+            f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
+            for name, shape in comparison.input_shapes.items()
+        )
+        source = getattr(options, "inputs", None)
+        how = f"from {source}" if source else f"random (seed {getattr(options, 'seed', 0)})"
+        return (
+            f"inputs {fed}, {how}; tolerances given: atol {comparison.atol:g}, rtol {comparison.rtol:g} "
+            "(float32 outputs; lower-precision outputs get at least their dtype's floor, see each row)"
+        )
+
     def call(self, model: gs.Graph, options: ValidateOptions, context: PassContext) -> PassResult:
         from gskit.compare.outputs import (
             DtypeChange,
@@ -404,8 +428,10 @@ class Build(GraphPass[BuildOptions]):
         return PassResult(summary=f"built {info.engine.name} in {info.build_seconds:.1f}s", report=info)
 
 
-#: Every pass a recipe can name, by name.
-PASSES: Mapping[str, GraphPass] = {
+#: Every pass a recipe can name, by name: the one registry. A project adds a step by adding its pass here
+#: (one ``GraphPass`` class with its options and their ``step_flags``); the recipe schema and
+#: ``gskit prepare``'s flags follow.
+PASSES: dict[str, GraphPass] = {
     p.name: p
     for p in (
         SANITIZE,
@@ -423,5 +449,19 @@ PASSES: Mapping[str, GraphPass] = {
     )
 }
 
+
+class _StepOptions(Mapping[str, type]):
+    """The options dataclass of each step in ``PASSES`` now (a view: a step added later is in it)."""
+
+    def __getitem__(self, name: str) -> type:
+        return PASSES[name].options
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PASSES)
+
+    def __len__(self) -> int:
+        return len(PASSES)
+
+
 #: The options dataclass of each step (what ``gskit.pipeline.recipe`` validates a recipe against).
-STEP_OPTIONS: Mapping[str, type] = {name: p.options for name, p in PASSES.items()}
+STEP_OPTIONS: Mapping[str, type] = _StepOptions()
