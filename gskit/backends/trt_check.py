@@ -205,7 +205,8 @@ def check_trt(
             the parser process crashed.
     """
     path = Path(model_path)
-    model = gsmodel.load(path)
+    # The weights stay on disk: the checks read small constants only, and the parser reads the file itself
+    model = gsmodel.load(path, load_weights=False)
     goal = resolve_target(target)
     table = parser_table(goal)
     flavour, notes = _answering(backend, goal)
@@ -327,22 +328,31 @@ def plugin_label(namespace: str, name: str, version: str) -> str:
 def shipped_plugin_of(node: onnx.NodeProto) -> ShippedPlugin | None:
     """The ``libnvinfer_plugin`` creator TensorRT's parser finds for this node (op type, ``plugin_version``,
     ``plugin_namespace`` "" or absent: the parser looks in namespace "" first), or None."""
-    attrs = {a.name: attribute_value(a) for a in node.attribute if a.name in (NAMESPACE_ATTR, VERSION_ATTR)}
-    if str(attrs.get(NAMESPACE_ATTR, libnvinfer.NAMESPACE)) != libnvinfer.NAMESPACE:
+    if not _in_tensorrt_namespace(node):
         return None
-    return libnvinfer.shipped_plugin(node.op_type, str(attrs.get(VERSION_ATTR, DEFAULT_VERSION)))
+    version = next((attribute_value(a) for a in node.attribute if a.name == VERSION_ATTR), DEFAULT_VERSION)
+    return libnvinfer.shipped_plugin(node.op_type, str(version))
+
+
+def _in_tensorrt_namespace(node: onnx.NodeProto) -> bool:
+    """Whether the parser looks the node's creator up in TensorRT's own namespace ("", also when absent)."""
+    given = next(
+        (attribute_value(a) for a in node.attribute if a.name == NAMESPACE_ATTR), libnvinfer.NAMESPACE
+    )
+    return str(given) == libnvinfer.NAMESPACE
 
 
 def _plugin_issue(
     index: int, node: onnx.NodeProto, registry: PluginRegistry, target: TensorRTTarget
 ) -> NodeIssue:
     namespace, name, version = plugin_key(node)
-    own = trt_plugin_verdict(name, version, target)
+    shipped = shipped_plugin_of(node)
+    # Only a node the parser looks up in TensorRT's namespace "" is TensorRT's plugin of that name.
+    own = trt_plugin_verdict(name, version, target) if _in_tensorrt_namespace(node) else None
     if own is not None:  # one of TensorRT's own plugins that the target removed or deprecated
         return NodeIssue(index, node_label(index, node), node.domain, node.op_type, *own)
     problems = list(_unpassable_attributes(node))
     spec = registry.for_node(node)
-    shipped = shipped_plugin_of(node)
     if shipped is not None:
         namespace = libnvinfer.NAMESPACE
         trouble = shipped.problem(str(target))
@@ -553,9 +563,12 @@ def _parser_report(
             target=str(target),
             table=table.source,
         )
-    with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
-        parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
-        answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
+    if parsed is model:  # nothing cut: the parser reads the file as it is
+        answer = run_worker("check", flavour, {**request, "model": str(path.resolve())})
+    else:
+        with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
+            parsed_path = gsmodel.save_beside_weights(parsed, Path(tmp) / path.name)
+            answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
     errors_by_node: dict[int, list[str]] = {}
     model_errors = []
     for error in answer["errors"]:

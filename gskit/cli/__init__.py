@@ -100,7 +100,13 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``gskit`` parser; given the command line, only the named command's module is imported.
+
+    Each subcommand module imports what its command runs (onnx, numpy, Polygraphy ...): a second of imports
+    when all 13 are loaded. ``--help``, an unknown command or none still load them all, for the listing and
+    the "did you mean" suggestion.
+    """
     parser = SuggestingParser(
         prog="gskit", description="Prepare ONNX models for TensorRT (plugins, folding, checks, comparison)."
     )
@@ -108,9 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="show info logs")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    chosen = _named_command(words or ())
+    for name in COMMANDS if chosen is None else (chosen,):
         importlib.import_module(f"gskit.cli.{name}").add_parser(sub)
     return parser
+
+
+def _named_command(words: Sequence[str]) -> str | None:
+    """The module of the command ``words`` run (``check-trt`` -> ``check_trt``); None for help, version or
+    an unknown word."""
+    for word in words:
+        if word in GLOBAL_FLAGS:
+            continue
+        module = word.replace("-", "_")
+        return module if module in COMMANDS and not word.startswith("-") else None
+    return None
 
 
 def _quiet_onnxruntime(level: int) -> None:
@@ -181,7 +199,10 @@ def _run(words: list[str]) -> int:
         # onnx and onnxruntime take paths as UTF-8 strings: such a name would fail deep inside a step
         return _fail(name, f"{not_utf8}: not UTF-8 text (a file name in another encoding?); rename it")
     try:
-        args = build_parser().parse_args(words)
+        if _named_command(words) is None and "--version" in words:
+            print(f"gskit {_version()}")  # before the parser: it would import every command to say this
+            return 0
+        args = build_parser(words).parse_args(words)
         name = f"gskit {args.command}"
         level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
         handler = logging.StreamHandler(_CurrentStderr())

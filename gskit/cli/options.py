@@ -49,7 +49,7 @@ def add_options(parser: argparse.ArgumentParser, options: type) -> None:
         # a repeatable flag starts from None (argparse appends to its default); the field's default comes back
         # in options_from_args
         kwargs["default"] = None if kwargs.get("action") == "append" else default
-        if default not in (None, (), False):
+        if default is not False and default not in (None, (), {}):  # 0 == False: a default 0 is shown
             kwargs["help"] += f" (default {default})"
         parser.add_argument(flag_of(field), **kwargs)
 

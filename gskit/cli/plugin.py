@@ -109,12 +109,12 @@ def run(args: argparse.Namespace) -> int:
             r.version,
             report.lines(r.attributes) if r.attributes else "-",
             f"{r.patterns} ({r.derived})" if r.derived else r.patterns,
-            "\n".join(r.forms),
+            report.lines(r.forms),
         ]
         if r.for_target is not None:
             cells.append(r.for_target["short"])
         cells += [
-            "\n".join(_short_kind(kind, r) for kind in r.implementations) or "-",
+            report.lines(_short_kind(kind, r) for kind in r.implementations) if r.implementations else "-",
             r.origin or "-",
         ]
         table_rows.append(tuple(cells))

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import onnx
 import onnx_graphsurgeon as gs
 
+from gskit.compare.options import check_tolerances, compare_default
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
@@ -44,10 +45,6 @@ from gskit.passes.shapes import INFER_SHAPES
 from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag
 from gskit.plugin.spec import PluginRegistry, implementation_paths
 
-#: Sizes used for plugin-free parts of the default recipe.
-DEFAULT_ATOL = 1e-5
-DEFAULT_RTOL = 1e-5
-
 #: Field metadata of options that name a file: a recipe file's relative paths resolve against its folder.
 FILE_PATH = {"file_path": True}
 
@@ -62,7 +59,8 @@ class CheckTrtOptions:
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    """Run original and prepared on onnxruntime with the same inputs and compare every output."""
+    """Run original and prepared on onnxruntime with the same inputs and compare every output (the
+    tolerances are ``gskit compare``'s: :class:`gskit.compare.options.CompareOptions`)."""
 
     #: ``gskit prepare``'s flags for the recipe's validate steps
     step_flags: ClassVar[tuple[StepFlag, ...]] = (
@@ -96,15 +94,13 @@ class ValidateOptions:
         ),
     )
 
-    atol: float = DEFAULT_ATOL
-    rtol: float = DEFAULT_RTOL
+    atol: float = compare_default("atol")
+    rtol: float = compare_default("rtol")
     seed: int = 0
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     inputs: str | None = field(default=None, metadata=FILE_PATH)
 
     def __post_init__(self) -> None:
-        from gskit.compare.outputs import check_tolerances
-
         check_tolerances(self.atol, self.rtol)
         check_seed(self.seed)
         check_shape_options(self.shapes, check_fixed_dims)

@@ -390,12 +390,7 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     graphs = [graph, *graph.subgraphs(recursive=True)]
     native_nodes = {r.node for r in report.regions if r.form == "native"}
     report.norm_like_left = [n for n in norm_like_left(graphs) if n not in native_nodes]
-    for spec in specs:
-        for rule in spec.patterns:
-            watched = set(getattr(rule, "watches", ()))
-            left = [label(n) for g in graphs for n in g.nodes if op_key(n) in watched]
-            if left:
-                report.watched_left[rule.name] = left
+    report.watched_left = _watched_left(specs, graphs)
     log.info("replaced %d region(s) (target TensorRT %s)", report.replaced, target)
     return report
 
@@ -521,6 +516,24 @@ def _reads_a_mean(node: gs.Node) -> bool:
             return True
         frontier = [p for p in producers if op_key(p) in _VARIANCE_STEPS]
     return False
+
+
+def _watched_left(specs: Sequence[PluginSpec], graphs: Sequence[gs.Graph]) -> dict[str, list[str]]:
+    """Per rule with ``watches``, the nodes of those ops still in the graph, in graph order (one pass over the
+    nodes, not one per rule)."""
+    watchers: dict[tuple[str, str], list[str]] = {}
+    for spec in specs:
+        for rule in spec.patterns:
+            for key in set(getattr(rule, "watches", ())):
+                watchers.setdefault(key, []).append(rule.name)
+    left: dict[str, list[str]] = {}
+    if watchers:
+        for g in graphs:
+            for n in g.nodes:
+                for name in watchers.get(op_key(n), ()):
+                    left.setdefault(name, []).append(label(n))
+    ordered = dict.fromkeys(name for names in watchers.values() for name in names)
+    return {name: left[name] for name in ordered if name in left}
 
 
 def _infer_cast_dtypes(
