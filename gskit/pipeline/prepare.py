@@ -42,7 +42,7 @@ from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.report_page import render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, NotRun, Snapshots, step_status
-from gskit.plugin.spec import load_plugins
+from gskit.plugin.spec import PluginRegistry, load_plugins
 from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,10 @@ class _Run:
         return info if self.keep_engine and info is not None and not isinstance(info, NotRun) else None
 
     @property
-    def registry(self) -> Any:
-        return self.context.plugins
+    def registry(self) -> PluginRegistry:
+        """The loaded plugins (``prepare`` gives the context a registry)."""
+        plugins = self.context.plugins
+        return plugins if isinstance(plugins, PluginRegistry) else PluginRegistry()
 
 
 class StepListener(Protocol):
