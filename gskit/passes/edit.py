@@ -37,7 +37,7 @@ from gskit.passes.tensor_types import (
     gs_dtype,
     infer_types,
 )
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 from gskit.plugin.spec import PluginRegistry
 
@@ -1024,7 +1024,7 @@ def _insertion(entry: Any) -> Any:
 class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
-    def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
+    def call(self, model: Any, options: EditOptions, context: PassContext) -> PassResult:
         plan = EditPlan(
             drop_initializer_inputs=options.drop_initializer_inputs,
             constants_to_initializers=options.constants_to_initializers,
@@ -1038,7 +1038,7 @@ class _Edit(GraphPass[EditOptions]):
             expose=list(options.expose),
             force=options.force,
         )
-        changes = apply_plan(model, plan, plugins=context.get("plugins"))
+        changes = apply_plan(model, plan, plugins=context.plugins)
         steps = list(dict.fromkeys(c.step for c in changes))
         summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
         return PassResult(model, modified=bool(changes), report=changes, summary=summary)
