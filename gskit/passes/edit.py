@@ -38,7 +38,7 @@ from gskit.passes.tensor_types import (
     gs_dtype,
     infer_types,
 )
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 from gskit.plugin.spec import PluginRegistry
 
@@ -1056,8 +1056,8 @@ def _insertion(entry: Any) -> Any:
 class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
-    def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
-        changes = apply_to_graph(model, options, plugins=context.get("plugins"))
+    def call(self, model: Any, options: EditOptions, context: PassContext) -> PassResult:
+        changes = apply_to_graph(model, options, plugins=context.plugins)
         steps = list(dict.fromkeys(c.step for c in changes))
         summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
         return PassResult(model, modified=bool(changes), report=changes, summary=summary)

@@ -80,7 +80,7 @@ from gskit.passes.tensor_types import (
     export_graph,
     infer_tensor_types,
 )
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option, run_pass
 from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node, op_counts, plugin_keys
 
 log = logging.getLogger(__name__)
@@ -252,8 +252,8 @@ class _Fold(GraphPass[FoldOptions]):
                 "means no limit"
             )
 
-    def call(self, model: Any, options: FoldOptions, **context: Any) -> PassResult:
-        folded, report = _fold(model, options, context.get("plugins"), context.get("spill_dir"))
+    def call(self, model: Any, options: FoldOptions, context: PassContext) -> PassResult:
+        folded, report = _fold(model, options, context.plugins, context.spill_dir)
         return PassResult(
             folded,
             # shapes folded into constants change the graph even when the node count stays

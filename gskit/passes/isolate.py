@@ -27,7 +27,7 @@ from gskit.errors import GskitError
 from gskit.io.model import node_subgraphs
 from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.tensor_types import gs_dtype, infer_types
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option, run_pass
 from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,11 @@ class _Isolate(GraphPass[IsolateOptions]):
     def requires(self, model: Any, options: IsolateOptions) -> None:
         if not options.outputs:
             raise GskitError("isolate needs at least one output tensor name")
+        if not options.inputs:  # the outputs would be computed from the graph's inputs: nothing isolated
+            raise GskitError("isolate: needs both 'inputs' and 'outputs' tensor names")
 
-    def call(self, model: Any, options: IsolateOptions, **context: Any) -> PassResult:
-        sub = _isolate(model, options.inputs, options.outputs, context.get("plugins"))
+    def call(self, model: Any, options: IsolateOptions, context: PassContext) -> PassResult:
+        sub = _isolate(model, options.inputs, options.outputs, context.plugins)
         summary = f"kept the subgraph {list(options.inputs)} -> {list(options.outputs)}"
         return PassResult(sub, modified=True, summary=summary)
 

@@ -43,7 +43,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.passes import edit
 from gskit.passes.tensor_types import elem_type, infer_tensor_types
-from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.passes.transform import GraphPass, PassContext, PassResult, option, run_pass
 from gskit.plugin.ops import is_default_domain, op_counts
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class _Sanitize(GraphPass[SanitizeOptions]):
         for item in options.extra:
             _check_extra(item)
 
-    def call(self, model: Any, options: SanitizeOptions, **context: Any) -> PassResult:
+    def call(self, model: Any, options: SanitizeOptions, context: PassContext) -> PassResult:
         out, report = _sanitize(model, set(options.skip), options.extra)
         changed = ", ".join(f"{step} {n}" for step, n in report.changes.items() if n) or "nothing to tidy"
         return PassResult(

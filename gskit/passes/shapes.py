@@ -32,7 +32,7 @@ from gskit.passes.tensor_types import (
     infer_types,
     with_inferred_types,
 )
-from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.passes.transform import GraphPass, PassContext, PassResult, ensure, option, run_pass
 from gskit.plugin.spec import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -51,15 +51,33 @@ _DEFAULTS = InferShapesOptions()
 
 
 class _InferShapes(GraphPass[InferShapesOptions]):
-    """A gs.Graph gets shapes set on its own tensors; a ModelProto is left alone (a new one is returned)."""
+    """A gs.Graph gets shapes set on its own tensors; a ModelProto is left alone (a new one is returned).
+
+    On a gs.Graph the report is the plugin outputs still without a rank (``unshaped_plugin_outputs``);
+    preparing for a TensorRT target (``context.target``), strict inference also stops at a plugin rule that
+    gives no rank for inputs with one.
+    """
 
     name, options, effect = "infer_shapes", InferShapesOptions, "in_place"
 
-    def call(self, model: Any, options: InferShapesOptions, **context: Any) -> PassResult:
-        registry = context.get("plugins") or PluginRegistry()
+    def call(self, model: Any, options: InferShapesOptions, context: PassContext) -> PassResult:
+        registry = context.plugins or PluginRegistry()
         if isinstance(model, onnx.ModelProto):
             return PassResult(_infer_model(model, registry, options.strict), modified=True)
-        return PassResult(_infer_graph(model, registry, options.strict), modified=True)
+        graph = _infer_graph(model, registry, options.strict)
+        unshaped = unshaped_plugin_outputs(graph, registry)
+        if options.strict and context.target is not None:
+            # Preparing for TensorRT, which asks the plugin for its output shapes: a plugin rule that gives
+            # no rank for inputs with one stops the run. Where an upstream op lost the shape, TensorRT still
+            # knows it (the network).
+            blocking = [u.describe() for u in unshaped if u.origin is None]
+            ensure(not blocking, self.name, "; ".join(blocking[:3]))
+        summary = (
+            f"{len(unshaped)} plugin output(s) without a rank: {unshaped[0].describe()}"
+            if unshaped
+            else "every plugin output has a rank"
+        )
+        return PassResult(graph, modified=True, report=unshaped, summary=summary)
 
 
 #: The shape inference pass: ``run_pass(INFER_SHAPES, graph_or_model, InferShapesOptions(...), plugins=...)``.

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -44,7 +44,16 @@ from gskit.passes.patterns.match import (
 )
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
 from gskit.passes.tensor_types import elem_type, infer_tensor_types
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.transform import (
+    Before,
+    GraphPass,
+    PassContext,
+    PassResult,
+    StepFlag,
+    ensure,
+    option,
+    run_pass,
+)
 from gskit.plugin.native import FormChoice, choose_form
 from gskit.plugin.ops import DEFAULT_DOMAINS, onnx_op_since, op_label
 from gskit.plugin.spec import PluginSpec, TensorInfo
@@ -211,6 +220,18 @@ class ReplaceOptions:
         metavar="VERSION",
     )
 
+    #: ``gskit prepare``'s flag for the recipe's replace steps
+    step_flags: ClassVar[tuple[StepFlag, ...]] = (
+        StepFlag(
+            "only",
+            "--only",
+            "replace only these plugins' patterns (repeatable; replace.only)",
+            option="only",
+            kind="append",
+            metavar="PLUGIN",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.tensorrt is not None:
             resolve_target(self.tensorrt)  # a bad version is refused where it is given
@@ -273,8 +294,16 @@ def replace(
 class _Replace(GraphPass[ReplaceOptions]):
     name, options, effect, takes_model = "replace", ReplaceOptions, "in_place", False
 
-    def call(self, model: Any, options: ReplaceOptions, **context: Any) -> PassResult:
-        report = _replace(model, context.get("plugins") or (), options)
+    def call(self, model: Any, options: ReplaceOptions, context: PassContext) -> PassResult:
+        """A run's target (``context.target``, a recipe's or ``--tensorrt``) picks the forms."""
+        specs = list(context.plugins or ())
+        if context.plugins is not None and not specs:
+            raise GskitError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
+        if context.target is not None:
+            options = dataclasses.replace(options, tensorrt=str(context.target))
+        report = _replace(model, specs, options)
+        if context.target is not None:
+            report.target_source = context.target.source
         modified = report.replaced > 0 or report.opset_raised is not None
         return PassResult(model, modified=modified, report=report, summary=summarize(report))
 
