@@ -20,7 +20,7 @@ from gskit.errors import GskitError, describe_os_error
 from gskit.io import interrupt
 from gskit.io.interrupt import Terminated
 from gskit.io.report import progress_display
-from gskit.io.text import visible
+from gskit.io.text import is_utf8, visible
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -42,15 +42,19 @@ COMMANDS = (
 )
 
 
-def add_plugins_option(parser: argparse.ArgumentParser, purpose: str = "") -> None:
+def add_plugins_option(
+    parser: argparse.ArgumentParser, purpose: str = "", *, help: str | None = None
+) -> None:  # noqa: A002
     """``--plugins DIR`` (repeatable): plugin folders loaded besides the shipped plugins, installed plugin
-    packages, ``$GSKIT_PLUGINS`` and ``./plugins``."""
-    parser.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help=f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and "
-        f"./plugins (repeatable)",
+    packages, ``$GSKIT_PLUGINS`` and ``./plugins``; ``help`` replaces the whole help text."""
+    parser.add_argument("--plugins", action="append", metavar="DIR", help=help or plugins_help(purpose))
+
+
+def plugins_help(purpose: str = "") -> str:
+    """The help of ``--plugins`` where it adds folders to the plugins gskit finds."""
+    return (
+        f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and ./plugins "
+        "(repeatable)"
     )
 
 
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(words: list[str]) -> int:
     debug = "--debug" in words
     name = "gskit"
-    not_utf8 = next((word for word in words if not _is_utf8(word)), None)
+    not_utf8 = next((word for word in words if not is_utf8(word)), None)
     if not_utf8 is not None:
         # onnx and onnxruntime take paths as UTF-8 strings: such a name would fail deep inside a step
         return _fail(name, f"{not_utf8}: not UTF-8 text (a file name in another encoding?); rename it")
@@ -253,15 +257,6 @@ def _run(words: list[str]) -> int:
             f"unexpected {type(err).__name__}: {first} (a gskit bug: rerun with `gskit --debug ...` for the "
             "traceback and report it)",
         )
-
-
-def _is_utf8(word: str) -> bool:
-    """Whether an argument is UTF-8 text (Python shows other bytes of argv as lone surrogates)."""
-    try:
-        word.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _interrupted(name: str, signum: int | None) -> int:

@@ -6,7 +6,7 @@ the object changes every place at once. The functions here check their precondit
 GskitError naming the tensor or node; an error raised halfway (a cycle found after an edit) leaves the
 graph as edited, so work on ``graph.copy()`` when the original must survive a failure.
 
-``apply_edits`` runs a whole :class:`EditPlan` (what ``gskit edit`` does) in a fixed order:
+``apply_edits`` runs a whole :class:`EditOptions` (what ``gskit edit`` does) in a fixed order:
 
 1. drop initializer inputs, 2. constants to initializers, 3. renames, 4. input dtypes, 5. input shapes,
 6. node removals, 7. insertions, 8. attribute changes, 9. exposed tensors.
@@ -30,6 +30,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.limits import check_int64, number_array, short_number
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
+from gskit.passes import edit_args
 from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.tensor_types import (
     InferenceFailed,
@@ -37,7 +38,7 @@ from gskit.passes.tensor_types import (
     gs_dtype,
     infer_types,
 )
-from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
 from gskit.plugin.spec import PluginRegistry
 
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 Dim = int | str | None
 DtypeLike = np.dtype | type | str | int
+
+#: A flag that takes one or more values, and more each time it is given (``--rename a=b c=d --rename e=f``).
+_MANY = {"action": "extend", "nargs": "+"}
 
 
 # --------------------------------------------------------------------------------------------- tensors
@@ -500,7 +504,7 @@ def drop_initializer_inputs(graph: gs.Graph) -> gs.Graph:
     return graph
 
 
-# ----------------------------------------------------------------------------------------------- plans
+# -------------------------------------------------------------------------------------------- options
 
 
 @dataclasses.dataclass
@@ -514,22 +518,77 @@ class Insertion:
     domain: str = ""
 
 
-@dataclasses.dataclass
-class EditPlan:
-    """Everything ``gskit edit`` can do in one run; ``apply_edits`` applies it in the module's fixed order."""
+@dataclasses.dataclass(frozen=True)
+class EditOptions:
+    """Everything ``gskit edit`` and the recipe's ``edit`` step do in one run, applied in this module's order.
 
-    drop_initializer_inputs: bool = False
-    constants_to_initializers: bool = False
-    renames: dict[str, str] = dataclasses.field(default_factory=dict)
-    input_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
-    input_shapes: dict[str, list[Dim]] = dataclasses.field(default_factory=dict)
-    remove_nodes: list[str] = dataclasses.field(default_factory=list)
-    insertions: list[Insertion] = dataclasses.field(default_factory=list)
-    set_attrs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    remove_attrs: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    expose: list[str] = dataclasses.field(default_factory=list)
+    Each field is one ``gskit edit`` flag (its text spelling read by ``gskit.passes.edit_args``) and one key
+    of the recipe's ``edit:`` mapping. ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs:
+    {...}, inputs: [...], domain: D}`` (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name
+    or a list of numbers (a constant).
+    """
+
+    rename: dict[str, str] = option(
+        {}, help="rename a tensor", metavar="OLD=NEW", entry=edit_args.rename, **_MANY
+    )
+    input_shapes: dict[str, tuple[int | str | None, ...]] = option(
+        {},
+        help="set an input's shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224]; with commas a dim may "
+        "be -1 or ? (dynamic) or a word (symbolic), e.g. x:batch,3,-1,-1; x: is a scalar",
+        flag="--input-shape",
+        metavar="NAME:DIMS",
+        entry=edit_args.input_shape,
+        **_MANY,
+    )
+    input_dtypes: dict[str, str] = option(
+        {},
+        help="change an input's dtype (e.g. ids:int32); a Cast back to the old dtype follows the input",
+        flag="--input-dtype",
+        metavar="NAME:DTYPE",
+        entry=edit_args.input_dtype,
+        **_MANY,
+    )
+    insert_after: tuple[dict[str, Any], ...] = option(
+        (),
+        help="insert a node after TENSOR keeping its name; list values as k=1,2,3; keys starting "
+        "with @ are extra inputs in order: numbers become an int64/float32 constant, else a "
+        "tensor name (e.g. y:Pad:mode=reflect,@pads=0,0,0,0,0,0,1,0)",
+        metavar="TENSOR:OP[:k=v,...]",
+        entry=edit_args.insertion,
+    )
+    remove_nodes: tuple[str, ...] = option(
+        (), help="remove a single-input single-output node", flag="--remove-node", metavar="NAME", **_MANY
+    )
+    set_attrs: dict[str, dict[str, Any]] = option(
+        {},
+        help="set an attribute (custom ones start with __); lists as 1,2,3",
+        flag="--set-attr",
+        metavar="NODE:KEY=VALUE",
+        entry=edit_args.set_attr,
+        **_MANY,
+    )
+    remove_attrs: dict[str, tuple[str, ...]] = option(
+        {},
+        help="remove an attribute",
+        flag="--remove-attr",
+        metavar="NODE:KEY",
+        entry=edit_args.remove_attr,
+        **_MANY,
+    )
+    expose: tuple[str, ...] = option(
+        (), help="add an intermediate tensor as a graph output", metavar="TENSOR", **_MANY
+    )
+    constants_to_initializers: bool = option(False, help="turn Constant nodes into initializers")
+    drop_initializer_inputs: bool = option(False, help="remove initializers from the graph inputs")
     #: skip attribute checks against op schemas (insertions and attribute changes)
-    force: bool = False
+    force: bool = option(
+        False, help="accept attributes unknown to the op's schema, and --insert-after ops unknown to onnx"
+    )
+
+    def __post_init__(self) -> None:
+        for entry in self.insert_after:
+            _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+        check_shape_options(self.input_shapes, check_symbolic_dims)
 
 
 @dataclasses.dataclass
@@ -542,12 +601,12 @@ class Change:
 
 
 def apply_edits(
-    model: onnx.ModelProto, plan: EditPlan, *, plugins: PluginRegistry | None = None
+    model: onnx.ModelProto, options: EditOptions, *, plugins: PluginRegistry | None = None
 ) -> tuple[gs.Graph, list[Change]]:
-    """Apply an EditPlan to a model, in the order given in this module's docstring.
+    """Apply edits to a model, in the order given in this module's docstring (what ``gskit edit`` does).
 
-    Initializers that the model lists as graph inputs stay inputs unless ``plan.drop_initializer_inputs``.
-    ``plugins``: see :func:`apply_plan`.
+    Initializers that the model lists as graph inputs stay inputs unless ``options.drop_initializer_inputs``.
+    ``plugins``: see :func:`apply_to_graph`.
 
     Returns:
         The edited graph and what changed, one Change per edit.
@@ -558,34 +617,34 @@ def apply_edits(
     graph = gsmodel.to_graph(model)
     init_names = {t.name for t in model.graph.initializer}
     listed = [i.name for i in model.graph.input if i.name in init_names]
-    if listed and not plan.drop_initializer_inputs:
+    if listed and not options.drop_initializer_inputs:
         tensors = graph.tensors()
         graph.inputs.extend(tensors[n] for n in listed if n in tensors)
-    return graph, apply_plan(graph, plan, listed_initializers=listed, plugins=plugins)
+    return graph, apply_to_graph(graph, options, listed_initializers=listed, plugins=plugins)
 
 
-def apply_plan(
+def apply_to_graph(
     graph: gs.Graph,
-    plan: EditPlan,
+    options: EditOptions,
     *,
     listed_initializers: Sequence[str] = (),
     plugins: PluginRegistry | None = None,
 ) -> list[Change]:
-    """Apply an EditPlan to a graph in place (``gskit edit`` and the recipe's ``edit`` step both run this).
+    """Apply edits to a graph in place (``gskit edit`` and the recipe's ``edit`` step both run this).
 
     ``listed_initializers``: initializers the file listed as graph inputs, which graphsurgeon's import
-    already dropped (reported as dropped when the plan asks for it). ``plugins``: loaded plugins, whose
+    already dropped (reported as dropped when the options ask for it). ``plugins``: loaded plugins, whose
     output rules type plugin nodes' outputs where an edit needs shape inference.
 
     Returns:
         What changed, one Change per edit.
     """
     changes: list[Change] = []
-    if plan.drop_initializer_inputs:
+    if options.drop_initializer_inputs:
         dropped = [*listed_initializers, *(t.name for t in graph.inputs if isinstance(t, gs.Constant))]
         drop_initializer_inputs(graph)
         changes += [Change("drop initializer input", name, "no longer a graph input") for name in dropped]
-    if plan.constants_to_initializers:
+    if options.constants_to_initializers:
         before = sum(
             1 for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes if n.op == "Constant"
         )
@@ -596,23 +655,23 @@ def apply_plan(
         changes.append(
             Change("constants to initializers", "graph", f"{before - after} Constant nodes converted")
         )
-    if plan.renames:
-        rename_tensors(graph, plan.renames)
-        changes += [Change("rename", old, f"-> {new}") for old, new in plan.renames.items()]
-    for name, dtype in plan.input_dtypes.items():
+    if options.rename:
+        rename_tensors(graph, options.rename)
+        changes += [Change("rename", old, f"-> {new}") for old, new in options.rename.items()]
+    for name, dtype in options.input_dtypes.items():
         old = _graph_input(graph, name).dtype
         set_input_dtype(graph, name, dtype)
         changes.append(
             Change("input dtype", name, f"{_dtype_name(old) if old is not None else '?'} -> {dtype}")
         )
-    for name, shape in plan.input_shapes.items():
+    for name, shape in options.input_shapes.items():
         set_input_shape(graph, name, shape)
         changes.append(Change("input shape", name, str(["?" if d is None else d for d in shape])))
-    for node_name in plan.remove_nodes:
+    for node_name in options.remove_nodes:
         op = _node(graph, node_name).op
         remove_node(graph, node_name, plugins=plugins)
         changes.append(Change("remove node", node_name, op))
-    for ins in plan.insertions:
+    for ins in map(_insertion, options.insert_after):
         node = insert_after(
             graph,
             ins.tensor,
@@ -620,18 +679,18 @@ def apply_plan(
             attrs=ins.attrs,
             extra_inputs=ins.extra_inputs,
             domain=ins.domain,
-            force=plan.force,
+            force=options.force,
             plugins=plugins,
         )
         changes.append(Change("insert after", ins.tensor, f"{ins.op} node '{node.name}'"))
-    for node_name in dict.fromkeys([*plan.set_attrs, *plan.remove_attrs]):
-        values, remove = plan.set_attrs.get(node_name, {}), plan.remove_attrs.get(node_name, [])
-        set_attributes(graph, node_name, values, remove, force=plan.force)
+    for node_name in dict.fromkeys([*options.set_attrs, *options.remove_attrs]):
+        values, remove = options.set_attrs.get(node_name, {}), options.remove_attrs.get(node_name, [])
+        set_attributes(graph, node_name, values, remove, force=options.force)
         detail = ", ".join([*(f"{k}={v}" for k, v in values.items()), *(f"-{k}" for k in remove)])
         changes.append(Change("attributes", node_name, detail))
-    if plan.expose:
-        expose_tensors(graph, plan.expose, plugins=plugins)
-        changes += [Change("expose", name, "now a graph output") for name in plan.expose]
+    if options.expose:
+        expose_tensors(graph, options.expose, plugins=plugins)
+        changes += [Change("expose", name, "now a graph output") for name in options.expose]
     return changes
 
 
@@ -964,33 +1023,6 @@ def _types(graph: onnx.GraphProto) -> dict[str, tuple[Any, Any]]:
 # --- the edit pass: a recipe's edit step --------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class EditOptions:
-    """Graph edits: everything ``gskit edit`` does, applied in its order (see ``gskit.passes.edit``).
-
-    ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs: {...}, inputs: [...], domain: D}``
-    (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name or a list of numbers (a constant).
-    """
-
-    rename: dict[str, str] = dataclasses.field(default_factory=dict)
-    input_shapes: dict[str, tuple[int | str | None, ...]] = dataclasses.field(default_factory=dict)
-    input_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
-    remove_nodes: tuple[str, ...] = ()
-    insert_after: tuple[dict[str, Any], ...] = ()
-    set_attrs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    remove_attrs: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    expose: tuple[str, ...] = ()
-    constants_to_initializers: bool = False
-    drop_initializer_inputs: bool = False
-    #: skip attribute checks against op schemas (insertions and attribute changes)
-    force: bool = False
-
-    def __post_init__(self) -> None:
-        for entry in self.insert_after:
-            _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
-        check_shape_options(self.input_shapes, check_symbolic_dims)
-
-
 _INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})
 
 
@@ -1003,7 +1035,7 @@ def _insertion(entry: Any) -> Any:
         )
     inputs = []
     for item in entry.get("inputs") or ():
-        if isinstance(item, str):
+        if isinstance(item, (str, np.ndarray)):  # a tensor name, or a constant the command line made
             inputs.append(item)
         elif isinstance(item, (list, tuple)) and item and all(isinstance(v, (int, float)) for v in item):
             try:
@@ -1025,20 +1057,7 @@ class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
     def call(self, model: Any, options: EditOptions, context: PassContext) -> PassResult:
-        plan = EditPlan(
-            drop_initializer_inputs=options.drop_initializer_inputs,
-            constants_to_initializers=options.constants_to_initializers,
-            renames=dict(options.rename),
-            input_dtypes=dict(options.input_dtypes),
-            input_shapes={name: list(dims) for name, dims in options.input_shapes.items()},
-            remove_nodes=list(options.remove_nodes),
-            insertions=[_insertion(entry) for entry in options.insert_after],
-            set_attrs={node: dict(values) for node, values in options.set_attrs.items()},
-            remove_attrs={node: list(keys) for node, keys in options.remove_attrs.items()},
-            expose=list(options.expose),
-            force=options.force,
-        )
-        changes = apply_plan(model, plan, plugins=context.plugins)
+        changes = apply_to_graph(model, options, plugins=context.plugins)
         steps = list(dict.fromkeys(c.step for c in changes))
         summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
         return PassResult(model, modified=bool(changes), report=changes, summary=summary)

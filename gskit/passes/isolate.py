@@ -209,21 +209,16 @@ def _outer_reads(node: gs.Node) -> list[gs.Tensor]:
     return [t for t in reads if id(t) not in local]
 
 
+#: What a subgraph keeps of the whole graph besides its nodes and boundary tensors.
+_GRAPH_FIELDS = ("name", "doc_string", "opset", "import_domains", "functions", "ir_version")
+
+
 def _copy_part(
     graph: gs.Graph, nodes: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]
 ) -> gs.Graph:
     """Copy just the kept nodes and their tensors into a new graph (the original stays untouched)."""
-    part = gs.Graph(
-        nodes=nodes,
-        inputs=inputs,
-        outputs=outputs,
-        name=graph.name,
-        doc_string=graph.doc_string,
-        opset=graph.opset,
-        import_domains=graph.import_domains,
-        functions=graph.functions,
-        ir_version=graph.ir_version,
-    )
+    kept = {field: getattr(graph, field) for field in _GRAPH_FIELDS}
+    part = gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, **kept)
     sub = part.copy()
     # A kept node may also produce a tensor given as input (one output of a Split, say): that output
     # now comes from outside, so the node's slot gets a fresh, unused tensor.

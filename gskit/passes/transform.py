@@ -54,6 +54,7 @@ def option(
     flag: str | None = None,
     metavar: str | None = None,
     parse: Callable[[str], Any] | None = None,
+    entry: Callable[[str], Any] | None = None,
     cli: bool = True,
     **extra: Any,
 ) -> Any:
@@ -66,10 +67,21 @@ def option(
             boolean whose default is True).
         metavar: the CLI metavar.
         parse: turns one CLI value into the field's value (default: from the field's type).
+        entry: for a repeatable flag, turns one CLI value into one item of a tuple, or into entries of a
+            mapping (merged: a later value wins, nested mappings and tuples combine). It runs after
+            argparse, so its ``GskitError`` is the command's one error line.
         cli: False for options a recipe can set but the command line does not offer.
         extra: more ``argparse.add_argument`` keywords (``choices``, ``nargs``, ``required``).
     """
-    metadata = {"help": help, "flag": flag, "metavar": metavar, "parse": parse, "cli": cli, "extra": extra}
+    metadata = {
+        "help": help,
+        "flag": flag,
+        "metavar": metavar,
+        "parse": parse,
+        "entry": entry,
+        "cli": cli,
+        "extra": extra,
+    }
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
