@@ -495,3 +495,56 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, capsys):
     before = src.read_bytes()
     assert main(["edit", str(src), "-o", str(out), "--in-place", "--rename", "x=x2"]) == 2
     assert "not both" in capsys.readouterr().err and not out.exists() and src.read_bytes() == before
+
+
+# ------------------------------------------------------------------------------- one options dataclass
+
+
+def test_cli_flags_and_recipe_step_make_the_same_edit_options():
+    """`gskit edit`'s flags and the recipe's `edit:` mapping are two spellings of one EditOptions; repeated
+    flags add up (a later rename of the same tensor wins, attribute edits of one node combine)."""
+    from gskit.cli import build_parser
+    from gskit.cli.options import options_from_args
+    from gskit.pipeline.recipe import parse_recipe
+
+    argv = [
+        "edit", "m.onnx", "-o", "o.onnx",
+        "--rename", "a=b", "c=d", "--rename", "a=e",
+        "--input-shape", "x:batch,3,-1", "--input-dtype", "ids:int32",
+        "--insert-after", "y:Pad:mode=reflect,@pads=p", "--insert-after", "z:Relu",
+        "--remove-node", "n1", "--remove-node", "n2",
+        "--set-attr", "conv:__note=hi", "--set-attr", "conv:strides=1,2", "pool:k=3",
+        "--remove-attr", "conv:group", "conv:dilations",
+        "--expose", "t", "--constants-to-initializers", "--force",
+    ]  # fmt: skip
+    from_cli = options_from_args(build_parser().parse_args(argv), edit.EditOptions)
+    recipe = parse_recipe(
+        """steps:
+  - edit:
+      rename: {a: e, c: d}
+      input_shapes: {x: [batch, 3, null]}
+      input_dtypes: {ids: int32}
+      insert_after:
+        - {tensor: y, op: Pad, attrs: {mode: reflect}, inputs: [p]}
+        - {tensor: z, op: Relu, attrs: {}, inputs: []}
+      remove_nodes: [n1, n2]
+      set_attrs: {conv: {__note: hi, strides: [1, 2]}, pool: {k: 3}}
+      remove_attrs: {conv: [group, dilations]}
+      expose: [t]
+      constants_to_initializers: true
+      force: true
+"""
+    )
+    assert from_cli == recipe.steps[0].options
+
+
+def test_cli_edit_flags_are_the_edit_options_fields(capsys):
+    """Each EditOptions field is one `gskit edit` flag, with the field's help: nothing is declared twice."""
+    from gskit.cli.options import cli_fields, flag_of
+
+    with pytest.raises(SystemExit):
+        main(["edit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for field in cli_fields(edit.EditOptions):
+        assert flag_of(field) in text and " ".join(field.metadata["help"].split()) in text
+    assert len(cli_fields(edit.EditOptions)) == 11

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import gskit
+import gskit.cli
 
 #: Optional dependencies that no gskit module may import at module level.
 BLOCKED = ("tensorrt", "tensorrt_rtx", "torch")
@@ -34,6 +35,7 @@ for name in list(sys.modules):
 # Then every module of the package is imported (``__main__`` modules would run the CLI, so not those).
 IMPORT_ALL = """
 import gskit
+import gskit.cli
 
 imported, failed = [], {}
 def walk_error(name):
@@ -112,3 +114,68 @@ def test_import_paths_the_readmes_document_name_the_owners() -> None:
         assert "load_everything" in str(err)
     else:
         raise AssertionError("gskit.plugin.spec answered a name it never had")
+
+
+# A real run with torch installed: the commands that need no torch leave it unimported.
+RUN_WITHOUT_TORCH = """
+import sys
+from gskit.cli import main
+code = main(sys.argv[1:])
+print("TORCH" if "torch" in sys.modules else "NO-TORCH", code)
+"""
+
+
+def test_compare_and_validate_do_not_import_torch(tmp_path: Path) -> None:
+    """Polygraphy's torch-tensor check imported torch on every onnxruntime run (1 s, 170 MB per command)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        import pytest
+
+        pytest.skip("torch is not installed: nothing could import it")
+    example = str(Path(gskit.__file__).parent / "data" / "example.onnx")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("steps: [sanitize, fold, validate]\n")  # no plugin node: nothing asks for torch
+    for argv in (
+        ["compare", example, example],
+        ["compare", example, example, "--layerwise"],
+        ["prepare", example, "-o", str(tmp_path / "out"), "--recipe", str(recipe)],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", RUN_WITHOUT_TORCH, *argv], capture_output=True, text=True, timeout=300
+        )
+        assert done.stdout.strip().splitlines()[-1] == "NO-TORCH 0", (
+            argv,
+            done.stdout[-500:],
+            done.stderr[-500:],
+        )
+
+
+LOADED_BY = """
+import sys
+from gskit.cli import main
+code = main(sys.argv[1:])
+print(" ".join(sorted(m for m in sys.modules if m.startswith("gskit.cli.") or m in ("onnx", "numpy"))), code)
+"""
+
+
+def _loaded(*argv: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_BY, *argv], capture_output=True, text=True, timeout=120
+    )
+    return done.stdout.strip().splitlines()[-1].split()
+
+
+def test_version_imports_no_command_and_a_command_imports_only_its_own() -> None:
+    """Building every subcommand's parser imported all 13 modules (and onnx, numpy ...) for `--version`."""
+    assert _loaded("--version") == ["0"]
+    example = str(Path(gskit.__file__).parent / "data" / "example.onnx")
+    loaded = _loaded("inspect", example)
+    assert loaded[-1] == "0"
+    # the shared helpers (gskit.cli.command, gskit.cli.options) load with any command; no other command does
+    commands = [m for m in loaded if m.startswith("gskit.cli.") and m.split(".")[2] in gskit.cli.COMMANDS]
+    assert commands == ["gskit.cli.inspect"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "gskit.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert all(name.replace("_", "-") in listed.stdout for name in gskit.cli.COMMANDS)

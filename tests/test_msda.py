@@ -242,7 +242,9 @@ def test_a_target_older_than_the_plugin_version_leaves_the_region_with_the_reaso
     report = replace(graph, [spec], tensorrt="8.6")
     (plugin,) = report.plugins
     assert plugin.replaced == 0 and len(plugin.skipped) == 2
-    assert all("TensorRT 8.6 predates MultiscaleDeformableAttnPlugin_TRT v2" in s.reason for s in plugin.skipped)
+    assert all(
+        "TensorRT 8.6 predates MultiscaleDeformableAttnPlugin_TRT v2" in s.reason for s in plugin.skipped
+    )
     assert "MultiscaleDeformableAttnPlugin_TRT" not in {n.op for n in graph.nodes}
     graph = gsmodel.to_graph(onnx.load(path))
     assert replace(graph, [spec], tensorrt="10.11").replaced == 2

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from gskit.cli import build_parser, main
+from gskit.errors import GskitError
 from gskit.passes.fold import FoldOptions, fold
+from gskit.passes.transform import GraphPass, PassContext, PassResult, PromiseError, run_pass
 from gskit.pipeline import steps as passes
 from gskit.pipeline.recipe import parse_recipe
-from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, STEP_OPTIONS, PassResult, StepError
+from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, STEP_OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
@@ -26,11 +28,12 @@ def test_one_registry_declares_every_pass() -> None:
     assert set(DEFAULT_STEPS) <= set(PASSES)
     assert STEP_OPTIONS == {name: p.options for name, p in PASSES.items()}
     for name, step in PASSES.items():
+        assert isinstance(step, GraphPass), f"{name} is not a GraphPass"
         assert step.name == name
         assert dataclasses.is_dataclass(step.options)
-        assert step.effect in ("in_place", "replaces", "check")
-        assert type(step).call is not passes.Pass.call, f"{name} does not implement call"
-    assert {n for n, p in PASSES.items() if p.effect == "check"} == {"check_trt", "validate", "build"}
+        assert step.effect in ("in_place", "copying", "analysis")
+        assert type(step).call is not GraphPass.call, f"{name} does not implement call"
+    assert {n for n, p in PASSES.items() if p.effect == "analysis"} == {"check_trt", "validate", "build"}
 
 
 def test_fold_defaults_have_one_source() -> None:
@@ -81,23 +84,24 @@ def test_replace_promise_catches_a_replacement_that_left_its_nodes(tmp_path: Pat
     assert "broke its promise" in failed["summary"] and "not in the graph" in failed["summary"]
 
 
-def test_a_check_that_says_it_modified_the_graph_is_a_bug(monkeypatch) -> None:
+def test_an_analysis_that_says_it_modified_the_graph_is_a_bug(monkeypatch) -> None:
     import onnx_graphsurgeon as gs
 
     monkeypatch.setattr(
-        passes.CheckTrt, "call", lambda self, state, options: PassResult(summary="x", modified=True)
+        passes.CheckTrt, "call", lambda self, model, options, context: PassResult(summary="x", modified=True)
     )
-    state = passes.RunState(gs.Graph(), Path("m.onnx"), None, None, Path("."))
-    with pytest.raises(StepError, match="is a check but says it modified the graph"):
-        PASSES["check_trt"](state, passes.CheckTrtOptions())
+    with pytest.raises(PromiseError, match="declared analysis but says it modified the graph"):
+        run_pass(PASSES["check_trt"], gs.Graph(), passes.CheckTrtOptions(), PassContext())
 
 
-def test_isolate_requires_both_ends() -> None:
+@pytest.mark.parametrize("ends", [{"inputs": ("x",)}, {"outputs": ("y",)}])
+def test_isolate_requires_both_ends(ends: dict) -> None:
     import onnx_graphsurgeon as gs
 
-    state = passes.RunState(gs.Graph(), Path("m.onnx"), None, None, Path("."))
-    with pytest.raises(StepError, match="needs both 'inputs' and 'outputs'"):
-        PASSES["isolate"](state, passes.IsolateOptions(inputs=("x",)))
+    from gskit.passes.isolate import IsolateOptions
+
+    with pytest.raises(GskitError, match="needs both 'inputs' and 'outputs'|at least one output"):
+        run_pass(PASSES["isolate"], gs.Graph(), IsolateOptions(**ends))
 
 
 def test_recipe_edit_step_inserts_nodes_and_removes_attributes(tmp_path: Path) -> None:
@@ -248,7 +252,7 @@ def test_a_pass_that_breaks_its_declared_effect_is_caught() -> None:
     class Sneaky(GraphPass[FoldOptions]):
         name, options, effect = "sneaky", FoldOptions, "in_place"
 
-        def call(self, model, options, **context):
+        def call(self, model, options, context):
             return Result(model.copy(), modified=True)  # says in place, hands back a copy
 
     with pytest.raises(GskitError, match="declared in_place but returned a new graph"):

@@ -582,12 +582,12 @@ def test_validation_failure_from_an_unsteady_original_says_so(tmp_path: Path) ->
 
 def test_unexpected_exception_inside_a_step_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
     """A library failing deep inside a step (a gskit bug) still ends in one line naming the step, exit 2."""
-    from gskit.pipeline import steps as passes
+    from gskit.passes.fold import FOLD
 
-    def broken(self, state, options):
+    def broken(self, model, options, context):
         raise ValueError("graphsurgeon could not do it\nsecond line")
 
-    monkeypatch.setattr(passes.Fold, "call", broken)
+    monkeypatch.setattr(type(FOLD), "call", broken)
     out = tmp_path / "out"
     assert main(["prepare", str(EXAMPLE), "-o", str(out)]) == 2
     err = capsys.readouterr().err

@@ -157,7 +157,8 @@ def test_flags_show_in_the_report(tmp_path: Path) -> None:
     assert report["comparison"]["input_shapes"] == {"x": [3, 4, 8, 8]}
     assert report["comparison"]["atol"] == 1e-3
     assert list(report["plugins_inserted"]) == ["gskit::LayerNorm v1"]  # ClampSwish left alone
-    assert report["recipe"].startswith("default with --skip check_trt --skip build --tensorrt --shape")
+    # the flags in the order the steps declare them (replace before validate)
+    assert report["recipe"].startswith("default with --skip check_trt --skip build --tensorrt --only --shape")
     assert report["target"] == {"tensorrt": "8.5", "source": "--tensorrt 8.5"}
 
 

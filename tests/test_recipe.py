@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from gskit.errors import GskitError
+from gskit.passes.fold import FoldOptions
 from gskit.pipeline.recipe import Recipe, RecipeStep, load_recipe, make_recipe, parse_recipe
-from gskit.pipeline.steps import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, FoldOptions, ValidateOptions
+from gskit.pipeline.steps import DEFAULT_STEPS, STEP_OPTIONS, BuildOptions, ValidateOptions
 
 #: A value other than the default for every option of every step (as the dataclass holds it).
 NON_DEFAULT: dict[str, dict[str, Any]] = {

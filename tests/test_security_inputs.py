@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gskit.cli import main
 from gskit.errors import GskitError
+from gskit.io import model as gsmodel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -600,7 +601,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path) -> None:
 def test_ctrl_c_while_the_parser_is_built_is_one_line(capsys, monkeypatch) -> None:
     import gskit.cli as cli
 
-    def interrupted() -> None:
+    def interrupted(words=None) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_parser", interrupted)
@@ -641,3 +642,21 @@ def test_fold_leaves_an_if_without_condition_to_the_checker(tmp_path, capsys) ->
     path.write_bytes(_graph_model([node]).SerializeToString())
     code, err = gskit(capsys, "fold", path, "-o", tmp_path / "out.onnx")
     one_line_error(code, err, "If", "input size 0")
+
+
+def test_a_file_rewritten_after_a_load_is_checked_again(tmp_path) -> None:
+    """load() remembers files it found well-formed (compare loads one model four times); a file written again
+    in place, even with the same size, is a new file to it."""
+    path = tmp_path / "m.onnx"
+    good = _graph_model(
+        [helper.make_node("Relu", ["x"], ["a"], name="first"), helper.make_node("Relu", ["a"], ["y"])]
+    )
+    path.write_bytes(good.SerializeToString())
+    gsmodel.load(path)
+    gsmodel.load(path, load_weights=False)
+    bad = _cycle()
+    with open(path, "r+b") as f:  # same inode: only the size and the time tell
+        f.write(bad)
+        f.truncate()
+    with pytest.raises(GskitError, match="has a cycle through node"):
+        gsmodel.load(path)

@@ -124,7 +124,7 @@ def test_markup_in_paths_is_printed_as_written(tmp_path, capsys) -> None:
     model.parent.mkdir()
     model.write_bytes(EXAMPLE.read_bytes())
     code, out, err = gskit(capsys, "check-trt", model, "--backend", "static")
-    assert code == 0 and out.startswith(f"{model}: OK"), out + err
+    assert code == 0 and out.startswith("OK for TensorRT") and f"): {model}\n" in out, out + err
     code, out, err = gskit(capsys, "plugin", "new", "neg_relu", "--dir", tmp_path / "p[/]")
     assert code == 0 and f"--plugins {tmp_path}/p[/]" in out, out + err
 
@@ -449,12 +449,13 @@ def test_an_attribute_value_onnx_cannot_store_is_refused_by_name(value, words) -
 def test_a_failed_run_says_so_and_keeps_what_the_steps_did(tmp_path, capsys) -> None:
     out = tmp_path / "out"
     code, _, err = gskit(capsys, "prepare", EXAMPLE, "-o", out, "--shape", "x:2x5x8x8")  # validate cannot run
-    assert code == 2 and "step 'validate' (recipe line 8) failed" in err
+    assert code == 2 and "step 'validate' (recipe line 9) failed" in err  # the default recipe's line
     report = strict_json((out / "report.json").read_text())
     assert report["passed"] is False and report["prepared_model"] is None  # type: ignore[index]
-    assert report["plugins_inserted"] == {"gskit::ClampSwish v1": 2, "gskit::LayerNorm v1": 1}  # type: ignore[index]
+    assert report["plugins_inserted"] == {"gskit::ClampSwish v1": 2}  # type: ignore[index]
+    assert report["native_inserted"] == {"LayerNormalization": 1}  # type: ignore[index]
     assert len(report["regions"]) == 3 and report["tensorrt"] is not None  # type: ignore[index]
     page = (out / "report.html").read_text()
-    assert 'id="verdict">Run FAILED, no model written: step &#x27;validate&#x27; (recipe line 8)' in page
+    assert 'id="verdict">Run FAILED, no model written: step &#x27;validate&#x27; (recipe line 9)' in page
     assert "Validation FAILED" not in page and "Replaced regions (3)" in page
     assert "TensorRT check</td><td>not run" not in page

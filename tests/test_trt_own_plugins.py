@@ -22,12 +22,14 @@ from plugin_folders import REPO, example_inputs, load_plugin, one_node_model
 
 from gskit.backends import ort
 from gskit.backends.trt_build import needs_tensorrt_plugins
-from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, _plugin_issue, check_trt
+from gskit.backends.trt_check import NEEDS_PLUGIN, PLUGIN_PROBLEM, NodeIssue, _plugin_issue, check_trt
+from gskit.backends.trt_support import UNSUPPORTED
 from gskit.cli import plugin as plugin_cli
 from gskit.errors import PluginError
 from gskit.io import model as gsmodel
 from gskit.plugin import PluginRegistry, libnvinfer
 from gskit.plugin.spec import validate_spec
+from gskit.plugin.target import TensorRTTarget
 
 #: The plugin folders of TensorRT's own plugins, with the field types of their creators (the NVIDIA/TensorRT
 #: sources named in each README): what the ONNX attributes must become.
@@ -115,7 +117,7 @@ def _nms_model(tmp_path: Path, attrs: dict | None = None, *, namespace: bool = T
 
 @pytest.mark.parametrize("backend", ["static", "tensorrt_rtx"])
 def test_check_trt_knows_tensorrt_own_plugin(tmp_path: Path, backend: str) -> None:
-    report = check_trt(_nms_model(tmp_path), backend=backend)
+    report = check_trt(_nms_model(tmp_path), backend=backend, target="10.16")  # 11.x: IPluginV2, deprecated
     assert report.ok, report.issues
     (issue,) = report.nodes_with(NEEDS_PLUGIN)
     assert (
@@ -136,7 +138,7 @@ def test_rtx_check_cuts_every_output_of_a_multi_output_plugin(tmp_path: Path) ->
 def test_exported_node_without_plugin_namespace_is_the_plugin(tmp_path: Path, rng) -> None:
     """YOLOv7's exporter writes TRT::EfficientNMS_TRT without plugin_namespace; the parser looks in ""."""
     path = _nms_model(tmp_path, namespace=False)
-    (issue,) = check_trt(path, backend="static").nodes_with(NEEDS_PLUGIN)
+    (issue,) = check_trt(path, backend="static", target="10.16").nodes_with(NEEDS_PLUGIN)
     assert "TensorRT's own plugin" in issue.reason
     spec = _own("efficient_nms")
     feeds = {
@@ -159,16 +161,17 @@ def _plugin_node(op: str, version: str = "1", namespace: str | None = "") -> onn
 
 def test_removed_and_too_new_plugins_are_problems_for_that_release() -> None:
     registry = PluginRegistry()
-    gone = _plugin_issue(0, _plugin_node("BatchedNMS_TRT"), registry, tensorrt="11.0")
-    assert gone.status == PLUGIN_PROBLEM
-    assert "BatchedNMS_TRT v1 was removed in TensorRT 11.0; use INMSLayer" in gone.reason
-    assert _plugin_issue(0, _plugin_node("BatchedNMS_TRT"), registry, tensorrt="10.3").status == NEEDS_PLUGIN
-    early = _plugin_issue(
-        0, _plugin_node("MultiscaleDeformableAttnPlugin_TRT", "2"), registry, tensorrt="10.3"
-    )
+
+    def issue(node: onnx.NodeProto, version: str) -> NodeIssue:
+        return _plugin_issue(0, node, registry, TensorRTTarget.parse(version))
+
+    gone = issue(_plugin_node("BatchedNMS_TRT"), "11.0")
+    assert gone.status == UNSUPPORTED and "BatchedNMS_TRT plugin was removed in 11.0" in gone.reason
+    assert issue(_plugin_node("BatchedNMS_TRT"), "10.3").status == NEEDS_PLUGIN
+    early = issue(_plugin_node("MultiscaleDeformableAttnPlugin_TRT", "2"), "10.3")
     assert early.status == PLUGIN_PROBLEM and "predates MultiscaleDeformableAttnPlugin_TRT v2" in early.reason
     # Another namespace is not TensorRT's plugin of that name.
-    other = _plugin_issue(0, _plugin_node("BatchedNMS_TRT", namespace="acme"), registry, tensorrt="11.0")
+    other = issue(_plugin_node("BatchedNMS_TRT", namespace="acme"), "11.0")
     assert "TensorRT's own plugin" not in other.reason and other.status == NEEDS_PLUGIN
 
 

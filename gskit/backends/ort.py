@@ -28,7 +28,7 @@ import sys
 import tempfile
 import traceback
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,6 +39,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
+from gskit.backends.model_run import ModelRun
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
 from gskit.io import interrupt
 from gskit.io import model as gsmodel
@@ -93,6 +94,9 @@ def runner(model: onnx.ModelProto | str | os.PathLike, plugins: PluginRegistry |
     references, for Polygraphy's ``Comparator``."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
     return OnnxrtRunner(lambda: session(model, plugins=plugins), name=name)
 
 
@@ -210,6 +214,100 @@ def run(
     except Exception as err:  # onnxruntime raises its own pybind types; keep one line of it
         raise GskitError(f"onnxruntime failed to run the model: {short_error(err)}") from err
     return dict(zip(names, values, strict=True))
+
+
+# -- the model under test of a comparison (``gskit.compare``); ``gskit.backends.trt`` offers the same ------
+
+
+#: How reports name this backend.
+NAME = "onnxruntime"
+
+
+def require_runtime(what: str) -> None:
+    """onnxruntime is a dependency of gskit: it always runs here."""
+
+
+@contextlib.contextmanager
+def comparison_runner(model_run: ModelRun) -> Iterator[Any]:
+    """:func:`runner` for the model, for Polygraphy's ``Comparator``."""
+    yield runner(model_run.model, model_run.plugins, model_run.name)
+
+
+def run_unit(model_run: ModelRun, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Run a small model (a plugin node with what feeds it) once, plugin nodes through their references.
+
+    Raises:
+        GskitError: as :func:`run`.
+    """
+    return run(model_run.model, model_run.feeds, outputs=list(outputs), plugins=model_run.plugins)
+
+
+class ExposedTensors:
+    """Reads any tensors of a model on onnxruntime by exposing them as graph outputs for one session.
+
+    Each run's tensors are added as graph outputs of the in-memory model for the time it takes to create a
+    session (the caller's model is restored), so memory holds only the tensors asked for.
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        feeds: Mapping[str, np.ndarray],
+        plugins: PluginRegistry | None,
+        name: str,
+    ) -> None:
+        self.model = model
+        self.feeds = _as_input_dtypes(model, feeds)
+        self.plugins = plugins
+        self.name = name
+
+    def available(self, names: Sequence[str]) -> list[str]:
+        return list(names)
+
+    def run(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run once and return ``names`` (graph inputs among them are returned as fed).
+
+        Raises:
+            GskitError: onnxruntime cannot load or run the model with these outputs.
+        """
+        inputs = {i.name for i in self.model.graph.input}
+        wanted = [n for n in names if n not in inputs]
+        with exposed(self.model, wanted):
+            sess = session(self.model, plugins=self.plugins)
+        known = {i.name for i in sess.get_inputs()}
+        values = run(sess, {k: v for k, v in self.feeds.items() if k in known}, outputs=wanted)
+        values.update({n: self.feeds[n] for n in names if n in inputs and n in self.feeds})
+        return values
+
+
+@contextlib.contextmanager
+def tensor_source(model_run: ModelRun, candidates: Sequence[str]) -> Iterator[ExposedTensors]:
+    """The intermediate tensors of the model (:class:`ExposedTensors`); every candidate can be read."""
+    loaded = model_run.loaded if model_run.loaded is not None else _as_proto(model_run.model)
+    yield ExposedTensors(loaded, model_run.feeds, model_run.plugins, model_run.name)
+
+
+def _as_input_dtypes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` cast to the dtypes of ``model``'s graph inputs, as Polygraphy's data loader does for plain
+    compare: the same float32 inputs feed an original and its ``convert --fp16`` copy (float16 inputs)."""
+    dtypes = gsmodel.input_dtypes(model)
+    return {
+        name: value.astype(dtypes[name]) if name in dtypes and value.dtype != dtypes[name] else value
+        for name, value in feeds.items()
+    }
+
+
+@contextlib.contextmanager
+def exposed(model: onnx.ModelProto, names: Sequence[str]) -> Iterator[onnx.ModelProto]:
+    """``model`` with ``names`` added as (untyped) graph outputs; the outputs are removed on exit."""
+    have = {o.name for o in model.graph.output}
+    added = [name for name in dict.fromkeys(names) if name not in have]
+    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in added)
+    try:
+        yield model
+    finally:
+        if added:
+            del model.graph.output[len(model.graph.output) - len(added) :]
 
 
 def _has_disk_weights(model: onnx.ModelProto) -> bool:

@@ -26,12 +26,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gskit.errors import GskitError
 from gskit.io.outputs import process_alive
+
+if TYPE_CHECKING:
+    import onnx
+
+    from gskit.backends.model_run import ModelRun
 
 log = logging.getLogger(__name__)
 
@@ -362,14 +367,155 @@ def run_engine(
             "running an engine needs full TensorRT and a GPU: pip install 'gskit[trt]' (or docker/)"
         )
     path = Path(engine_or_model)
-    runner = trt_runner(path, feeds, plugins)
+    return run_once(trt_runner(path, feeds, plugins), feeds, f"{path}: TensorRT failed to run it")
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (TensorRT's and Polygraphy's run on), or its type's name."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+@contextmanager
+def one_line_errors(what: str) -> Iterator[None]:
+    """Any error inside becomes ``GskitError("<what>: <its first line>")``: TensorRT and Polygraphy raise
+    many types, with messages that run on for pages."""
     try:
-        with runner:
-            outputs = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
-    except Exception as err:  # TensorRT and Polygraphy raise many types; keep the first line
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise GskitError(f"{path}: TensorRT failed to run it: {first}") from err
+        yield
+    except Exception as err:
+        raise GskitError(f"{what}: {first_line(err)}") from err
+
+
+def run_once(runner: Any, feeds: Mapping[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
+    """Activate ``runner`` (building its engine), run it once on ``feeds`` and deactivate it.
+
+    Raises:
+        GskitError: ``what``, then the first line of TensorRT's error.
+    """
+    with one_line_errors(what), runner:
+        outputs = runner.infer(_contiguous(feeds))
     return {name: np.array(value) for name, value in outputs.items()}
+
+
+def _contiguous(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """TensorRT copies inputs to the device as they lie in memory: a strided view must be made whole."""
+    return {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+
+
+# -- the model under test of a comparison (``gskit.compare``); ``gskit.backends.ort`` offers the same ------
+
+
+#: How reports name this backend.
+NAME = "tensorrt"
+
+
+def require_runtime(what: str) -> None:
+    """Raise unless this backend can run here: full TensorRT and a GPU (``what`` starts the message).
+
+    Raises:
+        GskitError: as :func:`require_gpu_tensorrt`.
+    """
+    require_gpu_tensorrt(what)
+
+
+@contextmanager
+def model_file(model: onnx.ModelProto | str | os.PathLike) -> Iterator[Path]:
+    """A path for ``model``: the file itself, or an in-memory model saved to a temporary folder."""
+    import onnx
+
+    from gskit.io import model as gsmodel
+
+    if not isinstance(model, onnx.ModelProto):
+        path = Path(model)
+        if not path.is_file():
+            raise GskitError(gsmodel.not_a_file(path, "model or engine"))
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:
+        yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
+
+
+@contextmanager
+def comparison_runner(model_run: ModelRun) -> Iterator[Any]:
+    """A ``TrtRunner`` for an engine or a model (built for the shapes of the feeds), for Polygraphy's
+    ``Comparator``."""
+    with model_file(model_run.model) as path:
+        yield trt_runner(path, model_run.feeds, model_run.trt_plugins, name=model_run.name)
+
+
+def run_unit(model_run: ModelRun, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Build a small model (a plugin node with what feeds it) and run it once; all of its outputs come back.
+
+    Raises:
+        GskitError: TensorRT failed to build or run it (the first line of its error).
+    """
+    with comparison_runner(model_run) as runner:
+        return run_once(runner, model_run.feeds, "TensorRT failed to build or run the node")
+
+
+class DebugTensors:
+    """Reads debug tensors of one TensorRT engine; each run switches on only the tensors asked for.
+
+    The engine is built with ``mark_unfused_tensors_as_debug_tensors`` where TensorRT has it, so it is the
+    engine TensorRT builds anyway (fusions intact) and only the tensors that survive fusion can be read; older
+    TensorRT marks the candidates with Polygraphy's ``MarkDebug``. Each run switches the debug state of its
+    tensors on (``set_tensor_debug_state``), so only those are copied to the host.
+    """
+
+    def __init__(self, runner: Any, feeds: Mapping[str, np.ndarray], name: str) -> None:
+        self.runner = runner
+        self.feeds = _contiguous(feeds)
+        self.name = name
+
+    def available(self, names: Sequence[str]) -> list[str]:
+        is_debug = getattr(self.runner.engine, "is_debug_tensor", None)
+        kept = [n for n in names if is_debug(n)] if is_debug is not None else list(names)
+        if len(kept) < len(names):
+            log.info("layerwise: TensorRT keeps %d of %d tensors after fusion", len(kept), len(names))
+        return kept
+
+    def run(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run once and return ``names`` (graph inputs among them are returned as fed).
+
+        Raises:
+            GskitError: TensorRT failed to run (the first line of its error).
+        """
+        context = self.runner.context
+        if hasattr(context, "set_tensor_debug_state"):
+            context.set_all_tensors_debug_state(False)
+            for name in names:
+                context.set_tensor_debug_state(name, True)
+        with one_line_errors("TensorRT failed to run the prepared model"):
+            outputs = self.runner.infer(self.feeds)
+        values = {name: np.array(value) for name, value in outputs.items()}
+        values.update({n: self.feeds[n] for n in names if n in self.feeds})
+        return values
+
+
+@contextmanager
+def tensor_source(model_run: ModelRun, candidates: Sequence[str]) -> Iterator[DebugTensors]:
+    """The intermediate tensors of the model on TensorRT (:class:`DebugTensors`), its engine built on entry;
+    TensorRT parses the file (``loaded`` is onnxruntime's).
+
+    Raises:
+        GskitError: TensorRT cannot build the model (the first line of its error).
+    """
+    unfused = marks_unfused_debug_tensors()
+    with model_file(model_run.model) as path:
+        runner = trt_runner(
+            path,
+            model_run.feeds,
+            model_run.trt_plugins,
+            name=model_run.name,
+            debug_unfused=unfused,
+            mark_debug=() if unfused else candidates,
+        )
+        with one_line_errors(f"{path}: TensorRT cannot build the prepared model"):
+            runner.activate()
+        try:
+            yield DebugTensors(runner, model_run.feeds, model_run.name)
+        finally:
+            runner.deactivate()
 
 
 def load_plugin_files(files: PluginFiles) -> None:

@@ -62,6 +62,7 @@ from gskit.backends.trt_support import (
 )
 from gskit.errors import GskitError, PluginError
 from gskit.io import model as gsmodel
+from gskit.passes.tensor_types import InferenceFailed, elem_type, gs_dtype, with_inferred_types
 from gskit.plugin import libnvinfer
 from gskit.plugin.discovery import implementation_paths, load_plugins
 from gskit.plugin.libnvinfer import ShippedPlugin
@@ -204,7 +205,8 @@ def check_trt(
             the parser process crashed.
     """
     path = Path(model_path)
-    model = gsmodel.load(path)
+    # The weights stay on disk: the checks read small constants only, and the parser reads the file itself
+    model = gsmodel.load(path, load_weights=False)
     goal = resolve_target(target)
     table = parser_table(goal)
     flavour, notes = _answering(backend, goal)
@@ -326,22 +328,31 @@ def plugin_label(namespace: str, name: str, version: str) -> str:
 def shipped_plugin_of(node: onnx.NodeProto) -> ShippedPlugin | None:
     """The ``libnvinfer_plugin`` creator TensorRT's parser finds for this node (op type, ``plugin_version``,
     ``plugin_namespace`` "" or absent: the parser looks in namespace "" first), or None."""
-    attrs = {a.name: attribute_value(a) for a in node.attribute if a.name in (NAMESPACE_ATTR, VERSION_ATTR)}
-    if str(attrs.get(NAMESPACE_ATTR, libnvinfer.NAMESPACE)) != libnvinfer.NAMESPACE:
+    if not _in_tensorrt_namespace(node):
         return None
-    return libnvinfer.shipped_plugin(node.op_type, str(attrs.get(VERSION_ATTR, DEFAULT_VERSION)))
+    version = next((attribute_value(a) for a in node.attribute if a.name == VERSION_ATTR), DEFAULT_VERSION)
+    return libnvinfer.shipped_plugin(node.op_type, str(version))
+
+
+def _in_tensorrt_namespace(node: onnx.NodeProto) -> bool:
+    """Whether the parser looks the node's creator up in TensorRT's own namespace ("", also when absent)."""
+    given = next(
+        (attribute_value(a) for a in node.attribute if a.name == NAMESPACE_ATTR), libnvinfer.NAMESPACE
+    )
+    return str(given) == libnvinfer.NAMESPACE
 
 
 def _plugin_issue(
     index: int, node: onnx.NodeProto, registry: PluginRegistry, target: TensorRTTarget
 ) -> NodeIssue:
     namespace, name, version = plugin_key(node)
-    own = trt_plugin_verdict(name, version, target)
+    shipped = shipped_plugin_of(node)
+    # Only a node the parser looks up in TensorRT's namespace "" is TensorRT's plugin of that name.
+    own = trt_plugin_verdict(name, version, target) if _in_tensorrt_namespace(node) else None
     if own is not None:  # one of TensorRT's own plugins that the target removed or deprecated
         return NodeIssue(index, node_label(index, node), node.domain, node.op_type, *own)
     problems = list(_unpassable_attributes(node))
     spec = registry.for_node(node)
-    shipped = shipped_plugin_of(node)
     if shipped is not None:
         namespace = libnvinfer.NAMESPACE
         trouble = shipped.problem(str(target))
@@ -552,9 +563,12 @@ def _parser_report(
             target=str(target),
             table=table.source,
         )
-    with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
-        parsed_path = gsmodel.save(parsed, Path(tmp) / path.name, check=False)
-        answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
+    if parsed is model:  # nothing cut: the parser reads the file as it is
+        answer = run_worker("check", flavour, {**request, "model": str(path.resolve())})
+    else:
+        with tempfile.TemporaryDirectory(prefix="gskit-check-") as tmp:
+            parsed_path = gsmodel.save_beside_weights(parsed, Path(tmp) / path.name)
+            answer = run_worker("check", flavour, {**request, "model": str(parsed_path)})
     errors_by_node: dict[int, list[str]] = {}
     model_errors = []
     for error in answer["errors"]:
@@ -658,7 +672,11 @@ def _cut_plugin_nodes(
     """
     if not plugin_indices:
         return model, list(range(len(model.graph.node))), []
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    try:
+        inferred = with_inferred_types(model)
+    except InferenceFailed as err:  # the model's own types; plugin outputs below still come from the specs
+        log.info("%s", err)
+        inferred = model
     graph = gsmodel.to_graph(inferred)
     cut = []
     feeding: list[gs.Variable] = []
@@ -694,7 +712,9 @@ def _give_output_types(node: gs.Node, registry: PluginRegistry) -> bool:
     if spec is None:
         return False
     infos = [
-        None if not t.name else TensorInfo(_onnx_dtype(t.dtype), None if t.shape is None else tuple(t.shape))
+        None
+        if not t.name
+        else TensorInfo(elem_type(t.dtype) or 0, None if t.shape is None else tuple(t.shape))
         for t in node.inputs
     ]
     try:
@@ -705,14 +725,10 @@ def _give_output_types(node: gs.Node, registry: PluginRegistry) -> bool:
     for tensor, info in zip(node.outputs, outputs, strict=False):
         if not info.dtype or info.shape is None:
             return False
-        tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(info.dtype)
+        tensor.dtype = gs_dtype(elem_type(info.dtype) or 0)
         tensor.shape = list(info.shape)
     return True
 
 
-def _onnx_dtype(dtype: Any) -> int:
-    if dtype is None:
-        return 0
-    if isinstance(dtype, int):
-        return dtype
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+def _tensor_info(tensor: gs.Tensor) -> TensorInfo:
+    return TensorInfo(elem_type(tensor.dtype) or 0, None if tensor.shape is None else tuple(tensor.shape))

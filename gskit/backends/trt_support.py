@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from gskit.io import model as gsmodel
 from gskit.plugin.target import NEWEST_KNOWN, TensorRTTarget
 
 #: The parser facts, with their sources (scripts/trt_parser_tables.py writes it).
@@ -452,7 +453,7 @@ def _input_value(
     if len(node.input) <= index or not node.input[index]:
         return None
     tensor = constants.get(node.input[index])
-    return None if tensor is None else onnx.numpy_helper.to_array(tensor)
+    return None if tensor is None else gsmodel.tensor_values(tensor)
 
 
 def _check_scatter_nd(node: onnx.NodeProto, constants: Mapping[str, onnx.TensorProto]) -> str | None:

@@ -20,7 +20,7 @@ from gskit.errors import GskitError, describe_os_error
 from gskit.io import interrupt
 from gskit.io.interrupt import Terminated
 from gskit.io.report import progress_display
-from gskit.io.text import visible
+from gskit.io.text import is_utf8, visible
 
 #: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
 #: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
@@ -42,15 +42,19 @@ COMMANDS = (
 )
 
 
-def add_plugins_option(parser: argparse.ArgumentParser, purpose: str = "") -> None:
+def add_plugins_option(
+    parser: argparse.ArgumentParser, purpose: str = "", *, help: str | None = None
+) -> None:  # noqa: A002
     """``--plugins DIR`` (repeatable): plugin folders loaded besides the shipped plugins, installed plugin
-    packages, ``$GSKIT_PLUGINS`` and ``./plugins``."""
-    parser.add_argument(
-        "--plugins",
-        action="append",
-        metavar="DIR",
-        help=f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and "
-        f"./plugins (repeatable)",
+    packages, ``$GSKIT_PLUGINS`` and ``./plugins``; ``help`` replaces the whole help text."""
+    parser.add_argument("--plugins", action="append", metavar="DIR", help=help or plugins_help(purpose))
+
+
+def plugins_help(purpose: str = "") -> str:
+    """The help of ``--plugins`` where it adds folders to the plugins gskit finds."""
+    return (
+        f"plugin folder{purpose}, added to the shipped and installed plugins, $GSKIT_PLUGINS and ./plugins "
+        "(repeatable)"
     )
 
 
@@ -100,7 +104,13 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``gskit`` parser; given the command line, only the named command's module is imported.
+
+    Each subcommand module imports what its command runs (onnx, numpy, Polygraphy ...): a second of imports
+    when all 13 are loaded. ``--help``, an unknown command or none still load them all, for the listing and
+    the "did you mean" suggestion.
+    """
     parser = SuggestingParser(
         prog="gskit", description="Prepare ONNX models for TensorRT (plugins, folding, checks, comparison)."
     )
@@ -108,9 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="show info logs")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    chosen = _named_command(words or ())
+    for name in COMMANDS if chosen is None else (chosen,):
         importlib.import_module(f"gskit.cli.{name}").add_parser(sub)
     return parser
+
+
+def _named_command(words: Sequence[str]) -> str | None:
+    """The module of the command ``words`` run (``check-trt`` -> ``check_trt``); None for help, version or
+    an unknown word."""
+    for word in words:
+        if word in GLOBAL_FLAGS:
+            continue
+        module = word.replace("-", "_")
+        return module if module in COMMANDS and not word.startswith("-") else None
+    return None
 
 
 def _quiet_onnxruntime(level: int) -> None:
@@ -176,12 +198,15 @@ def main(argv: list[str] | None = None) -> int:
 def _run(words: list[str]) -> int:
     debug = "--debug" in words
     name = "gskit"
-    not_utf8 = next((word for word in words if not _is_utf8(word)), None)
+    not_utf8 = next((word for word in words if not is_utf8(word)), None)
     if not_utf8 is not None:
         # onnx and onnxruntime take paths as UTF-8 strings: such a name would fail deep inside a step
         return _fail(name, f"{not_utf8}: not UTF-8 text (a file name in another encoding?); rename it")
     try:
-        args = build_parser().parse_args(words)
+        if _named_command(words) is None and "--version" in words:
+            print(f"gskit {_version()}")  # before the parser: it would import every command to say this
+            return 0
+        args = build_parser(words).parse_args(words)
         name = f"gskit {args.command}"
         level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
         handler = logging.StreamHandler(_CurrentStderr())
@@ -232,15 +257,6 @@ def _run(words: list[str]) -> int:
             f"unexpected {type(err).__name__}: {first} (a gskit bug: rerun with `gskit --debug ...` for the "
             "traceback and report it)",
         )
-
-
-def _is_utf8(word: str) -> bool:
-    """Whether an argument is UTF-8 text (Python shows other bytes of argv as lone surrogates)."""
-    try:
-        word.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _interrupted(name: str, signum: int | None) -> int:

@@ -6,19 +6,19 @@ from __future__ import annotations
 import argparse
 
 from gskit.backends.trt_build import WEAK_TYPING_REFUSED, EngineInfo, build_engine
+from gskit.cli.command import add_json, add_output, subcommand
 from gskit.errors import GskitError
 from gskit.io.report import console, print_json, table
 from gskit.io.shape_args import parse_profile
 
+#: ``--help``: the command's line in ``gskit --help`` and its description.
+HELP = "build a TensorRT engine (TensorRT-RTX: ahead of time for a compute capability) with a sidecar"
+DESCRIPTION = "Build a strongly typed TensorRT engine via Polygraphy; writes ENGINE and ENGINE.json."
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "build",
-        help="build a TensorRT engine (TensorRT-RTX: ahead of time for a compute capability) with a sidecar",
-        description="Build a strongly typed TensorRT engine via Polygraphy; writes ENGINE and ENGINE.json.",
-    )
-    parser.add_argument("model", help="the .onnx file")
-    parser.add_argument("-o", "--output", required=True, metavar="ENGINE", help="engine file to write")
+    parser = subcommand(subparsers, "build", help=HELP, description=DESCRIPTION)
+    add_output(parser, "engine file to write", metavar="ENGINE")
     parser.add_argument(
         "--plugins",
         action="append",
@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", choices=("auto", "tensorrt", "tensorrt_rtx"), default="auto")
     for flag in WEAK_TYPING_REFUSED:  # offered to say what to do instead: builds are strongly typed
         parser.add_argument(f"--{flag}", action="store_true", help=f"refused: {flag} comes from the model")
-    parser.add_argument("--json", action="store_true", help="print the sidecar as JSON")
+    add_json(parser, "print the sidecar as JSON")
     parser.set_defaults(func=run)
 
 

@@ -6,20 +6,20 @@ import argparse
 
 from gskit.backends.trt import BACKENDS
 from gskit.backends.trt_check import TrtSupportReport, check_trt
+from gskit.cli.command import add_json, subcommand
 from gskit.io.report import console, print_json, table
+
+#: ``--help``: the command's line in ``gskit --help`` and its description.
+HELP = "report the nodes TensorRT's ONNX parser rejects and the plugins a model needs"
+DESCRIPTION = (
+    "Check a model against TensorRT's ONNX parser for a target TensorRT version (full TensorRT, else "
+    "TensorRT-RTX, where its parser fits the target, else the target's table of what the parser "
+    "imports). Exits 1 when a node is unsupported or a plugin node is unusable."
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "check-trt",
-        help="report the nodes TensorRT's ONNX parser rejects and the plugins a model needs",
-        description=(
-            "Check a model against TensorRT's ONNX parser for a target TensorRT version (full TensorRT, else "
-            "TensorRT-RTX, where its parser fits the target, else the target's table of what the parser "
-            "imports). Exits 1 when a node is unsupported or a plugin node is unusable."
-        ),
-    )
-    parser.add_argument("model", help="the .onnx file")
+    parser = subcommand(subparsers, "check-trt", help=HELP, description=DESCRIPTION)
     parser.add_argument(
         "--plugins",
         action="append",
@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the TensorRT version to answer for, e.g. 8.6, 10.3, 11 (default: the installed TensorRT, else "
         "the newest gskit knows); a parser of another line gives way to that version's table",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     parser.set_defaults(func=run)
 
 

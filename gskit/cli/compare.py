@@ -4,23 +4,18 @@ shared tensor (``--layerwise``), or each plugin node against the region it repla
 from __future__ import annotations
 
 import argparse
-
-import numpy as np
+import dataclasses
+from typing import Any
 
 from gskit.cli import add_plugins_option
-from gskit.compare.layers import DEFAULT_CHUNK, LayerwiseReport, compare_layerwise
-from gskit.compare.outputs import (
-    COMPARE_BACKENDS,
-    CompareReport,
-    DtypeChange,
-    check_tolerances,
-    compare,
-)
-from gskit.compare.plugins import PluginCompareReport, compare_plugins
+from gskit.cli.options import add_options, options_from_args
+from gskit.compare.layers import LayerwiseReport, compare_layerwise
+from gskit.compare.options import CompareOptions, ComparisonHeader
+from gskit.compare.outputs import CompareReport, OutputComparison, compare
+from gskit.compare.plugins import PluginCheck, PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
 from gskit.io import report
-from gskit.io.feeds import check_seed, load_feeds
-from gskit.io.shape_args import format_shape, parse_fixed_shape
+from gskit.io.shape_args import format_shape
 from gskit.plugin.discovery import implementation_paths, load_plugins
 
 
@@ -35,15 +30,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("original", help="reference .onnx")
     parser.add_argument("prepared", nargs="?", help=".onnx under test (optional with --engine)")
-    parser.add_argument(
-        "--backend",
-        choices=COMPARE_BACKENDS,
-        default="onnxruntime",
-        help="what runs PREPARED (default onnxruntime; trt needs full TensorRT and a GPU)",
-    )
-    parser.add_argument(
-        "--engine", metavar="ENGINE", help="TensorRT engine to run instead of PREPARED (implies trt)"
-    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--layerwise",
@@ -56,99 +42,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="compare each plugin node of PREPARED (and each native op written in a plugin's place) with the "
         "region of ORIGINAL between its tensors",
     )
-    parser.add_argument(
-        "--chunk",
-        type=int,
-        default=DEFAULT_CHUNK,
-        metavar="N",
-        help=f"--layerwise: tensors marked per run (default {DEFAULT_CHUNK})",
-    )
-    parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
-    parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
-    parser.add_argument(
-        "--inputs", metavar="FILE.npz", help="inputs saved with numpy.savez (default: random)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME:DIMS",
-        help="input shape for random inputs: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable)",
-    )
-    parser.add_argument(
-        "--allow-dtype-change",
-        action="append",
-        default=[],
-        metavar="FROM:TO",
-        help="an output dtype change that is intended, e.g. float32:float16 after `gskit convert --fp16 "
-        "--no-keep-io-fp32` (repeatable); any other dtype change fails its output",
-    )
+    add_options(parser, CompareOptions)
     add_plugins_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_tolerances(args.atol, args.rtol)
-    check_seed(args.seed)
-    if args.prepared is None and args.engine is None:
+    options = options_from_args(args, CompareOptions)
+    if args.prepared is None and options.engine is None:
         raise GskitError("give PREPARED (an .onnx) or --engine ENGINE")
-    if args.engine and (args.layerwise or args.per_plugin):
+    if options.engine and (args.layerwise or args.per_plugin):
         raise GskitError(
             "--layerwise and --per-plugin build their own TensorRT engines from PREPARED: "
             "give PREPARED with --backend trt instead of --engine"
         )
-    common = dict(
-        feeds=load_feeds(args.inputs) if args.inputs else None,
-        shapes=dict(parse_fixed_shape(text) for text in args.shape),
-        seed=args.seed,
-        atol=args.atol,
-        rtol=args.rtol,
-        plugins=load_plugins(args.plugins),
-        trt_plugins=_trt_plugins(args),
-    )
+    registry = load_plugins(args.plugins)
+    # TensorRT's plugin files come from the same folders as the specs (only read with --backend trt)
+    trt_plugins = tuple(str(p) for p in implementation_paths(registry, args.plugins or ()))
+    options = dataclasses.replace(options, plugins=registry, trt_plugins=trt_plugins)
     if args.layerwise:
-        layers = compare_layerwise(
-            args.original, args.prepared, chunk=args.chunk, backend=args.backend, **common
-        )
+        layers = compare_layerwise(args.original, args.prepared, options)
         print_layerwise(layers, as_json=args.json)
         return 0 if layers.passed else 1
     if args.per_plugin:
-        per_plugin = compare_plugins(args.original, args.prepared, backend=args.backend, **common)
+        per_plugin = compare_plugins(args.original, args.prepared, options)
         print_plugins(per_plugin, as_json=args.json)
         return 0 if per_plugin.passed else 1
-    result = compare(
-        args.original,
-        args.prepared,
-        backend=args.backend,
-        engine=args.engine,
-        dtype_changes=[_dtype_change(text) for text in args.allow_dtype_change],
-        **common,
-    )
+    result = compare(args.original, args.prepared, options)
     print_report(result, as_json=args.json)
     return 0 if result.passed else 1
-
-
-def _dtype_change(text: str) -> DtypeChange:
-    """``float32:float16`` -> the change it allows, for any output."""
-    before, sep, after = text.partition(":")
-    try:
-        if not sep:
-            raise TypeError
-        before, after = np.dtype(before.strip()).name, np.dtype(after.strip()).name
-    except TypeError as err:
-        raise GskitError(
-            f"--allow-dtype-change {text}: give FROM:TO as numpy dtype names, e.g. float32:float16"
-        ) from err
-    return DtypeChange(before, after, by="--allow-dtype-change")
-
-
-def _trt_plugins(args: argparse.Namespace) -> list[str]:
-    """TensorRT plugin files come from the same folders as the specs (only read with --backend trt)."""
-    if args.backend != "trt" and not args.engine:
-        return []
-    return [str(p) for p in implementation_paths(load_plugins(args.plugins), args.plugins or ())]
 
 
 def print_report(result: CompareReport, *, as_json: bool) -> None:
@@ -161,19 +84,15 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
             o.name,
             format_shape(o.shape),
             o.dtypes,
-            f"{o.max_abs_err:.3g}",
-            f"{o.max_rel_err:.3g}",
-            report.verdict(o.passed),
+            *_errors(o),
         )
         for o in result.outputs
     ]
-    inputs = ", ".join(f"{n}: {'x'.join(map(str, s))}" for n, s in result.input_shapes.items())
-    tolerances = f"atol={result.atol:g}, rtol={result.rtol:g}"
     raised = {
         o.dtype: (o.atol, o.rtol) for o in result.outputs if (o.atol, o.rtol) != (result.atol, result.rtol)
     }
-    tolerances += "".join(f"; {dtype} outputs: atol={a:g}, rtol={r:g}" for dtype, (a, r) in raised.items())
-    title = f"{result.reference} vs {result.under_test} ({tolerances}; inputs {inputs})"
+    floors = "".join(f"; {dtype} outputs: atol={a:g}, rtol={r:g}" for dtype, (a, r) in raised.items())
+    title = _title("", result.reference, result, floors)
     out = report.console()
     out.print(report.table(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows))
     for o in result.outputs:
@@ -187,9 +106,19 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     out.print(report.styled((verdict, "green" if result.passed else "red")))
 
 
-def _title(kind: str, reference: str, under_test: str, atol: float, rtol: float, shapes: dict) -> str:
-    inputs = ", ".join(f"{n}: {format_shape(s)}" for n, s in shapes.items())
-    return f"{kind}: {reference} vs {under_test} (atol={atol:g}, rtol={rtol:g}; inputs {inputs})"
+def _errors(compared: OutputComparison | PluginCheck) -> tuple[str, str, Any]:
+    """The columns ``max abs err``, ``max rel err`` and ``result`` of a row."""
+    return f"{compared.max_abs_err:.3g}", f"{compared.max_rel_err:.3g}", report.verdict(compared.passed)
+
+
+def _title(kind: str, reference: str, header: ComparisonHeader, floors: str = "") -> str:
+    """``Layerwise: original vs prepared (atol=1e-05, rtol=1e-05; inputs x: 2x4)``: a report's header.
+
+    ``floors``: the tolerances lower-precision outputs got (``; float16 outputs: atol=...``).
+    """
+    inputs = ", ".join(f"{n}: {format_shape(s)}" for n, s in header.input_shapes.items())
+    tolerances = f"atol={header.atol:g}, rtol={header.rtol:g}{floors}"
+    return f"{kind + ': ' if kind else ''}{reference} vs {header.under_test} ({tolerances}; inputs {inputs})"
 
 
 def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
@@ -202,9 +131,7 @@ def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
             index,
             c.tensor.name,
             format_shape(c.tensor.shape),
-            f"{c.tensor.max_abs_err:.3g}",
-            f"{c.tensor.max_rel_err:.3g}",
-            report.verdict(c.tensor.passed),
+            *_errors(c.tensor),
             f"{c.original_node.name} ({c.original_node.op})",
             f"{c.prepared_node.name} ({c.prepared_node.op})",
         )
@@ -220,9 +147,7 @@ def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
         "original node",
         "prepared node",
     )
-    title = _title(
-        "Layerwise", result.reference, result.under_test, result.atol, result.rtol, result.input_shapes
-    )
+    title = _title("Layerwise", result.reference, result)
     out = report.console()
     out.print(report.table(title, columns, rows))
     first = result.first_failure
@@ -254,9 +179,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
             p.node,
             p.op,
             ", ".join(f"{n}: {format_shape(s)}" for n, s in p.inputs.items()),
-            f"{p.max_abs_err:.3g}",
-            f"{p.max_rel_err:.3g}",
-            report.verdict(p.passed),
+            *_errors(p),
             len(p.original_nodes) or "-",
             p.note,
         )
@@ -272,9 +195,7 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
         "region nodes (no Constant)",
         "note",
     )
-    title = _title(
-        "Per plugin", "original region", result.under_test, result.atol, result.rtol, result.input_shapes
-    )
+    title = _title("Per plugin", "original region", result)
     out = report.console()
     out.print(report.table(title, columns, rows))
     if result.passed:

@@ -2,43 +2,37 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Any
 
-from gskit.cli import add_plugins_option
-from gskit.cli.options import add_options, options_from_args
-from gskit.io import model as gsmodel
+from gskit.cli import plugins_help
+from gskit.cli.command import PassCommand, Ran
 from gskit.io import report
-from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, missing_shapes
-from gskit.passes.transform import run_pass
-from gskit.plugin.discovery import load_plugins
+from gskit.passes.shapes import INFER_SHAPES, missing_shapes
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "infer-shapes",
-        help="infer dtypes and shapes (plugin nodes use their specs' rules)",
-        description="Infer dtypes and shapes of every tensor with onnx's shape inference; plugin nodes get "
-        "their output rules from their specs, and symbolic dims are kept.",
-    )
-    parser.add_argument("model", help="input .onnx")
-    parser.add_argument("-o", "--output", required=True, help="output .onnx (must differ from the input)")
-    add_plugins_option(parser)
-    add_options(parser, InferShapesOptions)
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(func=run)
+def _report(ran: Ran) -> dict[str, Any]:
+    return {"output": ran.written, "missing_shapes": missing_shapes(ran.result.model)}
 
 
-def run(args: argparse.Namespace) -> int:
-    output = gsmodel.resolve_output(args.model, args.output, in_place=False)
-    registry = load_plugins(args.plugins)
-    options = options_from_args(args, InferShapesOptions)
-    model = gsmodel.load(args.model, load_weights=False)
-    model = run_pass(INFER_SHAPES, model, options, plugins=registry).model
-    path = gsmodel.save(model, output)
-    missing = missing_shapes(model)
-    if args.json:
-        report.print_json({"output": path, "missing_shapes": missing})
-    else:
-        rows = [("written", path), ("tensors without shapes", ", ".join(missing) or "none")]
-        report.console().print(report.table("infer-shapes", ("", ""), rows))
-    return 0
+def _show(ran: Ran) -> None:
+    missing = _report(ran)["missing_shapes"]
+    rows = [("written", ran.written), ("tensors without shapes", ", ".join(missing) or "none")]
+    report.console().print(report.table("infer-shapes", ("", ""), rows))
+
+
+COMMAND = PassCommand(
+    "infer-shapes",
+    INFER_SHAPES,
+    help="infer dtypes and shapes (plugin nodes use their specs' rules)",
+    description="Infer dtypes and shapes of every tensor with onnx's shape inference; plugin nodes get "
+    "their output rules from their specs, and symbolic dims are kept.",
+    model="input .onnx",
+    output="output .onnx (must differ from the input)",
+    show=_show,
+    report=_report,
+    json="print the result as JSON",
+    plugins=plugins_help(),
+    layout=("model", "output", "plugins", "options", "json"),
+    weights=False,
+)
+add_parser, run = COMMAND.add_parser, COMMAND.run

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from gskit.cli.command import add_json, subcommand
 from gskit.io.model import load
 from gskit.io.report import console, print_json, table
 from gskit.passes.inspect import (
@@ -21,14 +22,14 @@ from gskit.passes.inspect import (
 MAX_MISSING_ROWS = 20
 
 
+#: ``--help``: the command's line in ``gskit --help`` and its description.
+HELP = "summarize a model: opsets, ops, inputs/outputs, custom nodes, functions, missing shapes"
+DESCRIPTION = "Summarize an ONNX model without reading its weights (works for models over 2 GB)."
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "inspect",
-        help="summarize a model: opsets, ops, inputs/outputs, custom nodes, functions, missing shapes",
-        description="Summarize an ONNX model without reading its weights (works for models over 2 GB).",
-    )
-    parser.add_argument("model", help="the .onnx file")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser = subcommand(subparsers, "inspect", help=HELP, description=DESCRIPTION)
+    add_json(parser, "print the summary as JSON")
     parser.add_argument(
         "--no-infer",
         dest="infer_shapes",

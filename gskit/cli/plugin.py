@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gskit.cli import add_plugins_option, plugin_author
+from gskit.cli.command import add_json
 from gskit.io import report
 from gskit.plugin.discovery import LOCAL_PLUGINS, load_plugins, plugin_files
 from gskit.plugin.native import choose_form
@@ -60,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="VERSION",
         help="also show what each plugin's patterns become for this TensorRT version (native op or plugin)",
     )
-    listing.add_argument("--json", action="store_true", help="print JSON")
+    add_json(listing, "print JSON")
     listing.set_defaults(func=run)
     _add_new_parser(actions)
     plugin_author.add_parsers(actions)
@@ -110,12 +111,12 @@ def run(args: argparse.Namespace) -> int:
             r.version,
             report.lines(r.attributes) if r.attributes else "-",
             f"{r.patterns} ({r.derived})" if r.derived else r.patterns,
-            "\n".join(r.forms),
+            report.lines(r.forms),
         ]
         if r.for_target is not None:
             cells.append(r.for_target["short"])
         cells += [
-            "\n".join(_short_kind(kind, r) for kind in r.implementations) or "-",
+            report.lines(_short_kind(kind, r) for kind in r.implementations) if r.implementations else "-",
             r.origin or "-",
         ]
         table_rows.append(tuple(cells))
@@ -177,7 +178,7 @@ def _add_new_parser(actions: argparse._SubParsersAction) -> None:
         help=f"plugins folder to create it in (default: {LOCAL_PLUGINS}, which gskit searches when run here)",
     )
     new.add_argument("--namespace", default="gskit", help="plugin namespace when the node has no domain")
-    new.add_argument("--json", action="store_true", help="print JSON")
+    add_json(new, "print JSON")
     new.set_defaults(func=run_new)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from gskit.cli import add_plugins_option
+from gskit.cli.command import add_json, add_output, subcommand
 from gskit.io import report
 
 #: What each stub part still needs, for the check's last lines.
@@ -21,42 +22,41 @@ STUB_HINTS = {
 }
 
 
+#: ``--help``: the command's line in ``gskit --help`` and its description.
+CHECK_HELP = "replace one plugin's patterns in MODEL, compare each node with what it replaced, list stubs"
+CHECK_DESCRIPTION = (
+    "The plugin author's loop: load the plugin (derived rules included), report each rule and what "
+    "it replaced in MODEL or where its best attempt stopped, compare each plugin node with the "
+    "region it replaced on onnxruntime (compare --per-plugin), and name the parts still stubs. "
+    "Exit 0 when something was replaced and every node matches, 1 otherwise."
+)
+DERIVE_HELP = "write the plugin's derived_patterns.json (its from_torch rules, for loads without torch)"
+DERIVE_DESCRIPTION = (
+    "Derive the rules of the plugin's from_torch calls with the installed torch (or take them from "
+    "the user cache where this torch derived them already) and write them to derived_patterns.json "
+    "beside the PyTorch code, keeping the rules other torch versions wrote there. Ship that file "
+    "with the plugin: without torch, gskit loads derived rules from it."
+)
+
+
 def add_parsers(actions: argparse._SubParsersAction) -> None:
-    check = actions.add_parser(
-        "check",
-        help="replace one plugin's patterns in MODEL, compare each node with what it replaced, list stubs",
-        description=(
-            "The plugin author's loop: load the plugin (derived rules included), report each rule and what "
-            "it replaced in MODEL or where its best attempt stopped, compare each plugin node with the "
-            "region it replaced on onnxruntime (compare --per-plugin), and name the parts still stubs. "
-            "Exit 0 when something was replaced and every node matches, 1 otherwise."
-        ),
-    )
+    check = subcommand(actions, "check", help=CHECK_HELP, description=CHECK_DESCRIPTION, model=None)
     check.add_argument(
         "name", metavar="NAME", help="the plugin: op name (RMSNorm), namespace::name or folder"
     )
     check.add_argument("model", metavar="MODEL", help="an ONNX model the plugin is meant for")
-    check.add_argument("-o", "--output", help="keep the prepared copy here (default: not kept)")
+    add_output(check, "keep the prepared copy here (default: not kept)", required=False)
     check.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     check.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
     add_plugins_option(check)
-    check.add_argument("--json", action="store_true", help="print JSON")
+    add_json(check, "print JSON")
     check.set_defaults(func=run_check)
 
-    derive = actions.add_parser(
-        "derive",
-        help="write the plugin's derived_patterns.json (its from_torch rules, for loads without torch)",
-        description=(
-            "Derive the rules of the plugin's from_torch calls with the installed torch (or take them from "
-            "the user cache where this torch derived them already) and write them to derived_patterns.json "
-            "beside the PyTorch code, keeping the rules other torch versions wrote there. Ship that file "
-            "with the plugin: without torch, gskit loads derived rules from it."
-        ),
-    )
+    derive = subcommand(actions, "derive", help=DERIVE_HELP, description=DERIVE_DESCRIPTION, model=None)
     derive.add_argument("name", metavar="NAME", help="the plugin: op name, namespace::name or folder")
     derive.add_argument("--fresh", action="store_true", help="export again even when the user cache has them")
     add_plugins_option(derive)
-    derive.add_argument("--json", action="store_true", help="print JSON")
+    add_json(derive, "print JSON")
     derive.set_defaults(func=run_derive)
 
 

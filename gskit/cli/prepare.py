@@ -6,13 +6,21 @@ import argparse
 import sys
 import time
 from contextlib import ExitStack
+from typing import Any
 
 from gskit.cli import add_plugins_option
 from gskit.errors import GskitError
 from gskit.io import progress
 from gskit.io.report import console, print_json, styled, table
-from gskit.io.shape_args import parse_fixed_shape
-from gskit.pipeline.prepare import PrepareReport, StepResult, default_recipe, prepare, recipe_with_overrides
+from gskit.passes.transform import StepFlag
+from gskit.pipeline.prepare import (
+    PrepareReport,
+    StepResult,
+    default_recipe,
+    prepare,
+    prepare_flags,
+    recipe_with_overrides,
+)
 from gskit.pipeline.recipe import Recipe, load_recipe
 
 
@@ -41,45 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "each sets the option of the same meaning in the recipe (default or --recipe), overriding its value; "
         "--verbose/--debug work here too",
     )
-    flags.add_argument(
-        "--shape",
-        action="append",
-        metavar="NAME:DIMS",
-        help="validation input shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable; "
-        "validate.shapes)",
-    )
-    flags.add_argument(
-        "--inputs", metavar="F.npz", help="validation inputs saved with numpy.savez (validate.inputs)"
-    )
-    flags.add_argument("--atol", type=float, help="validation absolute tolerance (validate.atol)")
-    flags.add_argument("--rtol", type=float, help="validation relative tolerance (validate.rtol)")
-    flags.add_argument("--seed", type=int, help="seed of the random validation inputs (validate.seed)")
-    flags.add_argument(
-        "--fp16",
-        action="store_true",
-        help="convert to fp16 (convert.fp16; adds a convert step before check_trt when the recipe has none); "
-        "validation then needs looser tolerances, e.g. --atol 1e-2 --rtol 1e-2",
-    )
-    flags.add_argument(
-        "--nms",
-        action="store_true",
-        help="add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the "
-        "model's (an nms step after sanitize when the recipe has none; recipe: nms: {score_threshold, "
-        "iou_threshold, max_output_boxes, class_agnostic})",
-    )
-    flags.add_argument(
-        "--only",
-        action="append",
-        metavar="PLUGIN",
-        help="replace only these plugins' patterns (repeatable; replace.only)",
-    )
+    for _, flag in prepare_flags():  # declared on the steps' options (gskit.passes.transform.StepFlag)
+        _add_flag(flags, flag)
     flags.add_argument(
         "--skip", action="append", metavar="STEP", help="drop every step of this name (repeatable)"
-    )
-    flags.add_argument(
-        "--compute-capability",
-        metavar="X.Y",
-        help="build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
     )
     flags.add_argument(
         "--tensorrt",
@@ -122,6 +95,19 @@ class _Progress:
         )
 
 
+def _add_flag(group: argparse._ArgumentGroup, flag: StepFlag) -> None:
+    """One recipe-option flag as its step's options declare it."""
+    if flag.kind == "switch":
+        group.add_argument(flag.flag, dest=flag.name, action="store_true", help=flag.help)
+        return
+    kwargs: dict[str, Any] = {"dest": flag.name, "help": flag.help, "metavar": flag.metavar}
+    if flag.type is not None:
+        kwargs["type"] = flag.type
+    if flag.kind == "append":
+        kwargs["action"] = "append"
+    group.add_argument(flag.flag, **kwargs)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.print_default_recipe:
         sys.stdout.write(default_recipe().to_yaml())
@@ -150,19 +136,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _recipe(args: argparse.Namespace) -> Recipe:
     """The default recipe or --recipe, with the recipe-option flags applied."""
+    given = {}
+    for _, flag in prepare_flags():
+        value = getattr(args, flag.name)
+        if flag.parse is not None and value is not None:
+            value = [flag.parse(text) for text in value] if flag.kind == "append" else flag.parse(value)
+        given[flag.name] = value
     return recipe_with_overrides(
         load_recipe(args.recipe) if args.recipe else default_recipe(),
-        shapes=dict(parse_fixed_shape(text) for text in args.shape or ()),
-        inputs=args.inputs,
-        atol=args.atol,
-        rtol=args.rtol,
-        seed=args.seed,
-        fp16=args.fp16,
-        nms=args.nms,
-        only=args.only,
         skip=args.skip or (),
-        compute_capability=args.compute_capability,
         tensorrt=args.tensorrt,
+        **given,
     )
 
 

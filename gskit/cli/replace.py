@@ -3,65 +3,33 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from typing import Any
 
-from gskit.cli import add_plugins_option
-from gskit.cli.options import add_options, options_from_args
-from gskit.io.model import load, resolve_output, save, to_graph
-from gskit.io.report import console, print_json, table
+from gskit.cli import plugins_help
+from gskit.cli.command import PassCommand, Ran
+from gskit.io.report import console, table
 from gskit.passes.patterns import ReplaceReport
-from gskit.passes.patterns.replace import REPLACE, ReplaceOptions
-from gskit.passes.transform import run_pass
-from gskit.plugin.discovery import load_plugins
+from gskit.passes.patterns.replace import REPLACE
 
 log = logging.getLogger(__name__)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "replace",
-        help="replace patterns (multi-node, single op, local function) by plugin nodes",
-        description=(
-            "Find each plugin's patterns in the model (If/Loop bodies included) and replace every instance "
-            "by one plugin node; boundary tensors keep their names. Shapes are inferred afterwards."
-        ),
-    )
-    parser.add_argument("model", help="the .onnx file")
-    parser.add_argument("-o", "--output", required=True, help="where to write the model")
-    add_plugins_option(parser)
-    add_options(parser, ReplaceOptions)
-    parser.epilog = (
-        "--explain adds one row per plugin and rule: what it replaced, and for the rest the attempt that got "
-        "furthest (the anchor it started from, how many of the rule's nodes matched, the node or constant "
-        "where it stopped, and why); with --only NAME, that plugin's rules only. --json lists every attempt."
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    out = resolve_output(args.model, args.output, in_place=False)
-    registry = load_plugins(args.plugins)
-    graph = to_graph(load(args.model))
-    _infer(graph, registry)  # ranks let the matcher compare axes like [2] with [-1]
-    report = run_pass(REPLACE, graph, options_from_args(args, ReplaceOptions), plugins=registry).report
-    _infer(graph, registry)
-    written = save(graph, out)
-    if args.json:
-        print_json({"model": args.model, "output": str(written), **_as_dict(report)})
-        return 0
-    _print(report, str(written))
-    return 0
-
-
-def _infer(graph, registry) -> None:
+def _infer(graph: Any, registry: Any) -> None:
+    """Ranks let the matcher compare axes like [2] with [-1]; the plugin nodes get their types after."""
     try:
         from gskit.passes.shapes import infer_graph_shapes
     except ImportError:  # shape inference is optional for this command
         return
     infer_graph_shapes(graph, registry, strict=False)
+
+
+def _report(ran: Ran) -> dict[str, Any]:
+    return {"model": ran.args.model, "output": str(ran.written), **_as_dict(ran.result.report)}
+
+
+def _show(ran: Ran) -> None:
+    _print(ran.result.report, str(ran.written))
 
 
 def _as_dict(report: ReplaceReport) -> dict:
@@ -144,3 +112,27 @@ def explain_table(report: ReplaceReport, title: str = "Rules: matches, and the b
         ("plugin", "rule", "replaced", "best attempt at", "matched", "failed at", "reason"),
         rows,
     )
+
+
+COMMAND = PassCommand(
+    "replace",
+    REPLACE,
+    help="replace patterns (multi-node, single op, local function) by plugin nodes",
+    description=(
+        "Find each plugin's patterns in the model (If/Loop bodies included) and replace every instance "
+        "by one plugin node; boundary tensors keep their names. Shapes are inferred afterwards."
+    ),
+    output="where to write the model",
+    show=_show,
+    report=_report,
+    plugins=plugins_help(),
+    layout=("model", "output", "plugins", "options", "json"),
+    epilog=(
+        "--explain adds one row per plugin and rule: what it replaced, and for the rest the attempt that got "
+        "furthest (the anchor it started from, how many of the rule's nodes matched, the node or constant "
+        "where it stopped, and why); with --only NAME, that plugin's rules only. --json lists every attempt."
+    ),
+    graph=True,
+    around=_infer,
+)
+add_parser, run = COMMAND.add_parser, COMMAND.run

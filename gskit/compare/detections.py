@@ -24,7 +24,6 @@ above the threshold, and then 2. and 3. compare empty sets. Each row's note give
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,18 +31,17 @@ import numpy as np
 import onnx
 
 from gskit.backends import ort as ort_backend
+from gskit.compare.options import CompareOptions, ModelSource, header_fields, source_model
 from gskit.compare.outputs import (
     CompareReport,
     OutputComparison,
     ReferenceRunError,
-    check_tolerances,
     compare_arrays,
     describe_feeds,
-    source_model,
 )
 from gskit.errors import GskitError, ModelLoadError, PluginError
 from gskit.io import model as gsmodel
-from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.io.feeds import feed_shapes
 from gskit.passes.edit import expose_tensors
 from gskit.passes.nms import PLUGIN_KEY, NmsReport, plugin_inputs
 from gskit.plugin.registry import PluginRegistry
@@ -53,30 +51,27 @@ MATCH_IOU = 0.5
 
 
 def compare_detections(
-    original: str | os.PathLike | onnx.ModelProto,
-    prepared: str | os.PathLike | onnx.ModelProto,
+    original: ModelSource,
+    prepared: ModelSource,
     nms: NmsReport,
-    *,
-    feeds: Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    seed: int = 0,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
-    plugins: PluginRegistry | None = None,
-    dtype_changes: Sequence[Any] = (),
+    options: CompareOptions | None = None,
+    **changes: Any,
 ) -> CompareReport:
-    """Compare a model prepared with an ``nms`` step with its original (see the module docstring).
+    """Compare a model prepared with an ``nms`` step with its original (see the module docstring), on
+    onnxruntime with ``options``' inputs, tolerances and plugins (:class:`CompareOptions`; ``changes``: fields
+    of it to change).
 
     Raises:
         ReferenceRunError: the original cannot run on the inputs.
         GskitError: the prepared model cannot run, or the EfficientNMS_TRT spec is not loaded.
     """
-    check_tolerances(atol, rtol)
+    options = CompareOptions.given(options, changes)
+    plugins = options.plugins
     spec = plugins.get(*PLUGIN_KEY) if plugins is not None else None
     if spec is None:
         raise GskitError("validating an nms step needs the EfficientNMS_TRT plugin spec; it is not loaded")
     original_proto = source_model(original)
-    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
+    feeds = options.feeds_for(original_proto)
     raw_outputs = [nms.head, *(n for n in nms.replaced_outputs if n != nms.head)]
     try:
         got_original = _run_exposing(original_proto, raw_outputs, feeds, plugins)
@@ -91,27 +86,26 @@ def compare_detections(
     got_prepared = _run_exposing(source_model(prepared), [*nms.plugin_inputs, *nms.outputs], feeds, plugins)
     boxes, scores = plugin_inputs(got_original[nms.head], nms.layout, best_class_only=nms.best_class_only)
     expected = spec.run_reference([boxes, scores], nms.attrs)
-    rows = compare_arrays(
-        {nms.plugin_inputs[0]: boxes, nms.plugin_inputs[1]: scores},
-        got_prepared,
-        list(nms.plugin_inputs),
-        atol=atol,
-        rtol=rtol,
-    )
     rows = [
-        dataclasses.replace(r, note=f"EfficientNMS_TRT input from the original's '{nms.head}'") for r in rows
+        dataclasses.replace(r, note=f"EfficientNMS_TRT input from the original's '{nms.head}'")
+        for r in _rows(nms.plugin_inputs, [boxes, scores], got_prepared, options)
     ]
-    rows += _detection_rows(nms, expected, [got_prepared[n] for n in nms.outputs], atol, rtol)
-    own = _own_nms_row(nms, got_original, [got_prepared[n] for n in nms.outputs], atol, rtol)
+    rows += _detection_rows(nms, expected, [got_prepared[n] for n in nms.outputs], options)
+    own = _own_nms_row(nms, got_original, [got_prepared[n] for n in nms.outputs], options)
     if own is not None:
         rows.append(own)
-    return CompareReport(
-        outputs=rows,
-        passed=all(r.passed for r in rows),
-        input_shapes=feed_shapes(feeds),
-        atol=atol,
-        rtol=rtol,
-    )
+    return CompareReport(outputs=rows, **header_fields(options, feeds, all(r.passed for r in rows)))
+
+
+def _rows(
+    names: Sequence[str],
+    expected: Sequence[np.ndarray],
+    actual: Mapping[str, np.ndarray],
+    options: CompareOptions,
+) -> list[OutputComparison]:
+    """``expected`` (in the order of ``names``) against ``actual`` (by name), with the options' tolerances."""
+    reference = dict(zip(names, expected, strict=True))
+    return compare_arrays(reference, actual, list(names), atol=options.atol, rtol=options.rtol)
 
 
 def _run_exposing(
@@ -141,7 +135,7 @@ def _per_image(outputs: Sequence[np.ndarray]) -> Detections:
 
 
 def _detection_rows(
-    nms: NmsReport, expected: Sequence[np.ndarray], actual: Sequence[np.ndarray], atol: float, rtol: float
+    nms: NmsReport, expected: Sequence[np.ndarray], actual: Sequence[np.ndarray], options: CompareOptions
 ) -> list[OutputComparison]:
     """The four outputs against the reference, after matching detections (their order may differ at ties)."""
     want, have = _per_image(expected), _per_image(actual)
@@ -152,25 +146,13 @@ def _detection_rows(
             f"detections differ from the reference on the original's head output "
             f"({[len(s) for _, s, _ in want]} expected per image, {[len(s) for _, s, _ in have]} found)"
         )
-        rows = compare_arrays(
-            dict(zip(nms.outputs, expected, strict=True)),
-            dict(zip(nms.outputs, actual, strict=True)),
-            list(nms.outputs),
-            atol=atol,
-            rtol=rtol,
-        )
+        rows = _rows(nms.outputs, expected, dict(zip(nms.outputs, actual, strict=True)), options)
         return [dataclasses.replace(r, passed=False, note=note) for r in rows]
     aligned = [np.array(a, copy=True) for a in actual]
     for b, perm in enumerate(order):
         for out in aligned[1:]:
             out[b, : len(perm)] = out[b, perm]
-    rows = compare_arrays(
-        dict(zip(nms.outputs, expected, strict=True)),
-        dict(zip(nms.outputs, aligned, strict=True)),
-        list(nms.outputs),
-        atol=atol,
-        rtol=rtol,
-    )
+    rows = _rows(nms.outputs, expected, dict(zip(nms.outputs, aligned, strict=True)), options)
     note = f"{count} detection(s) of the reference on the original's '{nms.head}', matched by class and IoU"
     if count == 0:
         note = f"no detection on these inputs (no score >= {nms.attrs['score_threshold']}): compared empty"
@@ -215,8 +197,7 @@ def _own_nms_row(
     nms: NmsReport,
     original: Mapping[str, np.ndarray],
     actual: Sequence[np.ndarray],
-    atol: float,
-    rtol: float,
+    options: CompareOptions,
 ) -> OutputComparison | None:
     """The original's exported NMS against the prepared detections, when its output format is known."""
     if not nms.exported_nms:
@@ -257,11 +238,13 @@ def _own_nms_row(
         ),
         default=0.0,
     )
-    passed = err <= atol + rtol
+    passed = err <= options.atol + options.rtol
     note = f"{count} detection(s) of the exported NMS, matched by class and IoU >= {MATCH_IOU}"
     if count == 0:
         note = "the exported NMS kept no detection on these inputs: compared empty"
-    return OutputComparison(name, (count,), "detections", err, err, passed, atol=atol, rtol=rtol, note=note)
+    return OutputComparison(
+        name, (count,), "detections", err, err, passed, atol=options.atol, rtol=options.rtol, note=note
+    )
 
 
 def _read_own_nms(outputs: Sequence[np.ndarray]) -> Detections | None:

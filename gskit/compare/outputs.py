@@ -7,11 +7,11 @@ through their numpy references; ``gskit.backends.trt.trt_runner`` a TensorRT run
 decides pass/fail per output: an element matches when its absolute error is at most ``atol`` **or** its
 relative error (to the reference side) is at most ``rtol``; shapes must be equal.
 
-Tolerances follow each output's dtype: the given ``atol``/``rtol`` (1e-5 by default) are what float32 outputs
-get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 4e-3, about four
-units in the last place; bfloat16: 3e-2, likewise). The original rounds to float16 after each op (a float16
-LayerNormalization differs from an exact one by up to three units on BERT), a plugin rounds once: that is then
-not reported as a failure, while a real error (a wrong epsilon, a lost bias) still is.
+Tolerances follow each output's dtype: the given ``atol``/``rtol`` (``DEFAULT_TOLERANCE``) are what float32
+outputs get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 4e-3,
+about four units in the last place; bfloat16: 3e-2, likewise). The original rounds to float16 after each op (a
+float16 LayerNormalization differs from an exact one by up to three units on BERT), a plugin rounds once: that
+is then not reported as a failure, while a real error (a wrong epsilon, a lost bias) still is.
 
 Values that are not finite match only themselves, element by element: inf matches inf of the same sign and
 NaN matches NaN (the original computes NaN there too), whatever the tolerances; inf against a finite value or
@@ -32,12 +32,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -45,33 +43,26 @@ import onnx
 
 from gskit.backends import ort as ort_backend
 from gskit.backends import trt as trt_backend
+from gskit.backends.model_run import ModelRun
+from gskit.compare.options import (
+    DEFAULT_TOLERANCE,
+    CompareOptions,
+    ComparisonHeader,
+    DtypeChange,
+    ModelSource,
+    check_tolerances,
+    source_label,
+    source_model,
+)
 from gskit.errors import GskitError, ModelLoadError, PluginError
-from gskit.io import model as gsmodel
-from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.io.feeds import feed_shapes
 from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 
-ModelSource = onnx.ModelProto | str | os.PathLike
 
 #: Lowest (atol, rtol) an output of this dtype is compared with: about four units in the last place.
 DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {"float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
-
-
-def check_tolerances(atol: float, rtol: float) -> None:
-    """The one check of tolerances the CLI, the recipe and the library share.
-
-    A NaN tolerance makes every comparison pass (``err <= nan`` is never false in Polygraphy's rule),
-    an infinite one accepts anything and a negative one rejects everything: all are mistakes.
-
-    Raises:
-        GskitError: ``atol`` or ``rtol`` is NaN, infinite or negative.
-    """
-    for name, value in (("atol", atol), ("rtol", rtol)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise GskitError(f"{name} must be a number, got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise GskitError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:
@@ -88,26 +79,6 @@ def tolerance_for(dtype: Any, atol: float, rtol: float) -> tuple[float, float]:
 def _exact(dtype: Any) -> bool:
     """Integers, bools and strings are compared for equality; a tolerance means nothing for them."""
     return dtype is not None and np.dtype(dtype).kind not in "fc"
-
-
-@dataclass(frozen=True)
-class DtypeChange:
-    """An output dtype change that is expected, so not a failure (the report still names it).
-
-    Attributes:
-        before: the original's dtype (numpy name, e.g. ``float32``).
-        after: the prepared model's dtype (``float16``).
-        by: what made it, for the report ("the recipe's convert step").
-        output: the output it applies to; None: any output.
-    """
-
-    before: str
-    after: str
-    by: str
-    output: str | None = None
-
-    def allows(self, name: str, before: str, after: str) -> bool:
-        return (self.before, self.after) == (before, after) and self.output in (None, name)
 
 
 @dataclass(frozen=True)
@@ -136,8 +107,8 @@ class OutputComparison:
     max_rel_err: float
     passed: bool
     shape_under_test: tuple[int, ...] = ()
-    atol: float = 1e-5
-    rtol: float = 1e-5
+    atol: float = DEFAULT_TOLERANCE
+    rtol: float = DEFAULT_TOLERANCE
     dtype_under_test: str = ""
     note: str = ""
 
@@ -148,28 +119,17 @@ class OutputComparison:
         return f"{self.dtype} -> {self.dtype_under_test}" if changed else self.dtype
 
 
-@dataclass(frozen=True)
-class CompareReport:
-    """Result of :func:`compare`.
+@dataclass(frozen=True, kw_only=True)
+class CompareReport(ComparisonHeader):
+    """Result of :func:`compare`: the header (:class:`ComparisonHeader`: ``passed``: all outputs passed), then
 
     Attributes:
         outputs: one entry per output of the reference model, in its order.
-        passed: all outputs passed.
-        input_shapes: the shape of each input fed to both runs.
-        atol: absolute tolerance given (float32 outputs; lower-precision outputs get at least their dtype's
-            floor, see each output's ``atol``).
-        rtol: relative tolerance given (likewise).
         reference: name of the reference runner.
-        under_test: name of the runner under test.
     """
 
     outputs: list[OutputComparison]
-    passed: bool
-    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    atol: float = 1e-5
-    rtol: float = 1e-5
     reference: str = "original"
-    under_test: str = "prepared"
 
     @property
     def failed(self) -> list[OutputComparison]:
@@ -179,36 +139,19 @@ class CompareReport:
 def compare(
     original: ModelSource,
     prepared: ModelSource | None,
-    *,
-    feeds: Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    seed: int = 0,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
-    plugins: PluginRegistry | None = None,
-    backend: str = "onnxruntime",
-    engine: str | os.PathLike | None = None,
-    trt_plugins: Sequence[str | os.PathLike] = (),
-    dtype_changes: Sequence[DtypeChange] = (),
+    options: CompareOptions | None = None,
+    **changes: Any,
 ) -> CompareReport:
-    """Run the original on onnxruntime and the prepared model on ``backend``; compare outputs by name.
+    """Run the original on onnxruntime and the prepared model on ``options.backend``; compare outputs by name.
 
     Args:
         original: the reference model (a ModelProto or a path).
         prepared: the model under test; it must have every output of ``original`` (by name). May be
-            ``None`` when ``engine`` is given.
-        feeds: inputs by name; ``None`` draws random inputs (``gskit.io.feeds.random_feeds``) from ``seed``.
-        shapes: input shapes for random inputs, overriding symbolic dims.
-        seed: seed of the random inputs.
-        atol: absolute tolerance.
-        rtol: relative tolerance.
-        plugins: specs of plugin nodes in either model; on onnxruntime they run through their numpy
-            references.
-        backend: what runs ``prepared``: ``"onnxruntime"`` (CPU) or ``"trt"`` (full TensorRT on a GPU,
-            through Polygraphy's ``TrtRunner``; the original still runs on onnxruntime).
-        engine: a serialized TensorRT engine to run instead of building ``prepared`` (implies ``"trt"``).
-        trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
-        dtype_changes: output dtype changes that are expected; any other change fails its output.
+            ``None`` when ``options.engine`` is given.
+        options: the inputs, tolerances, backend and plugins (:class:`CompareOptions`; its defaults if None).
+            On ``"trt"`` (full TensorRT on a GPU, through Polygraphy's ``TrtRunner``) the original still runs
+            on onnxruntime; ``dtype_changes`` lists the output dtype changes that are expected.
+        changes: fields of ``options`` to change (``atol=1e-3``, ``feeds={...}``).
 
     Raises:
         GskitError: a model cannot be loaded or run (a model that onnxruntime cannot load at all is said
@@ -216,8 +159,9 @@ def compare(
             or fixed dims), ``prepared`` lacks an output of ``original``, or ``"trt"`` is asked for without
             full TensorRT and a GPU.
     """
-    check_tolerances(atol, rtol)
-    backend = check_backend(backend, engine)
+    options = CompareOptions.given(options, changes)
+    backend = backend_for(options)
+    engine = options.engine
     if prepared is None and engine is None:
         raise GskitError("compare needs a prepared model or an engine")
     original_proto = source_model(original)
@@ -235,29 +179,38 @@ def compare(
         )
     if prepared_proto is not None:
         check_same_inputs(original_proto, prepared_proto, source_label(original), source_label(prepared))
-    generated = feeds is None
-    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
-    judged: dict[str, Any] = dict(outputs=expected, atol=atol, rtol=rtol, dtype_changes=tuple(dtype_changes))
-    reference = ort_backend.runner(
-        original if not isinstance(original, onnx.ModelProto) else original_proto, plugins, "original"
+    feeds = options.feeds_for(original_proto)
+    reference = ort_backend.runner(original, options.plugins, "original")
+    under_test = ModelRun(
+        engine if engine is not None else prepared,
+        feeds,
+        UNDER_TEST_NAMES[options.under_test_backend],
+        options.plugins,
+        options.trt_plugins,
     )
-    if backend == "onnxruntime":
-        under_test = ort_backend.runner(
-            prepared if not isinstance(prepared, onnx.ModelProto) else prepared_proto, plugins, "prepared"
-        )
+    with backend.comparison_runner(under_test) as runner:
         try:
-            return compare_runners(reference, under_test, feeds, **judged)
+            return compare_runners(
+                reference,
+                runner,
+                feeds,
+                outputs=expected,
+                atol=options.atol,
+                rtol=options.rtol,
+                dtype_changes=options.dtype_changes,
+            )
         except ReferenceRunError as err:
-            if not generated:
+            if not options.random_inputs:
                 raise
             raise ReferenceRunError(
                 f"{err}; give shapes that fit with --shape NAME:DIMS or real inputs with --inputs F.npz",
                 err.failure,
                 err.input_shapes,
             ) from err
-    with model_file(engine if engine is not None else prepared) as path:  # type: ignore[arg-type]
-        under_test = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
-        return compare_runners(reference, under_test, feeds, **judged)
+
+
+#: The name of the run under test in :class:`CompareReport` (``under_test``), by backend.
+UNDER_TEST_NAMES = {"onnxruntime": "prepared", "trt": "tensorrt"}
 
 
 def check_tensor_outputs(model: onnx.ModelProto, label: str) -> None:
@@ -361,8 +314,8 @@ def compare_runners(
     feeds: Mapping[str, np.ndarray],
     *,
     outputs: Sequence[str] | None = None,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
+    atol: float = DEFAULT_TOLERANCE,
+    rtol: float = DEFAULT_TOLERANCE,
     dtype_changes: Sequence[DtypeChange] | None = None,
 ) -> CompareReport:
     """Run two Polygraphy runners on ``feeds`` and compare the named outputs (all of the reference's if None).
@@ -376,6 +329,10 @@ def compare_runners(
     from polygraphy.comparator import Comparator, SimpleCompareFunc
     from polygraphy.comparator.struct import RunResults
     from polygraphy.exception import PolygraphyException
+
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
 
     check_tolerances(atol, rtol)
 
@@ -435,6 +392,10 @@ def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitErr
     """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
     from polygraphy.comparator import Comparator
     from polygraphy.exception import PolygraphyException
+
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
 
     try:
         with quiet_polygraphy():
@@ -546,8 +507,8 @@ def compare_arrays(
     under_test: Mapping[str, np.ndarray],
     names: Sequence[str],
     *,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
+    atol: float = DEFAULT_TOLERANCE,
+    rtol: float = DEFAULT_TOLERANCE,
 ) -> list[OutputComparison]:
     """Compare arrays already computed, with the same rule as :func:`compare_runners` (Polygraphy's).
 
@@ -556,6 +517,10 @@ def compare_arrays(
     """
     from polygraphy.comparator import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
+
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()
 
     check_tolerances(atol, rtol)
 
@@ -575,38 +540,23 @@ def compare_arrays(
     return [_row(n, ref[n], test[n], verdicts.get(n), atols, rtols) for n in names]
 
 
-# -- TensorRT (full TensorRT and a GPU) ------------------------------------------------------------------
+# -- what runs the model under test ---------------------------------------------------------------------
 
-#: Backends of the run under test.
-COMPARE_BACKENDS = ("onnxruntime", "trt")
+#: The backend module of each ``CompareOptions.backend``; each offers the same functions: ``require_runtime``,
+#: ``comparison_runner`` (a Polygraphy runner), ``run_unit`` (one small model once) and ``tensor_source``
+#: (intermediate tensors, for a layerwise comparison).
+BACKENDS: dict[str, ModuleType] = {"onnxruntime": ort_backend, "trt": trt_backend}
 
 
-def check_backend(backend: str, engine: str | os.PathLike | None = None) -> str:
-    """The backend of the run under test (``engine`` implies ``"trt"``); checks TensorRT and a GPU for it.
+def backend_for(options: CompareOptions) -> ModuleType:
+    """The backend that runs the model under test (an engine: TensorRT), checked to run here.
 
     Raises:
-        GskitError: an unknown backend, or ``"trt"`` without full TensorRT or without a GPU.
+        GskitError: ``"trt"`` without full TensorRT or without a GPU.
     """
-    if backend not in COMPARE_BACKENDS:
-        raise GskitError(f"unknown compare backend {backend!r}; choose one of {', '.join(COMPARE_BACKENDS)}")
-    if engine is not None:
-        backend = "trt"
-    if backend == "trt":
-        trt_backend.require_gpu_tensorrt("--backend trt")
+    backend = BACKENDS[options.under_test_backend]
+    backend.require_runtime("--backend trt")
     return backend
-
-
-@contextmanager
-def model_file(model: ModelSource) -> Iterator[Path]:
-    """A path for ``model``: the file itself, or an in-memory model saved to a temporary folder."""
-    if not isinstance(model, onnx.ModelProto):
-        path = Path(model)
-        if not path.is_file():
-            raise GskitError(gsmodel.not_a_file(path, "model or engine"))
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="gskit-compare-") as tmp:
-        yield gsmodel.save(model, Path(tmp) / "model.onnx", check=False)
 
 
 def _comparable(results: Any) -> Any:
@@ -781,20 +731,6 @@ def _integer_errors(expected: np.ndarray, actual: np.ndarray) -> tuple[float, fl
     with np.errstate(divide="ignore", invalid="ignore"):
         reldiff = absdiff.astype(np.float64) / np.abs(a.astype(np.float64))
     return float(worst), _worst(reldiff)
-
-
-def source_model(model: ModelSource) -> onnx.ModelProto:
-    """``model`` itself if it is a ModelProto, else the model at that path with its weights left on disk.
-
-    Raises:
-        GskitError: the file cannot be loaded (as ``gskit.io.model.load``).
-    """
-    return model if isinstance(model, onnx.ModelProto) else gsmodel.load(model, load_weights=False)
-
-
-def source_label(model: ModelSource) -> str:
-    """How messages name a compared model: its path, or "prepared model" for an in-memory ModelProto."""
-    return "prepared model" if isinstance(model, onnx.ModelProto) else str(model)
 
 
 def _first_line(err: Exception) -> str:

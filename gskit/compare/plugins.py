@@ -14,30 +14,28 @@ later part of the model hides the error.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from gskit.backends import ort as ort_backend
-from gskit.backends import trt as trt_backend
-from gskit.compare.layers import OrtTensors
-from gskit.compare.outputs import (
+from gskit.backends.model_run import ModelRun
+from gskit.compare.options import (
+    CompareOptions,
+    ComparisonHeader,
     ModelSource,
-    OutputComparison,
-    check_backend,
-    check_tolerances,
-    compare_arrays,
+    header_fields,
     source_label,
     source_model,
 )
+from gskit.compare.outputs import OutputComparison, backend_for, compare_arrays
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
-from gskit.io.feeds import feed_shapes, resolve_feeds
+from gskit.io.feeds import feed_shapes
 from gskit.passes.isolate import isolate
 from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node
 from gskit.plugin.registry import PluginRegistry
@@ -73,24 +71,17 @@ class PluginCheck:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class PluginCompareReport:
-    """Result of :func:`compare_plugins`.
+@dataclass(frozen=True, kw_only=True)
+class PluginCompareReport(ComparisonHeader):
+    """Result of :func:`compare_plugins`: the header (:class:`ComparisonHeader`: ``passed``: every plugin node
+    passed, a node that could not be checked fails; ``input_shapes``: the model inputs fed to the original;
+    ``under_test``: what ran the plugin nodes), then
 
     Attributes:
         plugins: one entry per plugin node of the prepared model's main graph, in its order.
-        passed: every plugin node passed (a node that could not be checked fails).
-        input_shapes: the shape of each model input fed to the original.
-        atol: absolute tolerance used.
-        rtol: relative tolerance used.
-        under_test: what ran the plugin nodes.
     """
 
     plugins: list[PluginCheck]
-    passed: bool
-    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    atol: float = 1e-5
-    rtol: float = 1e-5
     under_test: str = "numpy reference"
 
     @property
@@ -98,40 +89,32 @@ class PluginCompareReport:
         return [p for p in self.plugins if not p.passed]
 
 
+#: What runs the plugin nodes, by backend (onnxruntime runs a plugin node through its numpy reference).
+UNDER_TEST_NAMES = {"onnxruntime": "numpy reference", "trt": "tensorrt"}
+
+
 def compare_plugins(
     original: ModelSource,
     prepared: ModelSource,
-    *,
-    feeds: Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    seed: int = 0,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
-    plugins: PluginRegistry | None = None,
-    backend: str = "onnxruntime",
-    trt_plugins: Sequence[str | os.PathLike] = (),
+    options: CompareOptions | None = None,
+    **changes: Any,
 ) -> PluginCompareReport:
     """Compare each plugin node of ``prepared`` with the region of ``original`` between its tensors.
 
     Args:
         original: the model before replacement (runs on onnxruntime).
         prepared: the model with plugin nodes (nodes of a domain onnxruntime does not implement).
-        feeds: inputs of ``original`` by name; ``None`` draws random inputs from ``seed``.
-        shapes: input shapes for random inputs, overriding symbolic dims.
-        seed: seed of the random inputs.
-        atol: absolute tolerance.
-        rtol: relative tolerance.
-        plugins: specs of the plugin nodes (their numpy references run on onnxruntime).
-        backend: what runs the plugin nodes: ``"onnxruntime"`` or ``"trt"`` (full TensorRT and a GPU).
-        trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
+        options: inputs of ``original``, tolerances, what runs the plugin nodes (``backend``) and the plugins
+            (:class:`CompareOptions`; its defaults if None).
+        changes: fields of ``options`` to change (``plugins=registry``).
 
     Raises:
         GskitError: a model cannot be loaded or the original cannot run, ``prepared`` has no plugin node,
             or ``"trt"`` without TensorRT and a GPU.
     """
-    check_tolerances(atol, rtol)
-    backend = check_backend(backend)
-    registry = plugins if plugins is not None else PluginRegistry()
+    options = CompareOptions.given(options, changes)
+    backend = backend_for(options)
+    registry = options.plugins if options.plugins is not None else PluginRegistry()
     original_proto = source_model(original)
     prepared_graph = gsmodel.to_graph(source_model(prepared))
     original_graph = gsmodel.to_graph(original_proto)
@@ -146,7 +129,7 @@ def compare_plugins(
             f"{source_label(prepared)} has no plugin node (custom-domain node) and no native-form node of a "
             "loaded plugin in its main graph"
         )
-    feeds = resolve_feeds(original_proto, feeds, shapes, seed=seed)
+    feeds = options.feeds_for(original_proto)
     original_tensors = original_graph.tensors()
     boundaries = {id(n): _boundary(n, original_tensors) for n in nodes}
     wanted = [
@@ -155,7 +138,10 @@ def compare_plugins(
         for name in (*ins, *outs)
         if isinstance(original_tensors.get(name), gs.Variable)
     ]
-    captured = OrtTensors(original_proto, feeds, plugins, "original").run(list(dict.fromkeys(wanted)))
+    captured = ort_backend.ExposedTensors(original_proto, feeds, options.plugins, "original").run(
+        list(dict.fromkeys(wanted))
+    )
+    graphs = _Graphs(original_graph, prepared_graph, registry)
     checks = []
     for node in nodes:
         ins, outs = boundaries[id(node)]
@@ -163,61 +149,50 @@ def compare_plugins(
         if missing:
             checks.append(_unchecked(node, captured, f"tensor(s) {missing} are not computed by the original"))
             continue
-        checks.append(
-            _check(
-                node,
-                ins,
-                outs,
-                original_graph,
-                prepared_graph,
-                captured,
-                registry,
-                backend,
-                trt_plugins,
-                atol,
-                rtol,
-            )
-        )
+        checks.append(_check(node, ins, outs, graphs, captured, backend, options))
     return PluginCompareReport(
         plugins=checks,
-        passed=all(c.passed for c in checks),
-        input_shapes=feed_shapes(feeds),
-        atol=atol,
-        rtol=rtol,
-        under_test="tensorrt" if backend == "trt" else "numpy reference",
+        under_test=UNDER_TEST_NAMES[options.under_test_backend],
+        **header_fields(options, feeds, all(c.passed for c in checks)),
     )
+
+
+@dataclass(frozen=True)
+class _Graphs:
+    """Both models as graphs, and the specs that cut regions and run plugin nodes."""
+
+    original: gs.Graph
+    prepared: gs.Graph
+    registry: PluginRegistry
 
 
 def _check(
     node: gs.Node,
     inputs: list[str],
     outputs: list[str],
-    original_graph: gs.Graph,
-    prepared_graph: gs.Graph,
+    graphs: _Graphs,
     captured: Mapping[str, np.ndarray],
-    registry: PluginRegistry,
-    backend: str,
-    trt_plugins: Sequence[str | os.PathLike],
-    atol: float,
-    rtol: float,
+    backend: ModuleType,
+    options: CompareOptions,
 ) -> PluginCheck:
     fed = {name: captured[name] for name in inputs}
     note = ""
     try:
-        region = isolate(original_graph, inputs, outputs, registry=registry)
+        region = isolate(graphs.original, inputs, outputs, registry=graphs.registry)
         expected = ort_backend.run(gsmodel.to_model(region), fed, outputs=outputs)
         region_nodes = tuple(n.name or n.op for n in region.nodes if not _is_constant_node(n))
     except GskitError as err:
         note = f"original region not cut out ({err}); compared with the full original run"
         expected, region_nodes = {name: captured[name] for name in outputs}, ()
     try:
-        unit = isolate(prepared_graph, inputs, outputs, registry=registry)
-        if registry.for_node(node) is not None:
+        unit = isolate(graphs.prepared, inputs, outputs, registry=graphs.registry)
+        if graphs.registry.for_node(node) is not None:
             unit.functions = []  # run the plugin's reference, not a kept copy of the original region
-        actual = _run_unit(unit, fed, outputs, registry, backend, trt_plugins)
+        unit_run = ModelRun(gsmodel.to_model(unit), fed, backend.NAME, graphs.registry, options.trt_plugins)
+        actual = backend.run_unit(unit_run, outputs)
     except GskitError as err:
         return _unchecked(node, captured, f"plugin failed to run: {err}", region_nodes)
-    rows = compare_arrays(expected, actual, outputs, atol=atol, rtol=rtol)
+    rows = compare_arrays(expected, actual, outputs, atol=options.atol, rtol=options.rtol)
     if any(not r.passed for r in rows):
         log.warning("plugin node '%s' (%s) differs from the original region", node.name, _op(node))
     return PluginCheck(
@@ -231,29 +206,6 @@ def _check(
         max_rel_err=max(r.max_rel_err for r in rows),
         note=note,
     )
-
-
-def _run_unit(
-    unit: gs.Graph,
-    feeds: Mapping[str, np.ndarray],
-    outputs: list[str],
-    registry: PluginRegistry,
-    backend: str,
-    trt_plugins: Sequence[str | os.PathLike],
-) -> dict[str, np.ndarray]:
-    model = gsmodel.to_model(unit)
-    if backend == "onnxruntime":
-        return ort_backend.run(model, feeds, outputs=outputs, plugins=registry)
-    with tempfile.TemporaryDirectory(prefix="gskit-plugin-") as tmp:
-        path = gsmodel.save(model, Path(tmp) / "plugin.onnx", check=False)
-        runner = trt_backend.trt_runner(path, feeds, trt_plugins, name="tensorrt")
-        try:
-            with runner:
-                values = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
-        except Exception as err:  # TensorRT and Polygraphy raise many types; keep the first line
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise GskitError(f"TensorRT failed to build or run the node: {first}") from err
-        return {name: np.array(value) for name, value in values.items()}
 
 
 def _native_nodes(prepared: gs.Graph, original: gs.Graph, registry: PluginRegistry) -> set[int]:

@@ -111,8 +111,22 @@ def load(
             del tensor.external_data[:]
         else:
             _set_entry(tensor, _BASEPATH, base_dir)
-    check_wellformed(model, path)
+    identity = _file_identity(path, load_weights)
+    if identity not in _WELLFORMED_FILES:
+        check_wellformed(model, path)
+        _WELLFORMED_FILES.add(identity)
     return model
+
+
+#: Files ``load`` found well-formed, by :func:`_file_identity`: ``compare`` and ``prepare`` load one model
+#: several times (weightless views, sessions), and the check is most of a load's time on a large graph.
+_WELLFORMED_FILES: set[tuple] = set()
+
+
+def _file_identity(path: Path, load_weights: bool) -> tuple:
+    """The file as it is now: a rewritten or replaced file (new size, time or inode) is checked again."""
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, load_weights)
 
 
 def not_a_file(path: Path, what: str) -> str:
@@ -429,6 +443,46 @@ class DiskValues(gs.ir.tensor.LazyValues):
         tensor.data_location = TensorProto.DEFAULT
         del tensor.external_data[:]
         return onnx.numpy_helper.to_array(tensor)
+
+
+def tensor_values(tensor: TensorProto) -> np.ndarray:
+    """A tensor's values, also of one whose data stayed on disk (``load(load_weights=False)``)."""
+    if not uses_external_data(tensor):
+        return onnx.numpy_helper.to_array(tensor)
+    read = TensorProto()
+    _copy_header(tensor, read)
+    read.raw_data = _read_external(tensor, _entry(tensor, _BASEPATH) or ".")
+    return onnx.numpy_helper.to_array(read)
+
+
+def save_beside_weights(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Write a weightless ``model`` (``load(load_weights=False)``) whose weights stay where they are on disk.
+
+    For a reader of ONNX files in another process (TensorRT's parser): each data file the model reads is
+    linked into ``path``'s folder under the name the model gives it, so the file written holds the graph
+    only, and nothing of the weights is read or copied. ``path``'s folder is a scratch folder of the caller.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    linked: set[str] = set()
+    for tensor in _external_tensors(proto):
+        location = _entry(tensor, "location") or ""
+        source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+        kept = [item for item in tensor.external_data if item.key != _BASEPATH]
+        del tensor.external_data[:]
+        tensor.external_data.extend(kept)
+        if location not in linked:
+            link = path.parent / location
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(source)
+            linked.add(location)
+    with blaming(path):
+        onnx.save_model(proto, str(path))
+    return path
 
 
 def _external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:

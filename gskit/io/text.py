@@ -48,3 +48,13 @@ def visible(text: str, keep: str = "") -> str:
 def is_visible(text: str, keep: str = "") -> bool:
     """Whether ``text`` shows as it is (nothing for :func:`visible` to escape)."""
     return all(m[0] in keep for m in _UNSAFE.finditer(text))
+
+
+def is_utf8(text: str | bytes) -> bool:
+    """Whether text is UTF-8: bytes that decode (a model's strings), or a str without lone surrogates
+    (Python shows the other bytes of argv and of file names as lone surrogates)."""
+    try:
+        text.decode("utf-8") if isinstance(text, bytes) else text.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True

@@ -21,6 +21,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from gskit.errors import GskitError
+from gskit.io.text import is_utf8
 
 #: Element types onnx defines (0, UNDEFINED, is how a value_info says "unknown").
 _DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
@@ -103,7 +104,7 @@ def _field_problems(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:
                 kind = onnx.AttributeProto.AttributeType.Name(message.type)
                 yield _place(where), f"(attribute '{message.name}') is of kind {kind} but holds no value"
             for text in (message.s, *message.strings) if message.type in _TEXT_ATTRIBUTES else ():
-                if not _is_utf8(text):
+                if not is_utf8(text):
                     yield _place((where, "s", None)), f"is not valid UTF-8 text ({text[:40]!r})"
         for field, value in message.ListFields():
             kind = field.type
@@ -181,14 +182,6 @@ def _type_problem(type_proto: onnx.TypeProto, nested: bool = False) -> str | Non
             return "has a map type with key type 0 (UNDEFINED)"
         return _type_problem(type_proto.map_type.value_type, nested=True)
     return None
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _place(where: tuple | None) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import onnx
@@ -33,7 +33,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.passes.edit import unique_name
 from gskit.passes.tensor_types import infer_tensor_types
-from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag, option, run_pass
 from gskit.plugin.ops import DEFAULT_DOMAINS, is_default_domain, is_plugin_node, node_key, plugin_keys
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,19 @@ class ConvertOptions:
     """Opset conversion, then fp16, then int64 -> int32, as asked (``convert``'s options: the single source
     of the defaults of ``convert_opset``, ``to_fp16``, ``int64_to_int32``, the CLI flags and the recipe)."""
 
+    #: ``gskit prepare``'s flag: fp16 in the recipe's convert steps, one added before the checks if none
+    step_flags: ClassVar[tuple[StepFlag, ...]] = (
+        StepFlag(
+            "fp16",
+            "--fp16",
+            "convert to fp16 (convert.fp16; adds a convert step before check_trt when the recipe has none); "
+            "validation then needs looser tolerances, e.g. --atol 1e-2 --rtol 1e-2",
+            option="fp16",
+            kind="switch",
+            adds_step=("before", ("check_trt", "validate", "build")),
+        ),
+    )
+
     opset: int | None = option(None, help="target default-domain opset", metavar="N")
     fp16: bool = option(False, help="convert float32 computation to float16")
     keep_io_fp32: bool = option(True, help="with fp16: keep float32 graph inputs and outputs in float32")
@@ -113,6 +126,9 @@ class ConvertReport:
     opset: int | None = None
     fp16: Fp16Report | None = None
     int32: Int32Report | None = None
+    #: graph outputs whose element type changed, ``{name: (before, after)}`` (numpy names; a gs.Graph's
+    #: only): validation expects them (``keep_io_fp32: false``)
+    output_dtypes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 class _Convert(GraphPass[ConvertOptions]):
@@ -123,9 +139,10 @@ class _Convert(GraphPass[ConvertOptions]):
         if options.fp16 and not 0 < low < high <= 65504:
             raise GskitError(f"to_fp16: need 0 < clamp_min < clamp_max <= 65504, got {low}, {high}")
 
-    def call(self, model: Any, options: ConvertOptions, **context: Any) -> PassResult:
+    def call(self, model: Any, options: ConvertOptions, context: PassContext) -> PassResult:
         is_model = isinstance(model, onnx.ModelProto)
         out, report, done = model, ConvertReport(), []
+        before = {} if is_model else _output_dtypes(model)
         if options.opset is not None:
             proto = _convert_opset(gsmodel.to_model(out) if not is_model else out, options.opset)
             if is_model:
@@ -135,13 +152,20 @@ class _Convert(GraphPass[ConvertOptions]):
             report.opset = options.opset
             done.append(f"opset {options.opset}")
         if options.fp16:
-            out, report.fp16 = _to_fp16(out, options, context.get("plugins"))
+            out, report.fp16 = _to_fp16(out, options, context.plugins)
             done.append("fp16")
         if options.int32:
             out, report.int32 = _int64_to_int32(out, options.int32_inputs, options.int32_constants)
             done.append("int64 -> int32")
         summary = ", ".join(done) or "nothing to convert"
+        if not is_model:
+            after = _output_dtypes(out)
+            report.output_dtypes = {n: (before[n], d) for n, d in after.items() if before.get(n, d) != d}
         return PassResult(out, modified=bool(done), report=report, summary=summary)
+
+
+def _output_dtypes(graph: gs.Graph) -> dict[str, str]:
+    return {t.name: np.dtype(t.dtype).name for t in graph.outputs if t.dtype is not None}
 
 
 #: The convert pass: ``run_pass(CONVERT, graph_or_model, ConvertOptions(...), plugins=...)``.

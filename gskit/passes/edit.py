@@ -6,7 +6,7 @@ the object changes every place at once. The functions here check their precondit
 GskitError naming the tensor or node; an error raised halfway (a cycle found after an edit) leaves the
 graph as edited, so work on ``graph.copy()`` when the original must survive a failure.
 
-``apply_edits`` runs a whole :class:`EditPlan` (what ``gskit edit`` does) in a fixed order:
+``apply_edits`` runs a whole :class:`EditOptions` (what ``gskit edit`` does) in a fixed order:
 
 1. drop initializer inputs, 2. constants to initializers, 3. renames, 4. input dtypes, 5. input shapes,
 6. node removals, 7. insertions, 8. attribute changes, 9. exposed tensors.
@@ -30,19 +30,25 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.limits import check_int64, number_array, short_number
 from gskit.io.shape_args import check_shape_options, check_symbolic_dims
+from gskit.passes import edit_args
 from gskit.passes.inspect import tensor_name_hint
-from gskit.passes.tensor_types import data_propagation_bounded
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure
+from gskit.passes.tensor_types import (
+    InferenceFailed,
+    elem_type,
+    gs_dtype,
+    infer_types,
+)
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 
-#: Constants up to this many bytes are given to onnx shape inference as values (enough for shapes, pads,
-#: axes); bigger ones only by type, so inference never copies weights.
-INFERENCE_CONSTANT_MAX_BYTES = 1 << 16
-
 Dim = int | str | None
 DtypeLike = np.dtype | type | str | int
+
+#: A flag that takes one or more values, and more each time it is given (``--rename a=b c=d --rename e=f``).
+_MANY = {"action": "extend", "nargs": "+"}
 
 
 # --------------------------------------------------------------------------------------------- tensors
@@ -142,7 +148,7 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
     old = _onnx_dtype(tensor.dtype)
     if old == new:
         return graph
-    tensor.dtype = _gs_dtype(new)
+    tensor.dtype = gs_dtype(new)
     if not cast:
         return graph
     consumers = list(tensor.outputs)
@@ -150,7 +156,7 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
         return graph
     names = _all_tensor_names(graph)
     casted = gs.Variable(
-        unique_name(f"{name}_{_dtype_name(old)}", names), dtype=_gs_dtype(old), shape=tensor.shape
+        unique_name(f"{name}_{_dtype_name(old)}", names), dtype=gs_dtype(old), shape=tensor.shape
     )
     node = gs.Node(
         "Cast",
@@ -168,15 +174,18 @@ def set_input_dtype(graph: gs.Graph, name: str, dtype: DtypeLike, *, cast: bool 
     return _finish(graph)
 
 
-def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
+def expose_tensors(
+    graph: gs.Graph, names: Iterable[str], *, plugins: PluginRegistry | None = None
+) -> gs.Graph:
     """Add intermediate tensors as graph outputs (for debugging: onnxruntime returns only graph outputs).
 
-    Dtype and shape come from the graph where known, else from onnx shape inference run on an export of the
-    graph in which large constants are given by type only (weights are neither loaded nor copied).
+    Dtype and shape come from the graph where known, else from onnx shape inference on a weightless view of
+    the graph (weights are neither loaded nor copied; plugin nodes typed by ``plugins``).
 
     Args:
         graph: the graph to edit.
         names: tensors to expose; ones already graph outputs are left as they are.
+        plugins: loaded plugins, whose output rules type the outputs of plugin nodes for shape inference.
 
     Raises:
         GskitError: a name is not a tensor of the graph, is a constant, or its dtype cannot be inferred
@@ -198,7 +207,7 @@ def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
             wanted.append(tensor)
     missing = [t for t in wanted if t.dtype is None or t.shape is None]
     if missing:
-        types = _inferred_types(graph)
+        types = _inferred_types(graph, plugins)
         for tensor in missing:
             dtype, shape = types.get(tensor.name, (None, None))
             if tensor.dtype is None:
@@ -207,8 +216,8 @@ def expose_tensors(graph: gs.Graph, names: Iterable[str]) -> gs.Graph:
                 tensor.shape = shape
             if tensor.dtype is None:
                 raise GskitError(
-                    f"expose: cannot infer the dtype of tensor '{tensor.name}'; run shape inference "
-                    f"that knows its producer's custom op first"
+                    f"expose: cannot infer the dtype of tensor '{tensor.name}'; load the plugin of its "
+                    f"producer's custom op, or run shape inference that knows it first"
                 )
     graph.outputs.extend(wanted)
     log.info("exposed %s", [t.name for t in wanted])
@@ -228,6 +237,7 @@ def insert_after(
     domain: str = "",
     name: str | None = None,
     force: bool = False,
+    plugins: PluginRegistry | None = None,
 ) -> gs.Node:
     """Insert a node that consumes a tensor and takes over its name and consumers.
 
@@ -245,6 +255,8 @@ def insert_after(
         domain: op domain of the new node (``""`` is the standard ONNX domain).
         name: node name; default ``<tensor>_<op>`` made unique.
         force: skip the check of ``attrs`` against the op's schema (see ``set_attributes``).
+        plugins: loaded plugins, whose output rules type a plugin node before the new node, or the new
+            plugin node itself.
 
     Returns:
         The new node.
@@ -300,7 +312,7 @@ def insert_after(
         _replace_input(consumer, tensor, output)
     graph.outputs = [output if t is tensor else t for t in graph.outputs]
     graph.nodes.append(node)
-    _infer_node_outputs(graph, node)
+    _infer_node_outputs(graph, node, plugins)
     if output.dtype is None and is_output:
         log.warning("dtype of '%s' (output of %s) unknown; assuming the input's dtype", output.name, op)
         output.dtype = tensor.dtype
@@ -309,7 +321,7 @@ def insert_after(
     return node
 
 
-def remove_node(graph: gs.Graph, node_name: str) -> gs.Graph:
+def remove_node(graph: gs.Graph, node_name: str, *, plugins: PluginRegistry | None = None) -> gs.Graph:
     """Remove a node with one data input and one used output, connecting its consumers to that input.
 
     Constant inputs (a Reshape's shape) do not count as data inputs. When the node's output is a graph output,
@@ -318,6 +330,7 @@ def remove_node(graph: gs.Graph, node_name: str) -> gs.Graph:
     Args:
         graph: the graph to edit.
         node_name: the node to remove.
+        plugins: loaded plugins, whose output rules type the outputs of plugin nodes for shape inference.
 
     Raises:
         GskitError: no node or several nodes have that name, the node has several data inputs or used outputs,
@@ -347,7 +360,7 @@ def remove_node(graph: gs.Graph, node_name: str) -> gs.Graph:
                     f"to graph output '{out.name}'; removing it would merge two model I/O names"
                 )
             if source.dtype is None:  # a graph output needs a type
-                source.dtype, source.shape = _inferred_types(graph).get(source.name, (None, None))
+                source.dtype, source.shape = _inferred_types(graph, plugins).get(source.name, (None, None))
             out_name = out.name
             out.name = f"{out_name}__removed"
             source.name = out_name
@@ -491,7 +504,7 @@ def drop_initializer_inputs(graph: gs.Graph) -> gs.Graph:
     return graph
 
 
-# ----------------------------------------------------------------------------------------------- plans
+# -------------------------------------------------------------------------------------------- options
 
 
 @dataclasses.dataclass
@@ -505,22 +518,77 @@ class Insertion:
     domain: str = ""
 
 
-@dataclasses.dataclass
-class EditPlan:
-    """Everything ``gskit edit`` can do in one run; ``apply_edits`` applies it in the module's fixed order."""
+@dataclasses.dataclass(frozen=True)
+class EditOptions:
+    """Everything ``gskit edit`` and the recipe's ``edit`` step do in one run, applied in this module's order.
 
-    drop_initializer_inputs: bool = False
-    constants_to_initializers: bool = False
-    renames: dict[str, str] = dataclasses.field(default_factory=dict)
-    input_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
-    input_shapes: dict[str, list[Dim]] = dataclasses.field(default_factory=dict)
-    remove_nodes: list[str] = dataclasses.field(default_factory=list)
-    insertions: list[Insertion] = dataclasses.field(default_factory=list)
-    set_attrs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    remove_attrs: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    expose: list[str] = dataclasses.field(default_factory=list)
+    Each field is one ``gskit edit`` flag (its text spelling read by ``gskit.passes.edit_args``) and one key
+    of the recipe's ``edit:`` mapping. ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs:
+    {...}, inputs: [...], domain: D}`` (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name
+    or a list of numbers (a constant).
+    """
+
+    rename: dict[str, str] = option(
+        {}, help="rename a tensor", metavar="OLD=NEW", entry=edit_args.rename, **_MANY
+    )
+    input_shapes: dict[str, tuple[int | str | None, ...]] = option(
+        {},
+        help="set an input's shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224]; with commas a dim may "
+        "be -1 or ? (dynamic) or a word (symbolic), e.g. x:batch,3,-1,-1; x: is a scalar",
+        flag="--input-shape",
+        metavar="NAME:DIMS",
+        entry=edit_args.input_shape,
+        **_MANY,
+    )
+    input_dtypes: dict[str, str] = option(
+        {},
+        help="change an input's dtype (e.g. ids:int32); a Cast back to the old dtype follows the input",
+        flag="--input-dtype",
+        metavar="NAME:DTYPE",
+        entry=edit_args.input_dtype,
+        **_MANY,
+    )
+    insert_after: tuple[dict[str, Any], ...] = option(
+        (),
+        help="insert a node after TENSOR keeping its name; list values as k=1,2,3; keys starting "
+        "with @ are extra inputs in order: numbers become an int64/float32 constant, else a "
+        "tensor name (e.g. y:Pad:mode=reflect,@pads=0,0,0,0,0,0,1,0)",
+        metavar="TENSOR:OP[:k=v,...]",
+        entry=edit_args.insertion,
+    )
+    remove_nodes: tuple[str, ...] = option(
+        (), help="remove a single-input single-output node", flag="--remove-node", metavar="NAME", **_MANY
+    )
+    set_attrs: dict[str, dict[str, Any]] = option(
+        {},
+        help="set an attribute (custom ones start with __); lists as 1,2,3",
+        flag="--set-attr",
+        metavar="NODE:KEY=VALUE",
+        entry=edit_args.set_attr,
+        **_MANY,
+    )
+    remove_attrs: dict[str, tuple[str, ...]] = option(
+        {},
+        help="remove an attribute",
+        flag="--remove-attr",
+        metavar="NODE:KEY",
+        entry=edit_args.remove_attr,
+        **_MANY,
+    )
+    expose: tuple[str, ...] = option(
+        (), help="add an intermediate tensor as a graph output", metavar="TENSOR", **_MANY
+    )
+    constants_to_initializers: bool = option(False, help="turn Constant nodes into initializers")
+    drop_initializer_inputs: bool = option(False, help="remove initializers from the graph inputs")
     #: skip attribute checks against op schemas (insertions and attribute changes)
-    force: bool = False
+    force: bool = option(
+        False, help="accept attributes unknown to the op's schema, and --insert-after ops unknown to onnx"
+    )
+
+    def __post_init__(self) -> None:
+        for entry in self.insert_after:
+            _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
+        check_shape_options(self.input_shapes, check_symbolic_dims)
 
 
 @dataclasses.dataclass
@@ -532,10 +600,13 @@ class Change:
     detail: str
 
 
-def apply_edits(model: onnx.ModelProto, plan: EditPlan) -> tuple[gs.Graph, list[Change]]:
-    """Apply an EditPlan to a model, in the order given in this module's docstring.
+def apply_edits(
+    model: onnx.ModelProto, options: EditOptions, *, plugins: PluginRegistry | None = None
+) -> tuple[gs.Graph, list[Change]]:
+    """Apply edits to a model, in the order given in this module's docstring (what ``gskit edit`` does).
 
-    Initializers that the model lists as graph inputs stay inputs unless ``plan.drop_initializer_inputs``.
+    Initializers that the model lists as graph inputs stay inputs unless ``options.drop_initializer_inputs``.
+    ``plugins``: see :func:`apply_to_graph`.
 
     Returns:
         The edited graph and what changed, one Change per edit.
@@ -546,27 +617,34 @@ def apply_edits(model: onnx.ModelProto, plan: EditPlan) -> tuple[gs.Graph, list[
     graph = gsmodel.to_graph(model)
     init_names = {t.name for t in model.graph.initializer}
     listed = [i.name for i in model.graph.input if i.name in init_names]
-    if listed and not plan.drop_initializer_inputs:
+    if listed and not options.drop_initializer_inputs:
         tensors = graph.tensors()
         graph.inputs.extend(tensors[n] for n in listed if n in tensors)
-    return graph, apply_plan(graph, plan, listed_initializers=listed)
+    return graph, apply_to_graph(graph, options, listed_initializers=listed, plugins=plugins)
 
 
-def apply_plan(graph: gs.Graph, plan: EditPlan, *, listed_initializers: Sequence[str] = ()) -> list[Change]:
-    """Apply an EditPlan to a graph in place (``gskit edit`` and the recipe's ``edit`` step both run this).
+def apply_to_graph(
+    graph: gs.Graph,
+    options: EditOptions,
+    *,
+    listed_initializers: Sequence[str] = (),
+    plugins: PluginRegistry | None = None,
+) -> list[Change]:
+    """Apply edits to a graph in place (``gskit edit`` and the recipe's ``edit`` step both run this).
 
     ``listed_initializers``: initializers the file listed as graph inputs, which graphsurgeon's import
-    already dropped (reported as dropped when the plan asks for it).
+    already dropped (reported as dropped when the options ask for it). ``plugins``: loaded plugins, whose
+    output rules type plugin nodes' outputs where an edit needs shape inference.
 
     Returns:
         What changed, one Change per edit.
     """
     changes: list[Change] = []
-    if plan.drop_initializer_inputs:
+    if options.drop_initializer_inputs:
         dropped = [*listed_initializers, *(t.name for t in graph.inputs if isinstance(t, gs.Constant))]
         drop_initializer_inputs(graph)
         changes += [Change("drop initializer input", name, "no longer a graph input") for name in dropped]
-    if plan.constants_to_initializers:
+    if options.constants_to_initializers:
         before = sum(
             1 for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes if n.op == "Constant"
         )
@@ -577,23 +655,23 @@ def apply_plan(graph: gs.Graph, plan: EditPlan, *, listed_initializers: Sequence
         changes.append(
             Change("constants to initializers", "graph", f"{before - after} Constant nodes converted")
         )
-    if plan.renames:
-        rename_tensors(graph, plan.renames)
-        changes += [Change("rename", old, f"-> {new}") for old, new in plan.renames.items()]
-    for name, dtype in plan.input_dtypes.items():
+    if options.rename:
+        rename_tensors(graph, options.rename)
+        changes += [Change("rename", old, f"-> {new}") for old, new in options.rename.items()]
+    for name, dtype in options.input_dtypes.items():
         old = _graph_input(graph, name).dtype
         set_input_dtype(graph, name, dtype)
         changes.append(
             Change("input dtype", name, f"{_dtype_name(old) if old is not None else '?'} -> {dtype}")
         )
-    for name, shape in plan.input_shapes.items():
+    for name, shape in options.input_shapes.items():
         set_input_shape(graph, name, shape)
         changes.append(Change("input shape", name, str(["?" if d is None else d for d in shape])))
-    for node_name in plan.remove_nodes:
+    for node_name in options.remove_nodes:
         op = _node(graph, node_name).op
-        remove_node(graph, node_name)
+        remove_node(graph, node_name, plugins=plugins)
         changes.append(Change("remove node", node_name, op))
-    for ins in plan.insertions:
+    for ins in map(_insertion, options.insert_after):
         node = insert_after(
             graph,
             ins.tensor,
@@ -601,17 +679,18 @@ def apply_plan(graph: gs.Graph, plan: EditPlan, *, listed_initializers: Sequence
             attrs=ins.attrs,
             extra_inputs=ins.extra_inputs,
             domain=ins.domain,
-            force=plan.force,
+            force=options.force,
+            plugins=plugins,
         )
         changes.append(Change("insert after", ins.tensor, f"{ins.op} node '{node.name}'"))
-    for node_name in dict.fromkeys([*plan.set_attrs, *plan.remove_attrs]):
-        values, remove = plan.set_attrs.get(node_name, {}), plan.remove_attrs.get(node_name, [])
-        set_attributes(graph, node_name, values, remove, force=plan.force)
+    for node_name in dict.fromkeys([*options.set_attrs, *options.remove_attrs]):
+        values, remove = options.set_attrs.get(node_name, {}), options.remove_attrs.get(node_name, [])
+        set_attributes(graph, node_name, values, remove, force=options.force)
         detail = ", ".join([*(f"{k}={v}" for k, v in values.items()), *(f"-{k}" for k in remove)])
         changes.append(Change("attributes", node_name, detail))
-    if plan.expose:
-        expose_tensors(graph, plan.expose)
-        changes += [Change("expose", name, "now a graph output") for name in plan.expose]
+    if options.expose:
+        expose_tensors(graph, options.expose, plugins=plugins)
+        changes += [Change("expose", name, "now a graph output") for name in options.expose]
     return changes
 
 
@@ -727,28 +806,13 @@ def _replace_input(node: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
 
 
 def _onnx_dtype(dtype: DtypeLike) -> int:
-    """An onnx TensorProto data type from a numpy dtype, a name or an onnx enum value."""
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        if int(dtype) not in TensorProto.DataType.values():
-            raise GskitError(f"unknown onnx data type {dtype}")
-        return int(dtype)
-    if isinstance(dtype, str):
-        enum = dtype.upper()
-        if enum in TensorProto.DataType.keys():
-            return TensorProto.DataType.Value(enum)
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    except (TypeError, KeyError, ValueError) as err:
-        raise GskitError(f"unknown dtype {dtype!r}; use a name such as int32, float16, bool") from err
-
-
-def _gs_dtype(onnx_dtype: int) -> np.dtype | int:
-    """What gs stores as a dtype: a numpy dtype where one exists, else the onnx enum (bfloat16, fp8)."""
-    try:
-        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(onnx_dtype)
-    except KeyError:
-        return onnx_dtype
-    return np_dtype if onnx.helper.np_dtype_to_tensor_dtype(np_dtype) == onnx_dtype else onnx_dtype
+    """An onnx TensorProto data type from a numpy dtype, a name or an onnx enum value (what a user wrote)."""
+    code = elem_type(dtype)
+    if code is None and isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        raise GskitError(f"unknown onnx data type {dtype}")
+    if code is None:
+        raise GskitError(f"unknown dtype {dtype!r}; use a name such as int32, float16, bool")
+    return code
 
 
 def _dtype_name(dtype: DtypeLike) -> str:
@@ -909,50 +973,37 @@ def _constant_values(node: gs.Node) -> gs.Constant | np.ndarray | None:
     raise GskitError(f"Constant node '{node.name}' has no value attribute; fix or remove it")
 
 
-def _infer_node_outputs(graph: gs.Graph, node: gs.Node) -> None:
-    """Set dtype/shape of a new node's outputs by running onnx inference on a one-node model."""
-    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
-
-    inputs, inits = [], []
-    for tensor in node.inputs:
-        if tensor.is_empty():
-            continue
-        if isinstance(tensor, gs.Constant) and _nbytes(tensor) <= INFERENCE_CONSTANT_MAX_BYTES:
-            inits.append(onnx.numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
-        elif tensor.dtype is not None:
-            inputs.append(
-                onnx.helper.make_tensor_value_info(tensor.name, _onnx_dtype(tensor.dtype), tensor.shape)
-            )
-    outputs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in node.outputs]
-    proto = onnx.helper.make_graph([OnnxExporter.export_node(node)], "infer", inputs, outputs, inits)
-    opsets = [onnx.helper.make_opsetid("", graph.opset)]
-    opsets += [d for d in graph.import_domains or [] if d.domain not in DEFAULT_DOMAINS]
-    model = onnx.helper.make_model(proto, opset_imports=opsets)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_propagation_bounded(model))
-    except (onnx.shape_inference.InferenceError, RuntimeError) as err:
-        raise GskitError(f"node '{node.name}' ({node.op}) is invalid for its inputs: {err}") from err
-    types = _types(inferred.graph)
+def _infer_node_outputs(graph: gs.Graph, node: gs.Node, plugins: PluginRegistry | None) -> None:
+    """Set dtype/shape of a new node's outputs: onnx inference on a one-node graph, or on the whole graph
+    when an input's type is not known yet (a plugin node's output: its rule gives it)."""
+    untyped = any(isinstance(t, gs.Variable) and not t.is_empty() and t.dtype is None for t in node.inputs)
+    if untyped:
+        types = _inferred_types(graph, plugins)
+    else:
+        one = gs.Graph(
+            nodes=[node],
+            inputs=[t for t in node.inputs if isinstance(t, gs.Variable) and not t.is_empty()],
+            outputs=list(node.outputs),
+            opset=graph.opset,
+            import_domains=graph.import_domains,
+        )
+        try:
+            types = _types(infer_types(one, plugins).graph)
+        except InferenceFailed as err:
+            raise GskitError(
+                f"node '{node.name}' ({node.op}) is invalid for its inputs: {err.reason}"
+            ) from err
     for out in node.outputs:
         out.dtype, out.shape = types.get(out.name, (None, None))
 
 
-def _inferred_types(graph: gs.Graph) -> dict[str, tuple[Any, Any]]:
-    """Dtype and shape of every tensor per onnx shape inference, without loading or copying large weights."""
-    copy = graph.copy()
-    for tensor in list(copy.tensors().values()):
-        if isinstance(tensor, gs.Constant) and _nbytes(tensor) > INFERENCE_CONSTANT_MAX_BYTES:
-            shape, dtype = list(tensor.shape), tensor.dtype
-            tensor.to_variable(dtype=dtype, shape=shape)
-            tensor.type = "tensor_type"  # to_variable leaves out what Variable.__init__ sets
-            copy.inputs.append(tensor)
-    model = gsmodel.to_model(copy)
+def _inferred_types(graph: gs.Graph, plugins: PluginRegistry | None = None) -> dict[str, tuple[Any, Any]]:
+    """Dtype and shape of every tensor per onnx shape inference (through plugin nodes with ``plugins``),
+    without loading or copying large weights."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_propagation_bounded(model))
-    except (onnx.shape_inference.InferenceError, RuntimeError) as err:
-        raise GskitError(
-            f"shape inference failed on graph '{graph.name}': {str(err).splitlines()[0]}"
-        ) from err
+        inferred = infer_types(graph, plugins)
+    except InferenceFailed as err:
+        raise GskitError(f"shape inference failed on graph '{graph.name}': {err.reason}") from err
     return _types(inferred.graph)
 
 
@@ -965,44 +1016,11 @@ def _types(graph: onnx.GraphProto) -> dict[str, tuple[Any, Any]]:
         shape = None
         if ttype.HasField("shape"):
             shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in ttype.shape.dim]
-        found[info.name] = (_gs_dtype(ttype.elem_type), shape)
+        found[info.name] = (gs_dtype(ttype.elem_type), shape)
     return found
 
 
-def _nbytes(tensor: gs.Constant) -> int:
-    dtype = tensor.dtype
-    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_onnx_dtype(dtype))).itemsize
-    return int(np.prod(tensor.shape, dtype=np.int64)) * itemsize
-
-
 # --- the edit pass: a recipe's edit step --------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class EditOptions:
-    """Graph edits: everything ``gskit edit`` does, applied in its order (see ``gskit.passes.edit``).
-
-    ``insert_after`` entries are mappings ``{tensor: NAME, op: OP, attrs: {...}, inputs: [...], domain: D}``
-    (``tensor`` and ``op`` required); an ``inputs`` item is a tensor name or a list of numbers (a constant).
-    """
-
-    rename: dict[str, str] = dataclasses.field(default_factory=dict)
-    input_shapes: dict[str, tuple[int | str | None, ...]] = dataclasses.field(default_factory=dict)
-    input_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
-    remove_nodes: tuple[str, ...] = ()
-    insert_after: tuple[dict[str, Any], ...] = ()
-    set_attrs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    remove_attrs: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    expose: tuple[str, ...] = ()
-    constants_to_initializers: bool = False
-    drop_initializer_inputs: bool = False
-    #: skip attribute checks against op schemas (insertions and attribute changes)
-    force: bool = False
-
-    def __post_init__(self) -> None:
-        for entry in self.insert_after:
-            _insertion(entry)  # a malformed entry fails when the recipe is read, with its line
-        check_shape_options(self.input_shapes, check_symbolic_dims)
 
 
 _INSERTION_KEYS = frozenset({"tensor", "op", "attrs", "inputs", "domain"})
@@ -1017,7 +1035,7 @@ def _insertion(entry: Any) -> Any:
         )
     inputs = []
     for item in entry.get("inputs") or ():
-        if isinstance(item, str):
+        if isinstance(item, (str, np.ndarray)):  # a tensor name, or a constant the command line made
             inputs.append(item)
         elif isinstance(item, (list, tuple)) and item and all(isinstance(v, (int, float)) for v in item):
             try:
@@ -1038,21 +1056,8 @@ def _insertion(entry: Any) -> Any:
 class _Edit(GraphPass[EditOptions]):
     name, options, effect, keeps_outputs, takes_model = "edit", EditOptions, "in_place", False, False
 
-    def call(self, model: Any, options: EditOptions, **context: Any) -> PassResult:
-        plan = EditPlan(
-            drop_initializer_inputs=options.drop_initializer_inputs,
-            constants_to_initializers=options.constants_to_initializers,
-            renames=dict(options.rename),
-            input_dtypes=dict(options.input_dtypes),
-            input_shapes={name: list(dims) for name, dims in options.input_shapes.items()},
-            remove_nodes=list(options.remove_nodes),
-            insertions=[_insertion(entry) for entry in options.insert_after],
-            set_attrs={node: dict(values) for node, values in options.set_attrs.items()},
-            remove_attrs={node: list(keys) for node, keys in options.remove_attrs.items()},
-            expose=list(options.expose),
-            force=options.force,
-        )
-        changes = apply_plan(model, plan)
+    def call(self, model: Any, options: EditOptions, context: PassContext) -> PassResult:
+        changes = apply_to_graph(model, options, plugins=context.plugins)
         steps = list(dict.fromkeys(c.step for c in changes))
         summary = f"{len(changes)} edit(s): {', '.join(steps)}" if changes else "no edits requested"
         return PassResult(model, modified=bool(changes), report=changes, summary=summary)

@@ -2,8 +2,8 @@
 what it takes and gives (inputs, outputs) and where shape information is missing.
 
 ``summarize`` never reads weights: it works on a model loaded with ``load(path, load_weights=False)``,
-and shape inference runs on a copy of the graph whose large initializers are replaced by typed graph
-inputs, so it stays cheap and works for models over 2 GB.
+and shape inference runs on a weightless view (``gskit.passes.tensor_types.infer_types``: large
+initializers as stubs, weights on disk never read), so it stays cheap and works for models over 2 GB.
 
 Scopes: the *main* graph is the model's top-level graph; *subgraphs* are the bodies of If/Loop/Scan
 (any graph attribute), recursively, reached from the main graph; *functions* are the model-local
@@ -27,16 +27,13 @@ from onnx.external_data_helper import uses_external_data
 
 from gskit.io.model import load, missing_data_files, tensor_nbytes
 from gskit.io.report import to_jsonable
-from gskit.passes.tensor_types import data_propagation_bounded
+from gskit.passes.tensor_types import InferenceFailed, infer_types
 from gskit.plugin.ops import ONNX_DOMAINS
 
 log = logging.getLogger(__name__)
 
 #: How the default domain ("") is written in keys and tables.
 DEFAULT_DOMAIN = "ai.onnx"
-#: Initializers up to this size keep their data in the copy used for shape inference (shape tensors of
-#: Reshape, Expand, ... are small and inference needs their values); larger ones become typed inputs.
-INFERENCE_KEEP_BYTES = 1024
 
 #: A dim: a fixed size (int), a symbolic name (str) or unknown (None, shown as "?").
 Dim = int | str | None
@@ -459,28 +456,6 @@ def _initializers(graph: onnx.GraphProto) -> InitializerSummary:
     )
 
 
-def _weight_free_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for shape inference: small initializers kept, large or on-disk ones become typed inputs."""
-    src = model.graph
-    copy = onnx.ModelProto(ir_version=model.ir_version)
-    copy.opset_import.extend(model.opset_import)
-    copy.functions.extend(model.functions)
-    graph = copy.graph
-    graph.name = src.name
-    graph.node.extend(src.node)
-    graph.input.extend(src.input)
-    graph.output.extend(src.output)
-    graph.value_info.extend(src.value_info)
-    graph.sparse_initializer.extend(src.sparse_initializer)
-    listed = {v.name for v in src.input}
-    for tensor in src.initializer:
-        if not uses_external_data(tensor) and tensor_nbytes(tensor) <= INFERENCE_KEEP_BYTES:
-            graph.initializer.append(tensor)
-        elif tensor.name not in listed:
-            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
-    return copy
-
-
 def _missing_shapes(model: onnx.ModelProto, infer: bool) -> tuple[tuple[str, ...], str | None]:
     """Main-graph node outputs without a rank, after shape inference (or from value_info as present)."""
     graph, error = _inferred_graph(model, infer)
@@ -495,15 +470,12 @@ def _missing_shapes(model: onnx.ModelProto, infer: bool) -> tuple[tuple[str, ...
 
 
 def _inferred_graph(model: onnx.ModelProto, infer: bool) -> tuple[onnx.GraphProto, str | None]:
-    """The main graph with inferred value_info (on a weight-free copy), and onnx's message when that failed
+    """The main graph with inferred value_info (on a weightless view), and onnx's message when that failed
     (then the model's own graph, with the value_info it has)."""
     if not infer:
         return model.graph, None
     try:
-        light = _weight_free_copy(model)
-        data_prop = data_propagation_bounded(light)
-        return onnx.shape_inference.infer_shapes(light, data_prop=data_prop).graph, None
-    except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as err:
-        error = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-        log.warning("shape inference failed, using the model's value_info: %s", error)
-        return model.graph, error
+        return infer_types(model).graph, None
+    except InferenceFailed as err:
+        log.warning("shape inference failed, using the model's value_info: %s", err.reason)
+        return model.graph, err.reason

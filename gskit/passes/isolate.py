@@ -7,8 +7,9 @@ them into the new model's data file, which is what lets it work on models past p
 (``onnx.utils.extract_model`` loads every weight and cannot).
 
 The new graph's inputs and outputs need a dtype (and should have a shape). Where the model carries no
-value_info for them, onnx shape inference runs on a weight-free copy of the model: large initializers
-keep their dims and data type but lose their data, so inference never reads or serializes weights.
+value_info for them, plugin-aware shape inference runs on a weightless view of the model
+(``gskit.passes.tensor_types.infer_types``): large or on-disk constants keep their dims and data type but
+lose their data, so inference never reads or serializes weights.
 """
 
 from __future__ import annotations
@@ -20,19 +21,16 @@ from typing import Any
 
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_dtype, get_onnx_tensor_shape
+from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_shape
 
 from gskit.errors import GskitError
-from gskit.io.model import node_subgraphs, to_model
+from gskit.io.model import node_subgraphs
 from gskit.passes.inspect import tensor_name_hint
-from gskit.passes.shapes import infer_shapes, stubbed_constants
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.tensor_types import gs_dtype, infer_types
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option, run_pass
 from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
-
-#: Constants up to this size keep their data for shape inference (shape operands of Reshape, Slice...).
-INFERENCE_KEEP_BYTES = 4096
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -62,9 +60,11 @@ class _Isolate(GraphPass[IsolateOptions]):
     def requires(self, model: Any, options: IsolateOptions) -> None:
         if not options.outputs:
             raise GskitError("isolate needs at least one output tensor name")
+        if not options.inputs:  # the outputs would be computed from the graph's inputs: nothing isolated
+            raise GskitError("isolate: needs both 'inputs' and 'outputs' tensor names")
 
-    def call(self, model: Any, options: IsolateOptions, **context: Any) -> PassResult:
-        sub = _isolate(model, options.inputs, options.outputs, context.get("plugins"))
+    def call(self, model: Any, options: IsolateOptions, context: PassContext) -> PassResult:
+        sub = _isolate(model, options.inputs, options.outputs, context.plugins)
         summary = f"kept the subgraph {list(options.inputs)} -> {list(options.outputs)}"
         return PassResult(sub, modified=True, summary=summary)
 
@@ -209,21 +209,16 @@ def _outer_reads(node: gs.Node) -> list[gs.Tensor]:
     return [t for t in reads if id(t) not in local]
 
 
+#: What a subgraph keeps of the whole graph besides its nodes and boundary tensors.
+_GRAPH_FIELDS = ("name", "doc_string", "opset", "import_domains", "functions", "ir_version")
+
+
 def _copy_part(
     graph: gs.Graph, nodes: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]
 ) -> gs.Graph:
     """Copy just the kept nodes and their tensors into a new graph (the original stays untouched)."""
-    part = gs.Graph(
-        nodes=nodes,
-        inputs=inputs,
-        outputs=outputs,
-        name=graph.name,
-        doc_string=graph.doc_string,
-        opset=graph.opset,
-        import_domains=graph.import_domains,
-        functions=graph.functions,
-        ir_version=graph.ir_version,
-    )
+    kept = {field: getattr(graph, field) for field in _GRAPH_FIELDS}
+    part = gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, **kept)
     sub = part.copy()
     # A kept node may also produce a tensor given as input (one output of a Split, say): that output
     # now comes from outside, so the node's slot gets a fresh, unused tensor.
@@ -251,7 +246,7 @@ def _fill_types(graph: gs.Graph, sub: gs.Graph, registry: PluginRegistry) -> Non
         value = inferred.get(tensor.name)
         if value is not None and value.type.HasField("tensor_type"):
             if tensor.dtype is None and value.type.tensor_type.elem_type:
-                tensor.dtype = get_onnx_tensor_dtype(value)
+                tensor.dtype = gs_dtype(value.type.tensor_type.elem_type)
             if tensor.shape is None:
                 tensor.shape = get_onnx_tensor_shape(value)
         if tensor.dtype is None:
@@ -264,12 +259,11 @@ def _fill_types(graph: gs.Graph, sub: gs.Graph, registry: PluginRegistry) -> Non
 
 
 def _inferred_types(graph: gs.Graph, registry: PluginRegistry) -> dict[str, onnx.ValueInfoProto]:
-    """Types of the graph's tensors from shape inference on a weight-free export."""
-    with stubbed_constants(graph, INFERENCE_KEEP_BYTES, on_disk=True):
-        model = to_model(graph)  # large or on-disk constants as dims and data type only, no bytes
+    """Types of the graph's tensors from plugin-aware shape inference on a weightless view (constants still
+    on disk are never read)."""
     try:
-        model = infer_shapes(model, registry, strict=False)
-    except GskitError as err:
+        g = infer_types(graph, registry, check_type=True, on_disk=True).graph
+    except GskitError as err:  # the graph's own types are all there is
         log.warning("%s; using the model's own types", err)
-    g = model.graph
+        return {}
     return {v.name: v for v in (*g.input, *g.value_info, *g.output)}

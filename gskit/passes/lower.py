@@ -30,7 +30,7 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.passes.edit import unique_name
 from gskit.passes.patterns.match import constant_value, label, op_key
-from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.passes.transform import GraphPass, PassContext, PassResult, option, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class _Lower(GraphPass[LowerOptions]):
         if unknown:
             raise GskitError(f"lower: no lowering for {unknown}; known: {', '.join(sorted(LOWERINGS))}")
 
-    def call(self, model: Any, options: LowerOptions, **context: Any) -> PassResult:
+    def call(self, model: Any, options: LowerOptions, context: PassContext) -> PassResult:
         report = LowerReport()
         for graph in (model, *model.subgraphs(recursive=True)):
             _lower_graph(graph, options, report)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import onnx
@@ -37,7 +37,16 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 from gskit.passes.edit import unique_name
 from gskit.passes.patterns.match import constant_value, label, op_key, producer, through_noop_casts
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.transform import (
+    Before,
+    GraphPass,
+    PassContext,
+    PassResult,
+    StepFlag,
+    ensure,
+    option,
+    run_pass,
+)
 from gskit.plugin import libnvinfer
 from gskit.plugin.spec import INT32_MAX, PluginSpec
 
@@ -68,6 +77,19 @@ FAMILY_DEFAULTS: dict[str, tuple[float, float, int]] = {
 @dataclass(frozen=True)
 class NmsOptions:
     """Add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the model's."""
+
+    #: ``gskit prepare``'s flag: an nms step after sanitize when the recipe has none
+    step_flags: ClassVar[tuple[StepFlag, ...]] = (
+        StepFlag(
+            "nms",
+            "--nms",
+            "add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the "
+            "model's (an nms step after sanitize when the recipe has none; recipe: nms: {score_threshold, "
+            "iou_threshold, max_output_boxes, class_agnostic})",
+            kind="switch",
+            adds_step=("after", ("sanitize",)),
+        ),
+    )
 
     score_threshold: float | None = option(
         None,
@@ -285,8 +307,10 @@ def _op(node: gs.Node | None) -> str | None:
 class _Nms(GraphPass[NmsOptions]):
     name, options, effect, keeps_outputs, takes_model = "nms", NmsOptions, "in_place", False, False
 
-    def call(self, model: Any, options: NmsOptions, **context: Any) -> PassResult:
-        spec = _plugin_spec(context.get("plugins") or ())
+    def call(self, model: Any, options: NmsOptions, context: PassContext) -> PassResult:
+        if context.results.get(self.name):
+            raise GskitError("nms: the recipe has a second nms step; the model has its NMS already")
+        spec = _plugin_spec(context.plugins or ())
         report = _add(model, spec, options)
         removed = len(report.removed_nodes)
         own = (

@@ -42,8 +42,8 @@ from onnx.external_data_helper import uses_external_data
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.passes import edit
-from gskit.passes.tensor_types import infer_tensor_types
-from gskit.passes.transform import GraphPass, PassResult, option, run_pass
+from gskit.passes.tensor_types import elem_type, infer_tensor_types
+from gskit.passes.transform import GraphPass, PassContext, PassResult, option, run_pass
 from gskit.plugin.ops import is_default_domain, op_counts
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class _Sanitize(GraphPass[SanitizeOptions]):
         for item in options.extra:
             _check_extra(item)
 
-    def call(self, model: Any, options: SanitizeOptions, **context: Any) -> PassResult:
+    def call(self, model: Any, options: SanitizeOptions, context: PassContext) -> PassResult:
         out, report = _sanitize(model, set(options.skip), options.extra)
         changed = ", ".join(f"{step} {n}" for step, n in report.changes.items() if n) or "nothing to tidy"
         return PassResult(
@@ -271,7 +271,8 @@ def _is_noop(node: gs.Node) -> bool:
         return True
     if node.op == "Cast":
         src = node.inputs[0].dtype
-        return src is not None and _is_np(src) and _onnx_dtype(src) == node.attrs.get("to")
+        # the enum graphsurgeon keeps for bfloat16 and float8 counts too: a Cast to the same type is a no-op
+        return src is not None and elem_type(src) == node.attrs.get("to")
     if node.op == "Dropout":
         mask_used = len(node.outputs) > 1 and bool(node.outputs[1].outputs)
         training = node.inputs[2] if len(node.inputs) > 2 else None
@@ -427,7 +428,3 @@ def _is_np(dtype) -> bool:
         return True
     except TypeError:
         return False
-
-
-def _onnx_dtype(dtype) -> int:
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))

@@ -1,30 +1,90 @@
-"""Tensor types on a graphsurgeon graph: fill missing dtypes and shapes, export without losing types.
+"""Tensor types and shape inference: the one owner every module asks.
+
+* element types: :func:`elem_type` (a graphsurgeon dtype, a numpy dtype or a type name -> the ONNX element
+  type), :func:`gs_dtype` (back), :func:`constant_elem_type` (what a constant exports as);
+* weightless views: :func:`weightless_view` gives onnx a model whose constants over
+  :data:`WEIGHTLESS_MAX_BYTES` are stubs (name, type, dims, no data), so inference neither reads nor copies
+  weights and works past 2 GB;
+* shape inference: :func:`infer_types` is the one call of onnx's ``infer_shapes`` on a model's graph; given
+  a plugin registry it runs each plugin's output rule (:mod:`gskit.passes.plugin_schemas`), with data
+  propagation where it is bounded (:func:`data_propagation_bounded`);
+* on a graphsurgeon graph: :func:`infer_tensor_types` fills missing dtypes and shapes (fold, sanitize,
+  convert); :class:`GsLosses` and :func:`export_graph` remember what graphsurgeon drops and write it back;
+  :func:`constant_nbytes`: a constant's size without reading weights left on disk.
 
 graphsurgeon keeps tensors' dtypes and shapes but drops what it has no field for (sequence, optional and
-map value types; ``TYPE_PROTO`` attributes such as ``Optional``'s ``type``). The passes that rebuild
-nodes (fold, sanitize, convert) need the dtypes of every tensor and a faithful export, so they share:
-
-* :func:`infer_tensor_types`: onnx shape inference on a weightless view, results written back onto the
-  graph's tensors (works past 2 GB: large constants are given to onnx as typed inputs);
-* :class:`GsLosses` and :func:`export_graph`: remember what graphsurgeon drops and write it back;
-* :func:`constant_nbytes`: a constant's size without reading weights left on disk.
+map value types; ``TYPE_PROTO`` attributes such as ``Optional``'s ``type``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx import TensorProto
+from onnx.external_data_helper import uses_external_data
+from onnx_graphsurgeon.importers.onnx_importer import get_numpy_type
 
+from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+
+if TYPE_CHECKING:
+    from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 
-#: Constants larger than this are given to shape inference as typed inputs instead of values.
-INFER_VALUE_BYTES = 64 * 1024
+#: Constants of more bytes than this reach shape inference as stubs (name, type, dims, no data); smaller ones
+#: (shape operands of ``Reshape``, ``Slice``, ``Pad``...) keep their values, which inference reads.
+WEIGHTLESS_MAX_BYTES = 64 * 1024
+_STUB_LOCATION = "__gskit_stripped__"
+
+
+# -- element types -------------------------------------------------------------------------------------------
+
+
+def elem_type(dtype: Any) -> int | None:
+    """The ONNX element type of a dtype, or None when there is none (unknown, or not a type).
+
+    Takes what graphsurgeon stores as a tensor's dtype (a numpy dtype, or the ONNX enum it keeps for types
+    numpy lacks: bfloat16, float8), a numpy dtype or scalar type (``ml_dtypes`` ones included), or a name:
+    ONNX's (``float`` is float32, ``bfloat16``, ``float8e4m3fn``) before numpy's (``float32``, ``int64``).
+    """
+    if dtype is None or isinstance(dtype, (bool, np.bool_)):
+        return None
+    if isinstance(dtype, (int, np.integer)):
+        return int(dtype) if int(dtype) in TensorProto.DataType.values() and int(dtype) else None
+    if isinstance(dtype, str) and dtype.upper() in TensorProto.DataType.keys():
+        return TensorProto.DataType.Value(dtype.upper()) or None
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def gs_dtype(elem: int) -> np.dtype | int:
+    """What graphsurgeon's importer stores as the dtype of an ONNX element type: the numpy dtype where it
+    has one, else the ONNX enum (bfloat16, float8)."""
+    np_dtype = get_numpy_type(elem)
+    return elem if np_dtype is None else np.dtype(np_dtype)
+
+
+def constant_elem_type(tensor: gs.Constant) -> int | None:
+    """The element type a constant exports as: its TensorProto's for values still on disk, else its
+    ``export_dtype`` (bfloat16 values are held as float32 with ``export_dtype`` BFLOAT16), else its
+    values'."""
+    values = tensor._values
+    if isinstance(values, gs.ir.tensor.LazyValues) and isinstance(values.tensor, TensorProto):
+        return values.tensor.data_type
+    return elem_type(tensor.export_dtype if tensor.export_dtype is not None else np.asarray(values).dtype)
+
+
+# -- weightless views ----------------------------------------------------------------------------------------
 
 
 def constant_nbytes(tensor: gs.Constant) -> int:
@@ -33,6 +93,190 @@ def constant_nbytes(tensor: gs.Constant) -> int:
     if isinstance(values, gs.ir.tensor.LazyValues):
         return gsmodel.tensor_nbytes(values.tensor)
     return int(getattr(values, "nbytes", 0))
+
+
+def weightless_view(model: gs.Graph | onnx.ModelProto, *, on_disk: bool = False) -> onnx.ModelProto:
+    """A model for shape inference in which every constant of more than :data:`WEIGHTLESS_MAX_BYTES`, and
+    every one whose data is on disk, is a typed graph input (name, element type, dims, no data).
+
+    Inference then neither reads weights from disk nor copies them, a model of any size stays under
+    protobuf's 2 GB, and an op that reads such a constant's values still gets its type and rank (a stub
+    initializer would make onnx give up on the node). ``model`` is not changed.
+
+    Args:
+        model: a graph (its subgraphs' large constants become stubs, dims and type kept) or a model (its
+            main graph's initializers on disk are never read: onnx does not load external data).
+        on_disk: (a graph) also leave out the data of every constant still in an external file, whatever
+            its size, for callers that promise never to read weights (isolate).
+    """
+    if isinstance(model, gs.Graph):
+        with _stubbed_constants(model, on_disk):
+            model = gsmodel.to_model(model)
+    view = onnx.ModelProto(ir_version=model.ir_version)
+    view.opset_import.extend(model.opset_import)
+    view.functions.extend(model.functions)
+    src, graph = model.graph, view.graph
+    graph.name = src.name
+    graph.node.extend(src.node)
+    graph.input.extend(src.input)
+    graph.output.extend(src.output)
+    graph.value_info.extend(src.value_info)
+    graph.sparse_initializer.extend(src.sparse_initializer)
+    listed = {v.name for v in src.input}
+    for tensor in src.initializer:
+        if not uses_external_data(tensor) and gsmodel.tensor_nbytes(tensor) <= WEIGHTLESS_MAX_BYTES:
+            graph.initializer.append(tensor)
+        elif tensor.name not in listed:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return view
+
+
+def _stub(tensor: TensorProto) -> TensorProto:
+    stub = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+    stub.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", _STUB_LOCATION), ("offset", "0"), ("length", "0")):
+        entry = stub.external_data.add()
+        entry.key, entry.value = key, value
+    return stub
+
+
+@contextmanager
+def _stubbed_constants(graph: gs.Graph, on_disk: bool) -> Iterator[None]:
+    """Large constants of ``graph`` and its subgraphs export as stubs until the block exits."""
+    swapped: list[tuple[gs.Constant, Any]] = []
+    try:
+        for sub in (graph, *graph.subgraphs(recursive=True)):
+            for tensor in sub.tensors().values():
+                if not isinstance(tensor, gs.Constant):
+                    continue
+                proto = _stub_for(tensor, on_disk)
+                if proto is not None:
+                    swapped.append((tensor, tensor._values))
+                    tensor._values = gs.ir.tensor.LazyValues(_stub(proto))
+        yield
+    finally:
+        for tensor, values in swapped:
+            tensor._values = values
+
+
+def _stub_for(tensor: gs.Constant, on_disk: bool) -> TensorProto | None:
+    """A data-free TensorProto with the constant's name, type and dims, or None to keep its data."""
+    values = tensor._values
+    if isinstance(values, gs.ir.tensor.LazyValues):
+        lazy = values.tensor
+        if not isinstance(lazy, TensorProto):
+            return None  # sparse
+        if not (on_disk and uses_external_data(lazy)) and gsmodel.tensor_nbytes(lazy) <= WEIGHTLESS_MAX_BYTES:
+            return None
+        return TensorProto(name=tensor.name, data_type=lazy.data_type, dims=lazy.dims)
+    if np.asarray(values).nbytes <= WEIGHTLESS_MAX_BYTES:
+        return None
+    return TensorProto(name=tensor.name, data_type=constant_elem_type(tensor), dims=list(np.shape(values)))
+
+
+# -- shape inference -----------------------------------------------------------------------------------------
+
+
+#: What onnx raises when it refuses a model (a node's inference, a type check, a proto over 2 GB).
+_ONNX_REFUSALS = (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError)
+
+
+class InferenceFailed(GskitError):
+    """onnx's shape inference refused the model; ``reason`` is onnx's first line that says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"shape inference failed: {reason}")
+        self.reason = reason
+
+
+def infer_types(
+    model: gs.Graph | onnx.ModelProto,
+    registry: PluginRegistry | None = None,
+    *,
+    strict: bool = False,
+    check_type: bool = False,
+    on_disk: bool = False,
+) -> onnx.ModelProto:
+    """onnx's shape inference on a weightless view of ``model``: the one place gskit runs it on a model.
+
+    Args:
+        model: a graph or a model; left unchanged.
+        registry: plugins whose output rules type their nodes' outputs (and so every tensor after them);
+            without it, plugin nodes' outputs stay unknown.
+        strict: raise on the first node whose inference fails (a plugin rule included); else onnx skips it.
+        check_type: also check input types against the op schemas (raises even when not strict).
+        on_disk: see :func:`weightless_view`.
+
+    Returns:
+        onnx's inferred model: read its types (``value_info``, inputs, outputs, subgraphs' ``value_info``),
+        not its initializers (the large ones are stubs).
+
+    Raises:
+        InferenceFailed: onnx refused the model (with ``strict`` or ``check_type``: a node's inference
+            failed), or a plugin's output rule failed (``strict``).
+    """
+    strictness: AbstractContextManager[None] = nullcontext()
+    if registry is not None:
+        # plugin_schemas builds on this module's element types, so it is imported only when plugins ask
+        from gskit.passes.plugin_schemas import register_schemas, strict_inference
+
+        register_schemas(registry)
+        strictness = strict_inference(strict)
+    view = weightless_view(model, on_disk=on_disk)
+    with strictness:
+        try:
+            return onnx.shape_inference.infer_shapes(
+                view.SerializeToString(),
+                check_type=check_type,
+                strict_mode=strict,
+                data_prop=data_propagation_bounded(view),
+            )
+        except _ONNX_REFUSALS as err:
+            raise InferenceFailed(first_line(err)) from err
+
+
+def with_inferred_types(
+    model: onnx.ModelProto,
+    registry: PluginRegistry | None = None,
+    *,
+    strict: bool = False,
+    check_type: bool = False,
+) -> onnx.ModelProto:
+    """A copy of ``model``, weights included, with the ``value_info`` and graph output types
+    :func:`infer_types` finds (subgraphs' too). Same arguments and errors."""
+    inferred = infer_types(model, registry, strict=strict, check_type=check_type)
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    result.graph.ClearField("value_info")
+    result.graph.value_info.extend(inferred.graph.value_info)
+    result.graph.ClearField("output")
+    result.graph.output.extend(inferred.graph.output)
+    _copy_subgraph_value_info(inferred.graph, result.graph)
+    return result
+
+
+def _copy_subgraph_value_info(source: onnx.GraphProto, target: onnx.GraphProto) -> None:
+    for src_node, dst_node in zip(source.node, target.node, strict=True):
+        for src_attr, dst_attr in zip(src_node.attribute, dst_node.attribute, strict=True):
+            if src_attr.type == onnx.AttributeProto.GRAPH:
+                dst_attr.g.ClearField("value_info")
+                dst_attr.g.value_info.extend(src_attr.g.value_info)
+                _copy_subgraph_value_info(src_attr.g, dst_attr.g)
+            elif src_attr.type == onnx.AttributeProto.GRAPHS:
+                for src_g, dst_g in zip(src_attr.graphs, dst_attr.graphs, strict=True):
+                    dst_g.ClearField("value_info")
+                    dst_g.value_info.extend(src_g.value_info)
+                    _copy_subgraph_value_info(src_g, dst_g)
+
+
+def first_line(err: BaseException) -> str:
+    """The line of an onnx error that says what failed (not the ``Inference error(s):`` header)."""
+    text = str(err).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("[ShapeInferenceError] Inference error(s):"):
+            return line
+    return text.splitlines()[0] if text else repr(err)
 
 
 #: Most elements of 1-D tensors, read by all nodes together, that onnx's data propagation is given.
@@ -79,24 +323,16 @@ def infer_tensor_types(
 ) -> None:
     """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
 
-    Large constants are given to onnx as typed inputs, so this works on models over 2 GB. Failures are logged,
+    Runs :func:`infer_types` on a weightless export, so this works on models over 2 GB. Failures are logged,
     not raised: callers use the result as extra information only. ``dtypes_only`` leaves shapes as they are
     (pattern matching needs dtypes only and should not add shapes to the model it writes). ``symbolic`` asks
     onnxruntime's symbolic shape inference where onnx leaves the input of a ``Shape`` unknown (slower).
     """
     odd_types = odd_types or GsLosses()
-    view = graph.copy()
-    for tensor in view.tensors().values():
-        if isinstance(tensor, gs.Constant) and constant_nbytes(tensor) > INFER_VALUE_BYTES:
-            dtype, shape = tensor.dtype, tuple(tensor.shape)
-            tensor.to_variable(dtype=dtype, shape=shape)
-            tensor.type = "tensor_type"  # to_variable leaves out what Variable.__init__ sets; export needs it
-            view.inputs.append(tensor)
     try:
-        proto = export_graph(view, odd_types)
-        inferred = onnx.shape_inference.infer_shapes(
-            proto, strict_mode=False, data_prop=data_propagation_bounded(proto)
-        )
+        with _stubbed_constants(graph, on_disk=False):
+            proto = export_graph(graph, odd_types)
+        inferred = infer_types(proto)
     except Exception as err:  # onnx raises several types; the passes still work without the extra shapes
         log.info("shape inference failed (%s); keeping the shapes in the model", err)
         return
@@ -143,7 +379,7 @@ def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
     try:
         inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
-        log.info("onnxruntime's symbolic shape inference failed (%s)", _first_line(err))
+        log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
         return
     if inferred is None:
         return
@@ -166,10 +402,6 @@ def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
                 else old
                 for old, d in zip(tensor.shape, info.type.tensor_type.shape.dim, strict=True)
             ]
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [repr(err)])[0]
 
 
 @dataclass

@@ -13,14 +13,12 @@ runs); a run clears the work folders that killed runs left.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,33 +28,29 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError, WriteError, write_error
 from gskit.io import model as gsmodel
-from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
 from gskit.io.outputs import (
     blaming,
     check_output,
     guarding_inputs,
-    make_scratch_folder,
     output_entry,
-    remove_abandoned_scratch,
     replace_set,
 )
 from gskit.io.report import dumps
 from gskit.passes.nms import PLUGIN_KEY
+from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
+from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
-from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, PassResult, RunState
+from gskit.pipeline.report_page import render_report
+from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, NotRun, Snapshots, step_status
 from gskit.plugin.discovery import load_plugins
-from gskit.plugin.ops import op_label
+from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "model.onnx"
-ENGINE_NAME = "model.engine"
+ENGINE_NAME = Build.ENGINE_NAME
 REPORT_NAMES = ("report.json", "report.html")
-#: OUTDIR's lock file: one run at a time writes there.
-LOCK_NAME = ".gskit.lock"
-#: Prefix of a run's work folder inside OUTDIR.
-WORK_PREFIX = ".gskit-work-"
 
 
 @dataclass
@@ -103,6 +97,46 @@ class PrepareReport:
     error: str | None = None
 
 
+@dataclass
+class _Run:
+    """One run's graph and context; what the steps found is read from their results, by step name."""
+
+    graph: gs.Graph
+    context: PassContext
+    snapshots: Snapshots
+    #: False once a failed run dropped its engine (a failed run's set is its reports alone)
+    keep_engine: bool = True
+
+    def reports(self, step: str) -> list[Any]:
+        return self.context.reports(step)
+
+    def last(self, step: str) -> Any:
+        """The report of the last step of this name that ran, or None."""
+        reports = self.reports(step)
+        return reports[-1] if reports else None
+
+    @property
+    def regions(self) -> list[Any]:
+        return [region for report in self.reports("replace") for region in report.regions]
+
+    @property
+    def skipped(self) -> list[tuple[str, Any]]:
+        """(plugin, Skip) for each match replace found and did not replace, with the reason (report.html)."""
+        return [(p.plugin, skip) for r in self.reports("replace") for p in r.plugins for skip in p.skipped]
+
+    @property
+    def engine(self) -> Any:
+        """The built engine's ``BuildInfo``, or None."""
+        info = self.last(Build.name)
+        return info if self.keep_engine and info is not None and not isinstance(info, NotRun) else None
+
+    @property
+    def registry(self) -> PluginRegistry:
+        """The loaded plugins (``prepare`` gives the context a registry)."""
+        plugins = self.context.plugins
+        return plugins if isinstance(plugins, PluginRegistry) else PluginRegistry()
+
+
 class StepListener(Protocol):
     """Receives progress: the CLI shows a spinner per step and a line when it ends."""
 
@@ -116,43 +150,43 @@ def default_recipe() -> Recipe:
     return dataclasses.replace(make_recipe([(name, {}) for name in DEFAULT_STEPS]), source="default")
 
 
-#: Where ``fp16=True`` puts a convert step when the recipe has none: before the first of these steps (after
-#: replacing and folding, so plugin nodes and folded constants are what gets converted).
-_CONVERT_BEFORE = ("check_trt", "validate", "build")
+def prepare_flags() -> list[tuple[str, StepFlag]]:
+    """``(step, flag)`` for every ``gskit prepare`` flag the passes' options declare, in registry order."""
+    return [(name, flag) for name, graph_pass in PASSES.items() for flag in step_flags(graph_pass.options)]
 
 
 def recipe_with_overrides(
     recipe: Recipe,
     *,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    inputs: str | os.PathLike | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    seed: int | None = None,
-    fp16: bool = False,
-    nms: bool = False,
-    only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
-    compute_capability: str | None = None,
     tensorrt: str | None = None,
+    **given: Any,
 ) -> Recipe:
     """``recipe`` with the options of ``gskit prepare``'s flags set; None or empty leaves an option as is.
 
-    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here.
-
-    ``shapes``, ``inputs``, ``atol``, ``rtol``, ``seed`` set the validate step's options, ``only`` the replace
-    step's, ``compute_capability`` the build step's (every step of that name). ``fp16`` turns fp16 on in the
-    convert step, adding one (before check_trt/validate/build) when the recipe has none. ``skip`` drops
-    every step of each name, first. ``inputs`` is relative to the working directory and kept absolute.
-    ``nms`` adds an nms step with its defaults after the first sanitize step (first when there is none) unless
-    the recipe has one.
+    ``tensorrt`` sets the recipe's target (``target: {tensorrt: ...}``), checked here. ``skip`` drops every
+    step of each name, first. Every other keyword is a flag the steps' options declare
+    (``gskit.passes.transform.StepFlag``, see ``prepare_flags()``: ``shapes``, ``inputs``, ``atol``, ``rtol``,
+    ``seed``, ``only``, ``compute_capability``, ``fp16``, ``nms``): it sets its option in every step of its
+    pass, adding the step where the flag says so (``fp16``: a convert step before the checks; ``nms``: an
+    nms step after sanitize) when the recipe has none. ``inputs`` is relative to the working directory and
+    kept absolute. The recipe's source lists the flags in the order given.
 
     Raises:
         GskitError: ``skip`` names a step the recipe does not have, every step is skipped, an option is
             given for a step the recipe does not have, or a value is invalid (e.g. a dim below 1).
+        TypeError: a keyword that is no flag.
     """
-    if fp16 and "convert" in skip:
-        raise GskitError("--fp16 needs the convert step, which --skip convert drops; give one of them")
+    declared = {flag.name: (step, flag) for step, flag in prepare_flags()}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise TypeError(f"recipe_with_overrides: no flag {unknown}; flags: {', '.join(declared)}")
+    chosen = [declared[name] for name, value in given.items() if _is_given(declared[name][1], value)]
+    for step_name, flag in chosen:
+        if flag.adds_step and step_name in skip:
+            raise GskitError(
+                f"{flag.flag} needs the {step_name} step, which --skip {step_name} drops; give one of them"
+            )
     steps = _without(recipe, skip)
     flags: list[str] = list(dict.fromkeys(f"--skip {name}" for name in skip))
     if tensorrt is not None:
@@ -163,39 +197,26 @@ def recipe_with_overrides(
             _with_options(step, {"tensorrt": tensorrt}) if getattr(step.options, "tensorrt", None) else step
             for step in steps
         ]
-    overrides: dict[str, dict[str, Any]] = {
-        "validate": {
-            "shapes": {name: tuple(dims) for name, dims in shapes.items()} if shapes else None,
-            "inputs": str(Path(inputs).absolute()) if inputs is not None else None,
-            "atol": atol,
-            "rtol": rtol,
-            "seed": seed,
-        },
-        "replace": {"only": tuple(only) if only else None},
-        "build": {"compute_capability": compute_capability},
-        "convert": {"fp16": True if fp16 else None},
-    }
-    if nms and "nms" in skip:
-        raise GskitError("--nms needs the nms step, which --skip nms drops; give one of them")
-    if nms and not any(step.name == "nms" for step in steps):
-        at = next((i + 1 for i, step in enumerate(steps) if step.name == "sanitize"), 0)
-        steps.insert(at, RecipeStep("nms", PASSES["nms"].options()))
-        flags.append("--nms")
-    if fp16 and not any(step.name == "convert" for step in steps):
-        at = next((i for i, step in enumerate(steps) if step.name in _CONVERT_BEFORE), len(steps))
-        steps.insert(at, RecipeStep("convert", PASSES["convert"].options()))
-    for step_name, values in overrides.items():
-        given = {option: value for option, value in values.items() if value is not None}
-        if not given:
+    for step_name, flag in chosen:
+        if flag.adds_step is None or any(step.name == step_name for step in steps):
             continue
-        named = [_flag(option) for option in given]
+        steps.insert(_position(steps, flag.adds_step), RecipeStep(step_name, PASSES[step_name].options()))
+        if flag.option is None:  # a flag that only adds its step is named when it did
+            flags.append(flag.flag)
+    setting: dict[str, dict[str, Any]] = {}
+    for step_name, flag in chosen:
+        if flag.option is not None:
+            setting.setdefault(step_name, {})[flag.flag] = (flag.option, flag.option_value(given[flag.name]))
+    for step_name, values in setting.items():
+        named = list(values)
         flags += named
         if not any(step.name == step_name for step in steps):
             raise GskitError(
                 f"{', '.join(named)}: the recipe has no {step_name} step to apply it to; its steps: "
                 f"{', '.join(step.name for step in steps)}"
             )
-        steps = [_with_options(step, given) if step.name == step_name else step for step in steps]
+        options = dict(values.values())
+        steps = [_with_options(step, options) if step.name == step_name else step for step in steps]
     if not flags:
         return recipe
     return Recipe(
@@ -203,6 +224,23 @@ def recipe_with_overrides(
         source=f"{recipe.source} with {' '.join(flags)}",
         tensorrt=tensorrt if tensorrt is not None else recipe.tensorrt,
     )
+
+
+def _is_given(flag: StepFlag, value: Any) -> bool:
+    """A switch is given when true, a repeatable flag when not empty, a value when not None."""
+    if flag.kind == "value":
+        return value is not None
+    return bool(value)
+
+
+def _position(steps: list[RecipeStep], where: tuple[str, tuple[str, ...]]) -> int:
+    """Where a flag adds its step: after the first step named in ``where`` (first when none), or before
+    it (last when none)."""
+    side, names = where
+    found = next((i for i, step in enumerate(steps) if step.name in names), None)
+    if side == "after":
+        return 0 if found is None else found + 1
+    return len(steps) if found is None else found
 
 
 def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
@@ -215,11 +253,6 @@ def _without(recipe: Recipe, skip: Sequence[str]) -> list[RecipeStep]:
     if not steps:
         raise GskitError(f"--skip {' '.join(skip)}: that leaves no step to run")
     return steps
-
-
-def _flag(option: str) -> str:
-    """The ``gskit prepare`` flag that sets a recipe option."""
-    return "--shape" if option == "shapes" else f"--{option.replace('_', '-')}"
 
 
 def _with_options(step: RecipeStep, values: dict[str, Any]) -> RecipeStep:
@@ -260,25 +293,27 @@ def prepare(
         original = gsmodel.load(model_path, load_weights=False)
         if not original.graph.output:
             raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
-        _check_validate_shapes(recipe, original)
+        _check_input(recipe, original)
         registry = load_plugins(plugin_dirs)
         for name in _set_names(recipe):  # before the work: a name that cannot be written fails now
             check_output(out_dir / name)
-        with _claim(out_dir) as work:
+        with claim_outdir(out_dir) as work:
             report = PrepareReport(
                 model=str(model_path),
                 output_dir=str(out_dir),
                 recipe=recipe.source,
                 target={"tensorrt": str(target), "source": target.source},
             )
-            state = RunState(
-                graph=gsmodel.to_graph(original),
-                original_path=model_path,
-                registry=registry,
+            snapshots = Snapshots(work)
+            context = PassContext(
+                plugins=registry,
                 plugin_dirs=tuple(Path(p) for p in plugin_dirs) if plugin_dirs is not None else None,
                 work_dir=work,
                 target=target,
+                original=model_path,
+                snapshot=snapshots,
             )
+            state = _Run(gsmodel.to_graph(original), context, snapshots)
             staged = work / "outputs"  # this run's files, until they take their names in OUTDIR together
             staged.mkdir()
             failure: GskitError | None = None
@@ -321,12 +356,12 @@ def set_names() -> tuple[str, ...]:
 def _set_names(recipe: Recipe) -> list[str]:
     """The names this recipe's run may write (the engine's only with a build step): none may be a folder,
     a device or a FIFO, or a file the input reads."""
-    builds = any(step.name == "build" for step in recipe.steps)
+    builds = any(step.name == Build.name for step in recipe.steps)
     return [name for name in set_names() if builds or not name.startswith(ENGINE_NAME)]
 
 
 def _stage(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe, staged: Path
+    report: PrepareReport, original: onnx.ModelProto, state: _Run, recipe: Recipe, staged: Path
 ) -> None:
     """Write the prepared model and the reports of a run whose steps all ran into ``staged``."""
     gsmodel.save(state.graph, staged / MODEL_NAME)
@@ -346,7 +381,7 @@ def _stage_failure(
     err: GskitError,
     report: PrepareReport,
     original: onnx.ModelProto,
-    state: RunState,
+    state: _Run,
     recipe: Recipe,
     staged: Path,
 ) -> None:
@@ -356,7 +391,7 @@ def _stage_failure(
     """
     report.error = str(err)
     report.passed = False
-    report.prepared_model, report.engine, state.engine = None, None, None
+    report.prepared_model, report.engine, state.keep_engine = None, None, False
     shutil.rmtree(staged, ignore_errors=True)  # a half-written model frees its space for the reports
     staged.mkdir()
     try:
@@ -376,7 +411,7 @@ def _named_in(out_dir: Path, staged: Path, err: GskitError) -> GskitError:
     return err
 
 
-def _staged_files(staged: Path, out_dir: Path, state: RunState) -> list[tuple[Path, Path]]:
+def _staged_files(staged: Path, out_dir: Path, state: _Run) -> list[tuple[Path, Path]]:
     """``(staged file, final name)`` of the run's files, in ``set_names()`` order (report.json last)."""
     found = {path.name: path for path in staged.iterdir() if path.is_file()}
     if state.engine is not None:
@@ -385,7 +420,7 @@ def _staged_files(staged: Path, out_dir: Path, state: RunState) -> list[tuple[Pa
     return [(found[name], out_dir / name) for name in set_names() if name in found]
 
 
-def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]:
+def _verdict(report: PrepareReport, state: _Run) -> tuple[bool, bool | None]:
     """``(validated, passed)`` of a run that wrote its model.
 
     The recipe puts every validate step after the steps that change the model (``check_validation_order``),
@@ -393,75 +428,23 @@ def _verdict(report: PrepareReport, state: RunState) -> tuple[bool, bool | None]
     True, unless a step failed.
     """
     failed = any(s.status == "failed" for s in report.steps)
-    if state.comparison is None:
+    comparison = state.last("validate")
+    if comparison is None:
         return False, False if failed else None
-    return True, not failed and state.comparison.passed
+    return True, not failed and comparison.passed
 
 
-def _check_validate_shapes(recipe: Recipe, original: onnx.ModelProto) -> None:
-    """Validation feeds the original model: a shape for an input it lacks fails now, not after every step."""
-    known = sorted({i.name for i in original.graph.input})
+def _check_input(recipe: Recipe, original: onnx.ModelProto) -> None:
+    """Each step's options against the input model, before any step runs (a shape for an input the model
+    lacks fails now, not after every step)."""
     for step in recipe.steps:
-        if step.name != "validate":
-            continue
-        unknown = sorted(set(step.options.shapes) - set(known))
-        if unknown:
-            raise GskitError(
-                f"step 'validate' (recipe line {step.line}): --shape names unknown input(s) {unknown}; "
-                f"model inputs are {known}"
-            )
-
-
-@contextmanager
-def _claim(out_dir: Path) -> Iterator[Path]:
-    """Lock OUTDIR for this run, clear what killed runs left there, and give a work folder inside it.
-
-    The lock (``flock`` on ``OUTDIR/.gskit.lock``, released by the kernel even when the process is killed)
-    keeps two runs from mixing their files. The work folder is a scratch folder marked as this process's
-    (``gskit.io.outputs.make_scratch_folder``); holding the lock, the marked scratch folders of gskit
-    processes that are gone are removed, and nothing else (a folder without the mark, whatever its name, or
-    one holding the input model, stays). The work folder is removed on the way out (errors, Ctrl-C, SIGTERM).
-
-    Raises:
-        GskitError: OUTDIR is a file or cannot be created, or another run holds it.
-    """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise GskitError(f"{out_dir}: OUTDIR is a file, not a folder; choose another -o")
-    lock = out_dir / LOCK_NAME
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise GskitError(f"{out_dir}: cannot create OUTDIR ({err.strerror}); choose another -o") from err
-    try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # The holder before us removes the file on its way out: the lock must be on the file there now.
-            locked = os.fstat(fd).st_ino == os.stat(lock, follow_symlinks=False).st_ino
-        except (BlockingIOError, FileNotFoundError):
-            locked = False
-        if not locked:
-            raise GskitError(
-                f"{out_dir}: another gskit prepare is writing there; wait for it to end or choose another -o"
-            )
-        for left in remove_abandoned_scratch(out_dir):
-            log.info("removed %s, left by an interrupted gskit run", left)
-        work = None
-        try:
-            try:
-                work = make_scratch_folder(out_dir, WORK_PREFIX)
-            except OSError as err:
-                raise write_error(out_dir, err) from err
-            yield work
-        finally:
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
-            lock.unlink(missing_ok=True)  # still locked: a run that opened it meanwhile sees it is gone
-    finally:
-        os.close(fd)
+            PASSES[step.name].check_input(original, step.options)
+        except GskitError as err:
+            raise GskitError(f"step '{step.name}' (recipe line {step.line}): {err}") from err
 
 
-def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener: StepListener | None) -> None:
+def _run_steps(recipe: Recipe, state: _Run, report: PrepareReport, listener: StepListener | None) -> None:
     total = len(recipe.steps)
     try:
         for index, step in enumerate(recipe.steps):
@@ -475,22 +458,22 @@ def _run_steps(recipe: Recipe, state: RunState, report: PrepareReport, listener:
                 where = f" (recipe line {step.line})" if step.line else ""
                 raise GskitError(f"step '{step.name}'{where} failed: {error}") from error
     finally:  # a failed run's report keeps what the steps before the failure did
-        report.regions = list(state.replaced)
-        report.comparison = state.comparison
-        report.tensorrt = state.trt_report
-        report.plugins_inserted = dict(Counter(r.plugin for r in state.replaced if r.form == "plugin"))
-        report.native_inserted = dict(
-            Counter(r.op for r in state.replaced if r.form == "native" and not r.kept)
-        )
-        report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in state.lowered))
-        if state.nms is not None:  # the nms step's node is a plugin node too
+        regions = state.regions
+        report.regions = regions
+        report.comparison = state.last("validate")
+        report.tensorrt = state.last("check_trt")
+        report.plugins_inserted = dict(Counter(r.plugin for r in regions if r.form == "plugin"))
+        report.native_inserted = dict(Counter(r.op for r in regions if r.form == "native" and not r.kept))
+        lowered = [item for r in state.reports("lower") for item in r.lowered]
+        report.lowered = dict(Counter(f"{item.op} -> {item.form}" for item in lowered))
+        if state.reports("nms"):  # the nms step's node is a plugin node too
             label = (
                 state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
             )
             report.plugins_inserted[label] = report.plugins_inserted.get(label, 0) + 1
 
 
-def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitError | None]:
+def _timed_step(step: RecipeStep, state: _Run) -> tuple[StepResult, GskitError | None]:
     """Run one step and describe it; a step's GskitError comes back beside its failed result."""
     before = gsmodel.count_nodes(state.graph)
     start = time.perf_counter()
@@ -500,17 +483,19 @@ def _timed_step(step: RecipeStep, state: RunState) -> tuple[StepResult, GskitErr
         seconds, summary = time.perf_counter() - start, str(err)
         return StepResult(step.name, step.line, seconds, before, before, "failed", summary, step.options), err
     if outcome.modified:
-        state.graph_changed()
+        state.snapshots.graph_changed()
     seconds = time.perf_counter() - start
     after = gsmodel.count_nodes(state.graph)
-    status, summary = outcome.status, outcome.summary
+    status, summary = step_status(outcome), outcome.summary
     return StepResult(step.name, step.line, seconds, before, after, status, summary, step.options), None
 
 
-def _run_step(name: str, state: RunState, options: Any) -> PassResult:
-    """One pass; an exception that is not a GskitError is a gskit bug, still reported as one line."""
+def _run_step(name: str, state: _Run, options: Any) -> PassResult:
+    """One pass on the run's graph, its result kept under the step's name; an exception that is not a
+    GskitError is a gskit bug, still reported as one line."""
+    graph_pass = PASSES[name]
     try:
-        return PASSES[name](state, options)
+        result = run_pass(graph_pass, state.graph, options, state.context)
     except GskitError:
         raise
     except Exception as err:  # a library deep inside a step (onnx, graphsurgeon, onnxruntime) failing
@@ -519,190 +504,28 @@ def _run_step(name: str, state: RunState, options: Any) -> PassResult:
             f"unexpected {type(err).__name__}: {text[0] if text else ''} (a gskit bug: rerun with "
             f"`gskit --debug prepare ...` for the traceback and report it, or skip the step with --recipe)"
         ) from err
+    if graph_pass.effect != "analysis":
+        state.graph = result.model
+    state.context.results.setdefault(name, []).append(result)
+    return result
 
 
 def _write_reports(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, staged: Path, recipe: Recipe
+    report: PrepareReport, original: onnx.ModelProto, state: _Run, staged: Path, recipe: Recipe
 ) -> None:
     """Write report.json and report.html into ``staged`` (a full disk names the file as OUTDIR's)."""
     json_name, html_name = REPORT_NAMES
     out_dir = Path(report.output_dir)
     with blaming(out_dir / json_name):
         (staged / json_name).write_text(dumps(report))
-    page = _html(report, original, state, recipe, staged / MODEL_NAME)
+    page = render_report(
+        report,
+        original,
+        graph=state.graph,
+        registry=state.registry,
+        skipped=state.skipped,
+        recipe=recipe,
+        written=staged / MODEL_NAME,
+    )
     with blaming(out_dir / html_name):
         (staged / html_name).write_text(page)
-
-
-def _html(
-    report: PrepareReport, original: onnx.ModelProto, state: RunState, recipe: Recipe, written: Path
-) -> str:
-    """The report page; ``written`` is where the prepared model is now (its size is shown)."""
-    comparison = report.comparison
-    summary = [
-        ("input model", f"{report.model} ({_size(_model_files(Path(report.model), original))})"),
-        (
-            "prepared model",
-            f"{report.prepared_model} ({_size(_model_files(written))})"
-            if report.prepared_model
-            else "(not written)",
-        ),
-        ("recipe", report.recipe),
-        ("TensorRT target", f"{report.target.get('tensorrt')} ({report.target.get('source')})"),
-        ("plugins inserted", ", ".join(f"{k}: {v}" for k, v in report.plugins_inserted.items()) or "none"),
-        ("native ops written", ", ".join(f"{k}: {v}" for k, v in report.native_inserted.items()) or "none"),
-        ("ops lowered", ", ".join(f"{k}: {v}" for k, v in report.lowered.items()) or "none"),
-        ("TensorRT check", _trt_line(report.tensorrt)),
-        ("engine", (report.engine or {}).get("engine", "not built")),
-    ]
-    stubs = _stub_lines(state)
-    if stubs:
-        summary.append(("plugin stubs", "; ".join(stubs)))
-    if report.error:
-        summary.append(("error", report.error))
-    steps = [
-        (s.name, f"{s.seconds:.2f}", str(s.nodes_before), str(s.nodes_after), f"{s.status}: {s.summary}")
-        for s in report.steps
-    ]
-    rows = []
-    if comparison is not None:
-        rows = [
-            (
-                o.name,
-                "x".join(str(d) for d in o.shape),
-                o.dtypes,
-                f"{o.max_abs_err:.3g}",
-                f"{o.max_rel_err:.3g}",
-                f"{o.atol:g}",
-                f"{o.rtol:g}",
-                ("pass" if o.passed else "FAIL") + (f": {o.note}" if o.note else ""),
-            )
-            for o in comparison.outputs
-        ]
-    page = Page(
-        title=f"gskit prepare: {Path(report.model).name}",
-        passed=None if report.passed is None else report.passed and report.error is None,
-        summary=summary,
-        steps=steps,
-        comparison=rows,
-        comparison_inputs=_comparison_inputs(comparison, original, recipe),
-        regions=_regions(report.regions, original, state.graph),
-        skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in state.skipped],
-        environment=environment_rows(),
-        error=report.error,
-    )
-    return render_page(page)
-
-
-def _stub_lines(state: RunState) -> list[str]:
-    """``my.ns::MyOp v1: reference and kernel are stubs (...)`` for each plugin of the model's nodes."""
-    from gskit.plugin.stubs import describe_stubs
-
-    specs = {spec.key: spec for node in state.graph.nodes if (spec := state.registry.for_node(node))}
-    lines = [(spec.qualified_name, describe_stubs(spec)) for spec in specs.values()]
-    return [f"{name}: {text}" for name, text in sorted(lines) if text]
-
-
-def _comparison_inputs(comparison: Any, original: onnx.ModelProto, recipe: Recipe) -> str:
-    """``inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05, rtol 1e-05 ...``."""
-    if comparison is None:
-        return ""
-    options = next((s.options for s in recipe.steps if s.name == "validate"), None)
-    dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
-    fed = ", ".join(
-        f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
-        for name, shape in comparison.input_shapes.items()
-    )
-    source = getattr(options, "inputs", None)
-    how = f"from {source}" if source else f"random (seed {getattr(options, 'seed', 0)})"
-    return (
-        f"inputs {fed}, {how}; tolerances given: atol {comparison.atol:g}, rtol {comparison.rtol:g} "
-        "(float32 outputs; lower-precision outputs get at least their dtype's floor, see each row)"
-    )
-
-
-def _model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:
-    """The model file and the external data files it reads (those of ``model``, else ``<path>.data``)."""
-    if model is None:
-        data = path.with_name(path.name + ".data")
-        return [path, data] if data.is_file() else [path]
-    return [path, *(path.parent / name for name in gsmodel.data_locations(model))]
-
-
-def _size(files: list[Path]) -> str:
-    """``1.2 MB`` for the files together (``3 files`` named when there are several)."""
-    total = sum(f.stat().st_size for f in files if f.is_file())
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if total >= scale:
-            text = f"{total / scale:.1f} {unit}"
-            break
-    else:
-        text = f"{total} bytes"
-    return text if len(files) == 1 else f"{text} in {len(files)} files"
-
-
-def _trt_line(trt: Any) -> str:
-    if trt is None:
-        return "not run"
-    from gskit.backends.trt_check import NEEDS_PLUGIN
-
-    plugins = len(trt.nodes_with(NEEDS_PLUGIN))
-    return f"{trt.source}: {len(trt.rejected)} node(s) rejected, {plugins} plugin node(s)"
-
-
-def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> list[Region]:
-    before_nodes: dict[str, onnx.NodeProto] = {}
-    for g in gsmodel.graph_protos(original.graph):
-        for node in g.node:
-            before_nodes.setdefault(node.name, node)
-    after_nodes = {n.name: n for sub in (graph, *graph.subgraphs(recursive=True)) for n in sub.nodes}
-    regions = []
-    for region in replaced:
-        before = tuple(
-            DrawnNode(n.name, op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
-            for n in (before_nodes.get(name) for name in region.original_nodes)
-            if n is not None
-        )
-        plugin = after_nodes.get(region.node)
-        after = (
-            (
-                DrawnNode(
-                    plugin.name,
-                    op_label(plugin.domain or "", plugin.op),
-                    tuple(t.name for t in plugin.inputs),
-                    tuple(t.name for t in plugin.outputs),
-                ),
-            )
-            if plugin is not None
-            else ()
-        )
-        title = _region_title(region)
-        attrs = plugin.attrs if plugin is not None else {}
-        attributes = tuple((k, _attribute_text(v)) for k, v in attrs.items())
-        form = f"form: {region.form} {region.op}: {region.why}"
-        regions.append(
-            Region(title, before, after, tuple(region.inputs), tuple(region.outputs), attributes, form=form)
-        )
-    return regions
-
-
-def _region_title(region: Any) -> str:
-    """``gskit::LayerNorm v1 (LayerNorm_0) replaced 9 node(s)``, or the native op when that form was taken."""
-    count = len(region.original_nodes)
-    if region.form != "native":
-        return f"{region.plugin} ({region.node}) replaced {count} node(s)"
-    if region.kept:
-        return f"{region.op} ({region.node}) kept: already the native form of {region.plugin}"
-    return f"{region.op} ({region.node}) replaced {count} node(s): the native form of {region.plugin}"
-
-
-def _attribute_text(value: Any) -> str:
-    """An attribute value as a cell: numbers as written, long lists cut."""
-    if isinstance(value, (list, tuple)):
-        shown = ", ".join(_attribute_text(v) for v in value[:8])
-        return f"[{shown}{', ...' if len(value) > 8 else ''}]"
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)

@@ -283,7 +283,7 @@ def check_validation_order(recipe: Recipe) -> None:
         return
     for index in range(last + 1, len(recipe.steps)):
         step = recipe.steps[index]
-        if step.name in PASSES and PASSES[step.name].effect != "check":
+        if step.name in PASSES and PASSES[step.name].effect != "analysis":
             raise GskitError(
                 f"{_step_where(recipe, index)}: step '{step.name}' changes the model after step 'validate' "
                 f"({_step_where(recipe, last, line_only=True)}), so the validation would not describe the "

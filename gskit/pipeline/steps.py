@@ -1,15 +1,11 @@
-"""The pipeline's passes: one class per recipe step, one contract for all of them.
+"""The recipe's steps: every one a ``gskit.passes.transform.GraphPass``, one contract for all of them.
 
-Every transformation is a core pass (``gskit.passes.transform.GraphPass`` beside its library function, e.g.
-``gskit.passes.fold.FOLD``); its step here runs it on the run's graph with the step's options. A :class:`Pass`
-declares its name, its options dataclass (the recipe schema and the defaults), whether it
-changes the graph in place, replaces it, or only reads the model as saved so far (a check), and:
-
-* ``requires``: what must hold before it runs (cheap; raises :class:`StepError`),
-* ``call``: the work, returning a :class:`gskit.passes.transform.PassResult` (the graph, whether it was
-  modified, the pass's own report, a summary and the verdict),
-* ``ensures``: what it promises afterwards, checked cheaply from facts taken before the call (never a
-  second run of the pass).
+The transformations are the library's own passes (``gskit.passes.fold.FOLD`` ...), run by
+``gskit prepare`` on the run's graph with the step's options and the run's ``PassContext`` (the plugins,
+the target, the saved model, the results of the steps before, by name). The checks defined here
+(``check_trt``, ``validate``, ``build``) are ``analysis`` passes: they read the model as saved so far and
+change nothing; their report is the step's result (a comparison whose ``passed`` is False makes the step
+"failed", a :class:`NotRun` report makes it "skipped").
 
 :data:`PASSES` is the one registry; ``STEP_OPTIONS`` (what the recipe validates against) is derived from it.
 A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops there.
@@ -17,37 +13,38 @@ A failed check raises ``StepError`` naming the pass, and ``gskit prepare`` stops
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Literal
 
-import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
+from gskit.compare.options import check_tolerances, compare_default
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed
 from gskit.io.gs_export import copy_graph
-from gskit.io.shape_args import check_fixed_dims, check_profile, check_shape_options, format_shape
-from gskit.passes.convert import CONVERT, ConvertOptions
-from gskit.passes.edit import EDIT, EditOptions
-from gskit.passes.fold import FOLD, FoldOptions
-from gskit.passes.isolate import ISOLATE, IsolateOptions
-from gskit.passes.lower import LOWER, LowerOptions
-from gskit.passes.nms import NMS, NmsOptions
-from gskit.passes.patterns.replace import REPLACE, ReplaceOptions, summarize
-from gskit.passes.sanitize import SANITIZE, SanitizeOptions
-from gskit.passes.shapes import INFER_SHAPES, InferShapesOptions, unshaped_plugin_outputs
-from gskit.passes.transform import Before, GraphPass, PassResult, run_pass
+from gskit.io.shape_args import (
+    check_fixed_dims,
+    check_profile,
+    check_shape_options,
+    format_shape,
+    parse_fixed_shape,
+)
+from gskit.passes.convert import CONVERT
+from gskit.passes.edit import EDIT
+from gskit.passes.fold import FOLD
+from gskit.passes.isolate import ISOLATE
+from gskit.passes.lower import LOWER
+from gskit.passes.nms import NMS
+from gskit.passes.patterns.replace import REPLACE
+from gskit.passes.sanitize import SANITIZE
+from gskit.passes.shapes import INFER_SHAPES
+from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag
 from gskit.plugin.discovery import implementation_paths
 from gskit.plugin.registry import PluginRegistry
-from gskit.plugin.target import TensorRTTarget, default_target
-
-#: Sizes used for plugin-free parts of the default recipe.
-DEFAULT_ATOL = 1e-5
-DEFAULT_RTOL = 1e-5
 
 #: Field metadata of options that name a file: a recipe file's relative paths resolve against its folder.
 FILE_PATH = {"file_path": True}
@@ -63,17 +60,48 @@ class CheckTrtOptions:
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    """Run original and prepared on onnxruntime with the same inputs and compare every output."""
+    """Run original and prepared on onnxruntime with the same inputs and compare every output (the
+    tolerances are ``gskit compare``'s: :class:`gskit.compare.options.CompareOptions`)."""
 
-    atol: float = DEFAULT_ATOL
-    rtol: float = DEFAULT_RTOL
+    #: ``gskit prepare``'s flags for the recipe's validate steps
+    step_flags: ClassVar[tuple[StepFlag, ...]] = (
+        StepFlag(
+            "shapes",
+            "--shape",
+            "validation input shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable; "
+            "validate.shapes)",
+            option="shapes",
+            kind="append",
+            metavar="NAME:DIMS",
+            parse=parse_fixed_shape,
+            to_option=lambda given: {name: tuple(dims) for name, dims in dict(given).items()},
+        ),
+        StepFlag(
+            "inputs",
+            "--inputs",
+            "validation inputs saved with numpy.savez (validate.inputs)",
+            option="inputs",
+            metavar="F.npz",
+            to_option=lambda given: str(Path(given).absolute()),  # the working directory's, kept absolute
+        ),
+        StepFlag(
+            "atol", "--atol", "validation absolute tolerance (validate.atol)", option="atol", type=float
+        ),
+        StepFlag(
+            "rtol", "--rtol", "validation relative tolerance (validate.rtol)", option="rtol", type=float
+        ),
+        StepFlag(
+            "seed", "--seed", "seed of the random validation inputs (validate.seed)", option="seed", type=int
+        ),
+    )
+
+    atol: float = compare_default("atol")
+    rtol: float = compare_default("rtol")
     seed: int = 0
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     inputs: str | None = field(default=None, metadata=FILE_PATH)
 
     def __post_init__(self) -> None:
-        from gskit.compare.outputs import check_tolerances
-
         check_tolerances(self.atol, self.rtol)
         check_seed(self.seed)
         check_shape_options(self.shapes, check_fixed_dims)
@@ -82,6 +110,17 @@ class ValidateOptions:
 @dataclass(frozen=True)
 class BuildOptions:
     """Build a TensorRT engine (full TensorRT; TensorRT-RTX AOT when a compute capability is given)."""
+
+    #: ``gskit prepare``'s flag for the recipe's build steps
+    step_flags: ClassVar[tuple[StepFlag, ...]] = (
+        StepFlag(
+            "compute_capability",
+            "--compute-capability",
+            "build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
+            option="compute_capability",
+            metavar="X.Y",
+        ),
+    )
 
     compute_capability: str | None = None
     shapes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
@@ -116,243 +155,69 @@ DEFAULT_STEPS: tuple[str, ...] = (
 
 
 class StepError(GskitError):
-    """A pass's precondition or postcondition failed; the message names the pass."""
+    """A check's precondition or verdict stops the run; the message names the step."""
 
 
-@dataclass
-class RunState:
-    """What passes share during one ``gskit prepare`` run."""
+@dataclass(frozen=True)
+class NotRun:
+    """The report of a step that could not apply here (the step is "skipped"; ``reason`` says why)."""
 
-    graph: gs.Graph
-    original_path: Path
-    registry: PluginRegistry
-    plugin_dirs: tuple[Path, ...] | None
-    work_dir: Path
-    #: the TensorRT version the run prepares for (the recipe's target, else the default): replace picks the
-    #: forms and check_trt answers for it
-    target: TensorRTTarget = field(default_factory=default_target)
-    replaced: list[Any] = field(default_factory=list)
-    #: (plugin, Skip) for each match replace found and did not replace, with the reason (report.html)
-    skipped: list[tuple[str, Any]] = field(default_factory=list)
-    comparison: Any = None
-    #: output dtype changes that convert steps made (``gskit.compare.outputs.DtypeChange``): not failures
-    dtype_changes: list[Any] = field(default_factory=list)
-    #: what an nms step did (``gskit.passes.nms.NmsReport``): validation then compares detections
-    nms: Any = None
-    #: the nodes lower steps rewrote (``gskit.passes.lower.Lowered``)
-    lowered: list[Any] = field(default_factory=list)
-    trt_report: Any = None
-    engine: Any = None
-    _snapshot: Path | None = field(default=None, repr=False)
-    _snapshots_taken: int = field(default=0, repr=False)
+    reason: str
 
-    @property
-    def engine_path(self) -> Path:
-        return self.work_dir / "model.engine"
 
-    def snapshot(self) -> Path:
-        """The current graph saved as a file, for passes that read files; saved again only after a change."""
-        if self._snapshot is None:
-            self._snapshots_taken += 1
-            target = self.work_dir / f"step{self._snapshots_taken}" / "model.onnx"
-            self._snapshot = gsmodel.save(copy_graph(self.graph), target)
-        return self._snapshot
+class Snapshots:
+    """The run's graph saved as a file, for passes that read files (``PassContext.snapshot``); saved again
+    only after a step changed the graph."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self._work_dir = work_dir
+        self._path: Path | None = None
+        self._taken = 0
+
+    def __call__(self, graph: gs.Graph) -> Path:
+        if self._path is None:
+            self._taken += 1
+            target = self._work_dir / f"step{self._taken}" / "model.onnx"
+            self._path = gsmodel.save(copy_graph(graph), target)
+        return self._path
 
     def graph_changed(self) -> None:
-        """Called after every pass that modified the graph: the next check must see the graph as it is now."""
-        self._snapshot = None
+        """Called after every step that modified the graph: the next check must see the graph as it is now."""
+        self._path = None
 
 
-OptionsT = TypeVar("OptionsT")
+def step_status(result: PassResult) -> Literal["ok", "skipped", "failed"]:
+    """A step's verdict from its result: "skipped" (a :class:`NotRun` report), "failed" (a report whose
+    ``passed`` is False, e.g. outputs differ), else "ok"."""
+    if isinstance(result.report, NotRun):
+        return "skipped"
+    return "failed" if getattr(result.report, "passed", None) is False else "ok"
 
 
-class Pass(Generic[OptionsT]):
-    """One step of the pipeline. Subclasses set the class attributes and implement :meth:`call`."""
-
-    #: the step's name in a recipe
-    name: ClassVar[str]
-    #: the options dataclass: the recipe schema and the defaults
-    options: ClassVar[type]
-    #: "in_place" (changes ``state.graph``), "replaces" (sets a new ``state.graph``), or "check" (reads the
-    #: model as saved so far and changes no graph)
-    effect: ClassVar[Literal["in_place", "replaces", "check"]]
-    #: the graph's output names are the same after the pass (every transform but edit and isolate)
-    keeps_outputs: ClassVar[bool] = True
-
-    def requires(self, state: RunState, options: OptionsT) -> None:
-        """Raise ``StepError`` when the pass cannot run on this state (default: no precondition)."""
-
-    def call(self, state: RunState, options: OptionsT) -> PassResult:
-        raise NotImplementedError
-
-    def ensures(self, state: RunState, options: OptionsT, result: PassResult, before: Before) -> None:
-        """Raise ``StepError`` when the pass broke a promise; the default checks the declared ones."""
-        if self.effect != "check" and self.keeps_outputs:
-            _ensure(
-                tuple(t.name for t in state.graph.outputs) == before.outputs, self.name, "outputs changed"
-            )
-
-    def __call__(self, state: RunState, options: OptionsT) -> PassResult:
-        self.requires(state, options)
-        before = Before.of(state.graph)
-        result = self.call(state, options)
-        if self.effect == "check" and result.modified:
-            raise StepError(f"pass '{self.name}' is a check but says it modified the graph (a gskit bug)")
-        self.ensures(state, options, result, before)
-        return result
+def _registry(context: PassContext) -> PluginRegistry:
+    """The run's plugins (``gskit prepare`` gives a registry; none: an empty one)."""
+    plugins = context.plugins
+    return plugins if isinstance(plugins, PluginRegistry) else PluginRegistry()
 
 
-def _ensure(condition: bool, step: str, message: str) -> None:
-    if not condition:
-        raise StepError(f"step '{step}' broke its promise: {message}")
+# ------------------------------------------------------------------------------------------------- checks
+# The transformations are the library's passes (PASSES below); the checks import their backends locally.
 
 
-# ------------------------------------------------------------------------------------------------- passes
-# Every transformation is a core pass (``gskit.passes.transform.GraphPass``) beside its library function; a
-# step here runs it on the run's graph. The checks import their backends locally.
+class CheckTrt(GraphPass[CheckTrtOptions]):
+    name, options, effect = "check_trt", CheckTrtOptions, "analysis"
 
-
-class _Transform(Pass[OptionsT]):
-    """A pipeline step that is one core pass (``core``) run on the run's graph with the step's options.
-
-    Name, options and effect come from the core pass; ``run_pass`` checks its requires/ensures and its
-    declared effect.
-    """
-
-    core: ClassVar[GraphPass]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.name, cls.options = cls.core.name, cls.core.options
-        cls.effect = "in_place" if cls.core.effect == "in_place" else "replaces"
-        cls.keeps_outputs = cls.core.keeps_outputs
-
-    def call(self, state: RunState, options: OptionsT) -> PassResult:
-        result = run_pass(self.core, state.graph, options, plugins=state.registry)
-        state.graph = result.model
-        return result
-
-    def ensures(self, state: RunState, options: OptionsT, result: PassResult, before: Before) -> None:
-        """``run_pass`` checked the core pass's promises already."""
-
-
-class Sanitize(_Transform[SanitizeOptions]):
-    core = SANITIZE
-
-
-class Edit(_Transform[EditOptions]):
-    core = EDIT
-
-
-class Isolate(_Transform[IsolateOptions]):
-    core = ISOLATE
-
-    def requires(self, state: RunState, options: IsolateOptions) -> None:
-        if not options.inputs or not options.outputs:
-            raise StepError("isolate: the step needs both 'inputs' and 'outputs' tensor names")
-
-
-class Lower(_Transform[LowerOptions]):
-    core = LOWER
-
-    def call(self, state: RunState, options: LowerOptions) -> PassResult:
-        result = super().call(state, options)
-        state.lowered.extend(result.report.lowered)
-        return result
-
-
-class Replace(_Transform[ReplaceOptions]):
-    core = REPLACE
-
-    def requires(self, state: RunState, options: ReplaceOptions) -> None:
-        if not list(state.registry):
-            raise StepError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
-
-    def call(self, state: RunState, options: ReplaceOptions) -> PassResult:
-        """Forms are chosen for the run's target (a recipe gives it once, at the top)."""
-        options = dataclasses.replace(options, tensorrt=str(state.target))
-        result = run_pass(self.core, state.graph, options, plugins=list(state.registry))
-        result.report.target_source = state.target.source
-        result.summary = summarize(result.report)
-        state.replaced.extend(result.report.regions)
-        state.skipped.extend((p.plugin, skip) for p in result.report.plugins for skip in p.skipped)
-        return result
-
-
-class Nms(_Transform[NmsOptions]):
-    """EfficientNMS_TRT behind the detection head; the model's outputs become the plugin's four."""
-
-    core = NMS
-
-    def requires(self, state: RunState, options: NmsOptions) -> None:
-        if state.nms is not None:
-            raise StepError("nms: the recipe has a second nms step; the model has its NMS already")
-
-    def call(self, state: RunState, options: NmsOptions) -> PassResult:
-        result = super().call(state, options)
-        state.nms = result.report
-        return result
-
-
-class InferShapes(_Transform[InferShapesOptions]):
-    core = INFER_SHAPES
-
-    def call(self, state: RunState, options: InferShapesOptions) -> PassResult:
-        result = super().call(state, options)
-        unshaped = unshaped_plugin_outputs(state.graph, state.registry)
-        # Only a plugin rule that gives no rank for inputs with one stops the run: TensorRT asks the plugin
-        # for its output shapes. Where an upstream op lost the shape, TensorRT still knows it (the network).
-        blocking = [u.describe() for u in unshaped if u.origin is None]
-        if options.strict:
-            _ensure(not blocking, self.name, "; ".join(blocking[:3]))
-        result.report = unshaped
-        result.summary = (
-            f"{len(unshaped)} plugin output(s) without a rank: {unshaped[0].describe()}"
-            if unshaped
-            else "every plugin output has a rank"
-        )
-        return result
-
-
-class Fold(_Transform[FoldOptions]):
-    core = FOLD
-
-
-class Convert(_Transform[ConvertOptions]):
-    core = CONVERT
-
-    def call(self, state: RunState, options: ConvertOptions) -> PassResult:
-        """Also records the output dtypes it changed (``keep_io_fp32: false``), so validation expects them."""
-        from gskit.compare.outputs import DtypeChange
-
-        before = _output_dtypes(state.graph)
-        result = super().call(state, options)
-        for name, (old, new) in _changed(before, _output_dtypes(state.graph)).items():
-            state.dtype_changes.append(DtypeChange(old, new, by="the recipe's convert step", output=name))
-        return result
-
-
-def _output_dtypes(graph: gs.Graph) -> dict[str, str]:
-    return {t.name: np.dtype(t.dtype).name for t in graph.outputs if t.dtype is not None}
-
-
-def _changed(before: dict[str, str], after: dict[str, str]) -> dict[str, tuple[str, str]]:
-    return {name: (before[name], dtype) for name, dtype in after.items() if before.get(name, dtype) != dtype}
-
-
-class CheckTrt(Pass[CheckTrtOptions]):
-    name, options, effect = "check_trt", CheckTrtOptions, "check"
-
-    def call(self, state: RunState, options: CheckTrtOptions) -> PassResult:
+    def call(self, model: gs.Graph, options: CheckTrtOptions, context: PassContext) -> PassResult:
         from gskit.backends.trt_check import NEEDS_PLUGIN, NOT_CHECKED, check_trt
 
         report = check_trt(
-            state.snapshot(), plugins=state.plugin_dirs, backend=options.backend, target=state.target
+            context.saved(model), plugins=context.plugin_dirs, backend=options.backend, target=context.target
         )
-        state.trt_report = report
         bad = len(report.rejected)
-        if options.fail_on_unsupported:
-            _ensure(report.ok, self.name, f"{bad} node(s) TensorRT will not take (see the report)")
+        if options.fail_on_unsupported and not report.ok:
+            raise StepError(
+                f"step '{self.name}' broke its promise: {bad} node(s) TensorRT will not take (see the report)"
+            )
         plugins = len(report.nodes_with(NEEDS_PLUGIN))
         summary = (
             f"{report.source} for TensorRT {report.target}: {bad} node(s) rejected, {plugins} plugin node(s) "
@@ -377,28 +242,66 @@ INPUTS_HINT = (
 )
 
 
-class Validate(Pass[ValidateOptions]):
-    name, options, effect = "validate", ValidateOptions, "check"
+class Validate(GraphPass[ValidateOptions]):
+    """Compares the model as saved so far with the original (``context.original``); the outputs a convert
+    step changed the type of are expected changed, and after an nms step detections are compared."""
 
-    def call(self, state: RunState, options: ValidateOptions) -> PassResult:
-        from gskit.compare.outputs import ReferenceRunError, compare, describe_feeds, failing_node
+    name, options, effect = "validate", ValidateOptions, "analysis"
+
+    def check_input(self, model: onnx.ModelProto, options: ValidateOptions) -> None:
+        """Validation feeds the original model: a shape for an input it lacks fails before any step runs."""
+        known = sorted({i.name for i in model.graph.input})
+        unknown = sorted(set(options.shapes) - set(known))
+        if unknown:
+            raise GskitError(f"--shape names unknown input(s) {unknown}; model inputs are {known}")
+
+    @staticmethod
+    def describe_inputs(comparison: Any, original: onnx.ModelProto, options: ValidateOptions | None) -> str:
+        """``inputs x float32[2x4x8x8], random (seed 0); tolerances given: atol 1e-05, rtol 1e-05 ...``
+        (report.html's line above the comparison)."""
+        dtypes = {name: dtype.name for name, dtype in gsmodel.input_dtypes(original).items()}
+        fed = ", ".join(
+            f"{name} {dtypes.get(name, '?')}[{'x'.join(str(d) for d in shape)}]"
+            for name, shape in comparison.input_shapes.items()
+        )
+        source = getattr(options, "inputs", None)
+        how = f"from {source}" if source else f"random (seed {getattr(options, 'seed', 0)})"
+        return (
+            f"inputs {fed}, {how}; tolerances given: atol {comparison.atol:g}, rtol {comparison.rtol:g} "
+            "(float32 outputs; lower-precision outputs get at least their dtype's floor, see each row)"
+        )
+
+    def call(self, model: gs.Graph, options: ValidateOptions, context: PassContext) -> PassResult:
+        from gskit.compare.outputs import (
+            DtypeChange,
+            ReferenceRunError,
+            compare,
+            describe_feeds,
+            failing_node,
+        )
         from gskit.io.feeds import load_feeds, random_feeds
 
-        snapshot = state.snapshot()
-        common = dict(
-            atol=options.atol, rtol=options.rtol, plugins=state.registry, dtype_changes=state.dtype_changes
-        )
-        if state.nms is not None:  # the outputs changed: detections are compared (gskit.compare.detections)
+        snapshot, registry, original_path = context.saved(model), _registry(context), context.original
+        if original_path is None:
+            raise StepError("validate: no original model to compare with (a gskit bug)")
+        changes = [
+            DtypeChange(old, new, by="the recipe's convert step", output=name)
+            for report in context.reports(CONVERT.name)
+            for name, (old, new) in report.output_dtypes.items()
+        ]
+        common = dict(atol=options.atol, rtol=options.rtol, plugins=registry, dtype_changes=changes)
+        nms = context.reports(NMS.name)
+        if nms:  # the outputs changed: detections are compared (gskit.compare.detections)
             from functools import partial
 
             from gskit.compare.detections import compare_detections
 
-            compare = partial(compare_detections, nms=state.nms)
+            compare = partial(compare_detections, nms=nms[-1])
 
         def prepared(feeds: dict) -> Any:
             """The comparison; a message naming the run's snapshot file names "the prepared model" instead."""
             try:
-                return compare(state.original_path, snapshot, feeds=feeds, **common)
+                return compare(original_path, snapshot, feeds=feeds, **common)
             except ReferenceRunError:
                 raise
             except GskitError as err:
@@ -414,8 +317,8 @@ class Validate(Pass[ValidateOptions]):
                 raise StepError(
                     f"validate: {err}; check the file given as inputs ({options.inputs})"
                 ) from err
-            return _validated(state, report, _unsteady_note(state, report, feeds))
-        original = gsmodel.load(state.original_path, load_weights=False)
+            return _validated(report, _unsteady_note(original_path, registry, report, feeds))
+        original = gsmodel.load(original_path, load_weights=False)
         failures = []
         for default_dim, image_dim in VALIDATION_SIZES:
             feeds = random_feeds(
@@ -434,7 +337,7 @@ class Validate(Pass[ValidateOptions]):
                 continue
             note = f" (inputs {_shapes_text(report.input_shapes)}"
             note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
-            return _validated(state, report, note + _unsteady_note(state, report, feeds))
+            return _validated(report, note + _unsteady_note(original_path, registry, report, feeds))
         tried, failure = failures[-1]
         culprit = failing_node(original, failure)
         where = f"node {culprit[0]} fails on input(s) {culprit[1]}: " if culprit and culprit[1] else ""
@@ -444,13 +347,13 @@ class Validate(Pass[ValidateOptions]):
         )
 
 
-def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
+def _unsteady_note(original: Path, registry: PluginRegistry, report: Any, feeds: dict) -> str:
     """On a failed validation: whether the original itself gives different outputs on two identical runs."""
     if report.passed:
         return ""
     from gskit.compare.outputs import unsteady_outputs
 
-    unsteady = unsteady_outputs(state.original_path, feeds, state.registry)
+    unsteady = unsteady_outputs(original, feeds, registry)
     if not unsteady:
         return ""
     return (
@@ -459,15 +362,14 @@ def _unsteady_note(state: RunState, report: Any, feeds: dict) -> str:
     )
 
 
-def _validated(state: RunState, report: Any, note: str) -> PassResult:
-    state.comparison = report
+def _validated(report: Any, note: str) -> PassResult:
+    """The step's result: the comparison is its report (``passed`` False makes the step "failed")."""
     worst = max((o.max_abs_err for o in report.outputs), default=0.0)
     verdict = "passed" if report.passed else f"FAILED on {[o.name for o in report.failed]}"
     notes = "".join(f"; output {o.name}: {o.note}" for o in report.outputs if o.note)
     return PassResult(
         summary=f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}{notes}",
         report=report,
-        status="ok" if report.passed else "failed",
     )
 
 
@@ -475,23 +377,29 @@ def _shapes_text(shapes: dict[str, tuple[int, ...]]) -> str:
     return ", ".join(f"{name}:{format_shape(dims)}" for name, dims in shapes.items())
 
 
-class Build(Pass[BuildOptions]):
-    name, options, effect = "build", BuildOptions, "check"
+class Build(GraphPass[BuildOptions]):
+    """Builds ``model.engine`` in the run's work folder; its report is the engine's ``BuildInfo``."""
 
-    def call(self, state: RunState, options: BuildOptions) -> PassResult:
+    name, options, effect = "build", BuildOptions, "analysis"
+
+    #: the engine's file name in the work folder (and in OUTDIR)
+    ENGINE_NAME = "model.engine"
+
+    def call(self, model: gs.Graph, options: BuildOptions, context: PassContext) -> PassResult:
         from gskit.backends.trt import full_tensorrt_available, resolve_backend
         from gskit.backends.trt_build import build_engine
 
+        if context.work_dir is None:
+            raise StepError("build: no work folder to build the engine in (a gskit bug)")
+        registry = _registry(context)
         flavour = resolve_backend("auto")
-        has_plugins = any(state.registry.for_node(n) for n in state.graph.nodes)
+        has_plugins = any(registry.for_node(n) for n in model.nodes)
         reason = None
         if flavour == "static":
             reason = "no TensorRT installed"
         elif not full_tensorrt_available() and has_plugins:
             # Said first: giving --compute-capability would not help, TensorRT-RTX cannot build them at all.
-            plugins = sorted(
-                {spec.qualified_name for n in state.graph.nodes if (spec := state.registry.for_node(n))}
-            )
+            plugins = sorted({spec.qualified_name for n in model.nodes if (spec := registry.for_node(n))})
             reason = (
                 f"TensorRT-RTX has no custom plugins and the model has plugin nodes ({', '.join(plugins)}); "
                 "build with full TensorRT (docker/)"
@@ -502,40 +410,55 @@ class Build(Pass[BuildOptions]):
             # A build asked for (required, or a compute capability given for it) and not done is an error.
             if options.required or options.compute_capability is not None:
                 raise StepError(f"build: {reason}")
-            return PassResult(summary=reason, status="skipped")
+            return PassResult(summary=reason, report=NotRun(reason))
         shapes = {name: tuple(tuple(s) for s in dims) for name, dims in options.shapes.items()} or None
         info = build_engine(
-            state.snapshot(),
-            state.engine_path,
+            context.saved(model),
+            context.work_dir / self.ENGINE_NAME,
             # The loaded plugins' own implementations (shipped ones included), only when the model needs
             # them: TensorRT-RTX refuses any plugin file.
-            plugins=implementation_paths(state.registry, state.plugin_dirs or ()) if has_plugins else [],
+            plugins=implementation_paths(registry, context.plugin_dirs or ()) if has_plugins else [],
             shapes=shapes,
             timing_cache=options.timing_cache,
             compute_capability=options.compute_capability,
         )
-        state.engine = info
         return PassResult(summary=f"built {info.engine.name} in {info.build_seconds:.1f}s", report=info)
 
 
-#: Every pass a recipe can name, by name.
-PASSES: Mapping[str, Pass] = {
+#: Every pass a recipe can name, by name: the one registry. A project adds a step by adding its pass here
+#: (one ``GraphPass`` class with its options and their ``step_flags``); the recipe schema and
+#: ``gskit prepare``'s flags follow.
+PASSES: dict[str, GraphPass] = {
     p.name: p
     for p in (
-        Sanitize(),
-        Edit(),
-        Isolate(),
-        Lower(),
-        Replace(),
-        Nms(),
-        InferShapes(),
-        Fold(),
-        Convert(),
+        SANITIZE,
+        EDIT,
+        ISOLATE,
+        LOWER,
+        REPLACE,
+        NMS,
+        INFER_SHAPES,
+        FOLD,
+        CONVERT,
         CheckTrt(),
         Validate(),
         Build(),
     )
 }
 
+
+class _StepOptions(Mapping[str, type]):
+    """The options dataclass of each step in ``PASSES`` now (a view: a step added later is in it)."""
+
+    def __getitem__(self, name: str) -> type:
+        return PASSES[name].options
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PASSES)
+
+    def __len__(self) -> int:
+        return len(PASSES)
+
+
 #: The options dataclass of each step (what ``gskit.pipeline.recipe`` validates a recipe against).
-STEP_OPTIONS: Mapping[str, type] = {name: p.options for name, p in PASSES.items()}
+STEP_OPTIONS: Mapping[str, type] = _StepOptions()

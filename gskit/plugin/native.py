@@ -21,6 +21,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
+from gskit.passes.tensor_types import InferenceFailed, infer_types
 from gskit.plugin.target import TensorRTTarget
 
 if TYPE_CHECKING:
@@ -211,11 +212,9 @@ def _inferred_misfit(
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(form.domain, form.opset)])
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    except Exception as err:  # onnx's inference refusing these types is as good a reason
-        return (
-            f"onnx's type inference refuses {form.op_type} on these types: {str(err).splitlines()[0][:120]}"
-        )
+        inferred = infer_types(model, strict=True)
+    except InferenceFailed as err:  # onnx's inference refusing these types is as good a reason
+        return f"onnx's type inference refuses {form.op_type} on these types: {err.reason[:120]}"
     for info, want in zip(inferred.graph.output, out_dtypes, strict=False):
         got = info.type.tensor_type.elem_type
         if got and got != want:

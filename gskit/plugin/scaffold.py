@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 
 from gskit.errors import GskitError
 from gskit.io import model as gmodel
+from gskit.passes.tensor_types import infer_types
 from gskit.plugin.spec import ROUTING_ATTRIBUTES, AttrType, check_identity
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,8 @@ def read_node(model_path: str | os.PathLike, node_name: str) -> NodeSignature:
         raise GskitError(f"{model_path}: {found} named (or of op type) '{node_name}'; give one node's name")
     node = nodes[0]
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
-    except Exception as err:  # onnx raises several types; fall back to what the file records
+        inferred = infer_types(proto)
+    except GskitError as err:  # fall back to what the file records
         log.warning("%s: shape inference failed (%s); using the recorded types", model_path, err)
         inferred = proto
     types = _tensor_types(inferred.graph)

@@ -451,7 +451,10 @@ def _check_identity(spec: PluginSpec, where: str) -> None:
         if label == "namespace" and value == "":
             if spec.node_domain is not None:
                 continue  # TensorRT's own plugins: namespace "", found through their node domain
-            raise PluginError(f'{where}: plugin namespace "" (TensorRT\'s own) needs a node_domain')
+            raise PluginError(
+                f'{where}: plugin namespace must be a non-empty string; "" (TensorRT\'s own plugins) needs a '
+                "node_domain"
+            )
         check_identity(value, label, where)
     if spec.domain in ORT_DOMAINS:
         raise PluginError(

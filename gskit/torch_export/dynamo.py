@@ -55,7 +55,7 @@ def plugin_op(spec: PluginSpec) -> Any:
     require("onnxscript")
     from onnxscript.values import Op, Opset
 
-    from gskit.passes.shapes import plugin_schema  # the same schema gskit registers for shape inference
+    from gskit.passes.plugin_schemas import plugin_schema  # the schema gskit registers for shape inference
 
     return Op(Opset(spec.domain, 1), spec.name, plugin_schema(spec.domain, spec.name, [spec]))
 

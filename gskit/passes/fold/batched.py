@@ -35,7 +35,7 @@ from gskit.passes.fold.cost import volume
 from gskit.passes.fold.exclusion import Exclusion, report_key
 from gskit.passes.fold.options import FoldReport
 from gskit.passes.fold.shape_nodes import is_static, make_constant
-from gskit.passes.tensor_types import constant_nbytes
+from gskit.passes.tensor_types import constant_elem_type, constant_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class _BatchContext:
         graph = onnx.helper.make_graph(
             [OnnxExporter.export_node(n) for n in nodes],
             "gskit_fold_batch",
-            [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), t.shape) for t in fed],
+            [onnx.helper.make_tensor_value_info(t.name, constant_elem_type(t), t.shape) for t in fed],
             [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in outputs],
             initializer=[OnnxExporter.export_tensor_proto(t) for t in kept],
         )
@@ -325,13 +325,6 @@ def _known_nbytes(tensor: gs.Tensor) -> int | None:
 
 def _over(nbytes: int | None, size_threshold: int | None) -> bool:
     return nbytes is not None and size_threshold is not None and nbytes > size_threshold
-
-
-def _onnx_dtype(tensor: gs.Constant) -> int:
-    values = tensor._values
-    if isinstance(values, gs.ir.tensor.LazyValues) and isinstance(values.tensor, onnx.TensorProto):
-        return values.tensor.data_type
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.export_dtype or values.dtype))
 
 
 def _read_values(tensor: gs.Constant) -> np.ndarray:

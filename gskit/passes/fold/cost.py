@@ -32,7 +32,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
 from gskit.io import model as gsmodel
-from gskit.passes.tensor_types import data_propagation_bounded
+from gskit.passes.tensor_types import constant_elem_type, infer_types
 from gskit.plugin.ops import is_default_domain
 
 log = logging.getLogger(__name__)
@@ -130,9 +130,7 @@ def constant_type(tensor: gs.Constant) -> tuple[int, list[int]]:
     values = tensor._values
     if isinstance(values, gs.ir.tensor.LazyValues) and isinstance(values.tensor, onnx.TensorProto):
         return values.tensor.data_type, [int(d) for d in values.tensor.dims]
-    array = np.asarray(values)
-    dtype = tensor.export_dtype if tensor.export_dtype is not None else array.dtype
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [int(d) for d in array.shape]
+    return constant_elem_type(tensor) or 0, [int(d) for d in np.shape(values)]
 
 
 def small_values(tensor: gs.Tensor) -> np.ndarray | None:
@@ -266,9 +264,7 @@ def _body_outputs(
     graph = onnx.helper.make_graph(list(proto.node), "body", inputs, outputs, initializer=initializers)
     opset_imports = [onnx.helper.make_opsetid(d, v) for d, v in opsets.items()]
     model = onnx.helper.make_model(graph, opset_imports=opset_imports, ir_version=gsmodel.MAX_ORT_IR_VERSION)
-    inferred = onnx.shape_inference.infer_shapes(
-        model, strict_mode=True, data_prop=data_propagation_bounded(model)
-    )
+    inferred = infer_types(model, strict=True)
     found = {info.name: info.type for info in (*inferred.graph.value_info, *inferred.graph.output)}
     by_name = {info.name: typed for info, typed in zip(inputs, (*body_in,), strict=False)}
     return [found.get(info.name) or by_name.get(info.name) for info in proto.output]  # type: ignore[misc]

@@ -21,7 +21,7 @@ from gskit.passes.fold.options import FoldOptions, FoldReport
 from gskit.passes.fold.shape_nodes import fold_shape_nodes
 from gskit.passes.fold.whole_graph import drop_non_tensor_constants, fold_with_graphsurgeon
 from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, run_pass
+from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, run_pass
 from gskit.plugin.ops import op_counts, plugin_keys
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,8 @@ class _Fold(GraphPass[FoldOptions]):
                 "means no limit"
             )
 
-    def call(self, model: Any, options: FoldOptions, **context: Any) -> PassResult:
-        folded, report = _fold(model, options, context.get("plugins"), context.get("spill_dir"))
+    def call(self, model: Any, options: FoldOptions, context: PassContext) -> PassResult:
+        folded, report = _fold(model, options, context.plugins, context.spill_dir)
         return PassResult(
             folded,
             # shapes folded into constants change the graph even when the node count stays

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gskit.passes.patterns.match import MatchResult, elem_type, elem_type_name
+from gskit.passes.patterns.match import MatchResult, elem_type_name
 from gskit.passes.patterns.rules import Match
+from gskit.passes.tensor_types import elem_type
 
 
 def one_number(match: Match, capture: str) -> MatchResult:

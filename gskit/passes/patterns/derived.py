@@ -21,8 +21,9 @@ import numpy as np
 
 from gskit.errors import PluginError
 from gskit.passes.patterns.dsl import COMMUTATIVE, ConstValue
-from gskit.passes.patterns.match import MatchResult, elem_type, literal_tolerance
+from gskit.passes.patterns.match import MatchResult, literal_tolerance
 from gskit.passes.patterns.rules import CheckFn, GraphPattern, Match, run_check
+from gskit.passes.tensor_types import elem_type
 
 #: Version of the JSON layout; a cache of another version is derived again.
 FORMAT = 1

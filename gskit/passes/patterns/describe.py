@@ -44,6 +44,7 @@ from gskit.passes.patterns.derived import (
 )
 from gskit.passes.patterns.dsl import ATTRIBUTE_INPUTS
 from gskit.passes.patterns.match import MAX_LITERAL_ELEMENTS, literal_tolerance
+from gskit.passes.tensor_types import elem_type, with_inferred_types
 from gskit.plugin.ops import canonical_domain
 
 #: Node attributes that say nothing about the computation (debug info some exporters add).
@@ -80,8 +81,8 @@ def describe_model(model: onnx.ModelProto, name: str, form: str) -> RuleDescript
             constant, or a constant too large to be a literal.
     """
     try:
-        model = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # the dtypes only serve to find no-op Casts; without them the Casts stay
+        model = with_inferred_types(model)
+    except GskitError:  # the dtypes only serve to find no-op Casts; without them the Casts stay
         pass
     graph = model.graph
     where = f"export {form} of {name}"
@@ -453,7 +454,7 @@ def with_dtypes(members: Sequence[tuple[str, RuleDescription]]) -> RuleDescripti
         values = [slots(d)[slot] for _, d in ordered]
         if all(same_value(values[0], v) for v in values[1:]):
             continue
-        types = [_onnx_type(dtype) for dtype, _ in ordered]
+        types = [elem_type(dtype) for dtype, _ in ordered]
         if all(isinstance(v, int) and v == t for v, t in zip(values, types, strict=True)):
             name = f"dtype.{len([c for c in captures if c.relation == 'dtype']) + 1}"
             captures.append(CaptureRule(name, None, "dtype", 0.0, "int"))
@@ -463,10 +464,6 @@ def with_dtypes(members: Sequence[tuple[str, RuleDescription]]) -> RuleDescripti
     forms = tuple(f for _, d in ordered for f in d.forms)
     merged = _substitute(base, replaced, captures)
     return dataclasses.replace(merged, forms=forms)
-
-
-def _onnx_type(dtype: str) -> int:
-    return int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))) if dtype != "bfloat16" else 16
 
 
 def _substitute(

@@ -41,6 +41,7 @@ from gskit.passes.patterns.dsl import (
     Value,
     Var,
 )
+from gskit.passes.tensor_types import elem_type  # the one owner; importable from here for plugin patterns
 from gskit.plugin.ops import canonical_domain
 
 log = logging.getLogger(__name__)
@@ -212,19 +213,6 @@ def label(node: gs.Node) -> str:
 
 def producer(tensor: gs.Tensor) -> gs.Node | None:
     return tensor.inputs[0] if tensor.inputs else None
-
-
-def elem_type(dtype: Any) -> int | None:
-    """The onnx element type of a graphsurgeon dtype: a numpy dtype, or the onnx enum graphsurgeon keeps for
-    types numpy lacks (bfloat16, float8); None when unknown."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, (int, np.integer)):
-        return int(dtype)
-    try:
-        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    except (TypeError, KeyError, ValueError):
-        return None
 
 
 def elem_type_name(dtype: Any) -> str:

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -38,13 +38,22 @@ from gskit.passes.patterns.match import (
     MatchResult,
     Tracer,
     constant_value,
-    elem_type,
     elem_type_name,
     label,
     op_key,
 )
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
-from gskit.passes.transform import Before, GraphPass, PassResult, ensure, option, run_pass
+from gskit.passes.tensor_types import elem_type, infer_tensor_types
+from gskit.passes.transform import (
+    Before,
+    GraphPass,
+    PassContext,
+    PassResult,
+    StepFlag,
+    ensure,
+    option,
+    run_pass,
+)
 from gskit.plugin.native import FormChoice, choose_form
 from gskit.plugin.ops import DEFAULT_DOMAINS, onnx_op_since, op_label
 from gskit.plugin.spec import PluginSpec, TensorInfo
@@ -211,6 +220,18 @@ class ReplaceOptions:
         metavar="VERSION",
     )
 
+    #: ``gskit prepare``'s flag for the recipe's replace steps
+    step_flags: ClassVar[tuple[StepFlag, ...]] = (
+        StepFlag(
+            "only",
+            "--only",
+            "replace only these plugins' patterns (repeatable; replace.only)",
+            option="only",
+            kind="append",
+            metavar="PLUGIN",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.tensorrt is not None:
             resolve_target(self.tensorrt)  # a bad version is refused where it is given
@@ -273,8 +294,16 @@ def replace(
 class _Replace(GraphPass[ReplaceOptions]):
     name, options, effect, takes_model = "replace", ReplaceOptions, "in_place", False
 
-    def call(self, model: Any, options: ReplaceOptions, **context: Any) -> PassResult:
-        report = _replace(model, context.get("plugins") or (), options)
+    def call(self, model: Any, options: ReplaceOptions, context: PassContext) -> PassResult:
+        """A run's target (``context.target``, a recipe's or ``--tensorrt``) picks the forms."""
+        specs = list(context.plugins or ())
+        if context.plugins is not None and not specs:
+            raise GskitError("replace: no plugins loaded; pass --plugins DIR or set GSKIT_PLUGINS")
+        if context.target is not None:
+            options = dataclasses.replace(options, tensorrt=str(context.target))
+        report = _replace(model, specs, options)
+        if context.target is not None:
+            report.target_source = context.target.source
         modified = report.replaced > 0 or report.opset_raised is not None
         return PassResult(model, modified=modified, report=report, summary=summarize(report))
 
@@ -361,12 +390,7 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     graphs = [graph, *graph.subgraphs(recursive=True)]
     native_nodes = {r.node for r in report.regions if r.form == "native"}
     report.norm_like_left = [n for n in norm_like_left(graphs) if n not in native_nodes]
-    for spec in specs:
-        for rule in spec.patterns:
-            watched = set(getattr(rule, "watches", ()))
-            left = [label(n) for g in graphs for n in g.nodes if op_key(n) in watched]
-            if left:
-                report.watched_left[rule.name] = left
+    report.watched_left = _watched_left(specs, graphs)
     log.info("replaced %d region(s) (target TensorRT %s)", report.replaced, target)
     return report
 
@@ -494,6 +518,24 @@ def _reads_a_mean(node: gs.Node) -> bool:
     return False
 
 
+def _watched_left(specs: Sequence[PluginSpec], graphs: Sequence[gs.Graph]) -> dict[str, list[str]]:
+    """Per rule with ``watches``, the nodes of those ops still in the graph, in graph order (one pass over the
+    nodes, not one per rule)."""
+    watchers: dict[tuple[str, str], list[str]] = {}
+    for spec in specs:
+        for rule in spec.patterns:
+            for key in set(getattr(rule, "watches", ())):
+                watchers.setdefault(key, []).append(rule.name)
+    left: dict[str, list[str]] = {}
+    if watchers:
+        for g in graphs:
+            for n in g.nodes:
+                for name in watchers.get(op_key(n), ()):
+                    left.setdefault(name, []).append(label(n))
+    ordered = dict.fromkeys(name for names in watchers.values() for name in names)
+    return {name: left[name] for name in ordered if name in left}
+
+
 def _infer_cast_dtypes(
     graph: gs.Graph, graphs: Sequence[gs.Graph], shaped: set[tuple[str, str]] = frozenset()
 ) -> None:
@@ -511,10 +553,6 @@ def _infer_cast_dtypes(
         op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
     ) or any(op_key(n) in shaped and any(t.shape is None for t in n.inputs) for n in nodes)
     if casts or pools:
-        from gskit.passes.tensor_types import (
-            infer_tensor_types,  # imports onnxruntime's inference: only when needed
-        )
-
         infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
 
 
