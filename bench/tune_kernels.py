@@ -268,8 +268,8 @@ def check_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def aot_ptx(job: dict[str, Any]) -> dict[str, Any]:
     """The AOT PTX of a norm kernel for the shipped rule, as shipped or with 16-byte alignment promised."""
+    from gskit.backends.aot_ptx import triton_ptx
     from gskit.backends.row_launch import row_constexprs, row_launch
-    from gskit.backends.trt_plugin import triton_ptx
 
     module = __import__(f"plugins.{job['kernel']}.kernel", fromlist=["kernel"])
     kernel = getattr(module, f"{job['kernel']}_kernel")

@@ -47,7 +47,7 @@ CORE = ("core", 0)
 #: (core module, backend module it imports inside a function) -> why that execution belongs there.
 LAZY_CORE_IMPORTS = {
     (
-        "gskit.passes.fold",
+        "gskit.passes.fold.batched",
         "gskit.backends.ort",
     ): "fold evaluates constant nodes on onnxruntime (batched mode)",
     (

@@ -27,7 +27,7 @@ def test_debug_after_the_subcommand_is_accepted(tmp_path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "DEBUG gskit.plugin.spec" in proc.stderr
+    assert "DEBUG gskit.plugin.discovery" in proc.stderr
 
 
 def test_hoist_keeps_order_and_stops_at_double_dash() -> None:

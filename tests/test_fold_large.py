@@ -25,6 +25,7 @@ from gskit.backends import ort as gsort
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.passes import fold as gsfold
+from gskit.passes.fold import batched as fold_batched
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,9 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def batched(monkeypatch):
     """Batched mode for any model, small batches, and every folded constant over 1 KiB spilled to disk."""
-    monkeypatch.setattr(gsfold, "_PARTITION_BYTES", -1)
-    monkeypatch.setattr(gsfold, "_BATCH_BYTES", 2 * 2**20)
-    monkeypatch.setattr(gsfold, "_SPILL_BYTES", 1024)
+    monkeypatch.setattr(fold_batched, "_PARTITION_BYTES", -1)
+    monkeypatch.setattr(fold_batched, "_BATCH_BYTES", 2 * 2**20)
+    monkeypatch.setattr(fold_batched, "_SPILL_BYTES", 1024)
 
 
 def _random_feeds(model: onnx.ModelProto, rng) -> dict[str, np.ndarray]:
@@ -52,7 +53,7 @@ def test_batched_mode_folds_like_graphsurgeon_and_keeps_outputs(name, batched, r
     assert report.mode == "batched" and report.batches >= 2 and report.evaluated_nodes > 0
     assert report.spilled_bytes > 0 and any((tmp_path / "spill").iterdir())
     with pytest.MonkeyPatch.context() as mp:  # the reference: graphsurgeon's whole-graph evaluation
-        mp.setattr(gsfold, "_PARTITION_BYTES", 1_500_000_000)
+        mp.setattr(fold_batched, "_PARTITION_BYTES", 1_500_000_000)
         reference, _ = gsfold.fold(model)
     assert sorted(n.op_type for n in folded.graph.node) == sorted(n.op_type for n in reference.graph.node)
     feeds = _random_feeds(model, rng)
@@ -112,9 +113,9 @@ def test_batched_size_threshold_is_reported_not_silent(batched):
 
 def test_lazy_weights_are_read_per_batch_and_not_kept(tmp_path, rng, monkeypatch):
     """Weights left on disk (load_weights=False) select the batched mode whatever the model's size."""
-    monkeypatch.setattr(gsfold, "_SPILL_BYTES", 1024)
+    monkeypatch.setattr(fold_batched, "_SPILL_BYTES", 1024)
     monkeypatch.setattr(
-        gsfold, "_BATCH_BYTES", 3 * (64 * 48 * 4) * 2
+        fold_batched, "_BATCH_BYTES", 3 * (64 * 48 * 4) * 2
     )  # 3 transposes (read + written) a batch
     weights = [rng.standard_normal((64, 48)).astype(np.float32) for _ in range(6)]
     path = _save_transpose_model(tmp_path / "m.onnx", weights)

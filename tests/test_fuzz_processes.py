@@ -243,7 +243,7 @@ def _fold_bombs(seed: int, count: int, root: Path) -> None:
 def loop_case(rng: random.Random) -> Tally:
     from gskit.backends import ort as gsort
     from gskit.passes.fold import fold
-    from gskit.passes.fold_cost import RUN_BUDGET
+    from gskit.passes.fold.cost import RUN_BUDGET
 
     tally = Tally(tried=1)
     trips = rng.choice([None, *(10**k for k in range(16)), rng.randint(1, 3000)])

@@ -96,6 +96,26 @@ def test_blocker_really_blocks() -> None:
     assert "ModuleNotFoundError" in result.stderr and "blocked by test_imports" in result.stderr
 
 
+def test_import_paths_the_readmes_document_name_the_owners() -> None:
+    """Names the README and plugins/README.md show under a module that no longer owns them still import
+    from there, and are the owner's objects (not copies)."""
+    from gskit.backends import aot_ptx, trt_plugin
+    from gskit.passes import fold
+    from gskit.passes.fold import fold_pass, options
+    from gskit.plugin import discovery, registry, spec
+
+    assert spec.load_plugins is discovery.load_plugins and spec.PluginRegistry is registry.PluginRegistry
+    assert trt_plugin.triton_ptx is aot_ptx.triton_ptx
+    assert fold.fold is fold_pass.fold and fold.FOLD is fold_pass.FOLD
+    assert fold.FoldOptions is options.FoldOptions and fold.FoldReport is options.FoldReport
+    try:
+        spec.load_everything  # noqa: B018  # a name nobody moved is still an AttributeError
+    except AttributeError as err:
+        assert "load_everything" in str(err)
+    else:
+        raise AssertionError("gskit.plugin.spec answered a name it never had")
+
+
 # A real run with torch installed: the commands that need no torch leave it unimported.
 RUN_WITHOUT_TORCH = """
 import sys

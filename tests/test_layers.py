@@ -59,7 +59,7 @@ CASES = {
         "def f():\n    from gskit.compare.outputs import compare\n",
         "gskit.passes.shapes (core) imports compare (gskit.compare) inside a function",
     ),
-    "gskit/passes/fold.py": (
+    "gskit/passes/fold/batched.py": (
         "from gskit import model\n\ndef run():\n    from gskit.backends import ort\n",
         None,  # the one lazy core-to-backend import the rules allow
     ),
@@ -126,9 +126,9 @@ def test_the_checker_fails_on_deliberate_violations(tmp_path: Path) -> None:
 
 def test_a_module_level_backend_import_in_fold_is_still_refused(tmp_path: Path) -> None:
     """fold may import the onnxruntime backend only inside the function that evaluates nodes."""
-    _write(tmp_path, {"gskit/passes/fold.py": "from gskit.backends import ort\n"})
+    _write(tmp_path, {"gskit/passes/fold/batched.py": "from gskit.backends import ort\n"})
     done = _run(tmp_path)
-    assert done.returncode == 1 and "gskit.passes.fold (core) imports backends" in done.stdout
+    assert done.returncode == 1 and "gskit.passes.fold.batched (core) imports backends" in done.stdout
 
 
 def test_a_new_module_is_core_by_default() -> None:

@@ -18,15 +18,9 @@ from conftest import run_subcommand
 from gskit.cli import plugin as plugin_cli
 from gskit.errors import PluginError
 from gskit.io import model as gsmodel
-from gskit.plugin.spec import (
-    Attribute,
-    AttrType,
-    PluginRegistry,
-    PluginSpec,
-    default_plugin_dirs,
-    implementation_paths,
-    load_plugins,
-)
+from gskit.plugin.discovery import default_plugin_dirs, implementation_paths, load_plugins
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import Attribute, AttrType, PluginSpec
 
 REPO_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 

@@ -24,6 +24,7 @@ from gskit.io import model as gsmodel
 from gskit.io import progress
 from gskit.io.report import console, progress_display, table, verdict
 from gskit.passes import fold as gsfold
+from gskit.passes.fold import batched as fold_batched
 
 EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 REPO = Path(gskit.__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def test_layerwise_reports_its_chunks():
 
 
 def test_batched_fold_reports_its_nodes(monkeypatch):
-    monkeypatch.setattr(gsfold, "_PARTITION_BYTES", -1)  # batched mode for a small model
+    monkeypatch.setattr(fold_batched, "_PARTITION_BYTES", -1)  # batched mode for a small model
     recorder = Recorder()
     with progress.shown_by(recorder):
         _, report = gsfold.fold(gsmodel.load(EXAMPLE))

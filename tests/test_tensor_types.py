@@ -27,7 +27,8 @@ from gskit.passes.tensor_types import (
     weightless_view,
 )
 from gskit.passes.transform import run_pass
-from gskit.plugin.spec import PluginRegistry, PluginSpec, TensorInfo
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import PluginSpec, TensorInfo
 
 
 def _twice_last_dim(inputs, attrs):

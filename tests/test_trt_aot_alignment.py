@@ -30,8 +30,8 @@ def main(out: Path) -> None:
     """Compile every case as shipped and with 16-byte alignment promised; write the v4-load counts."""
     from triton.backends.compiler import GPUTarget
 
+    from gskit.backends.aot_ptx import triton_ptx
     from gskit.backends.row_launch import TRITON_ITEMSIZE, row_constexprs, row_launch
-    from gskit.backends.trt_plugin import triton_ptx
 
     target = GPUTarget("cuda", 90, 32)
     results = {}

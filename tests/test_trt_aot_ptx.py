@@ -6,7 +6,7 @@ dim, a weight shape) come from the kernel module's ``AOT_EXAMPLE`` dict. Nothing
 
 TensorRT launches an ``aot_impl`` kernel with (input pointers, the int32 scalars the ``aot_impl`` hands
 to ``launch()``, output pointers) and nothing else. Triton >= 3.3 appends hidden scratch pointers to every
-kernel; ``gskit.backends.trt_plugin.triton_ptx`` drops them or refuses the kernel. Here each plugin's
+kernel; ``gskit.backends.aot_ptx.triton_ptx`` drops them or refuses the kernel. Here each plugin's
 ``kernel.aot_kernel`` (the TensorRT-free half of its ``aot_impl``) compiles for a named GPU without one,
 and the tests check the PTX ``.entry`` against the plugin spec and the ``aot_impl`` source, assemble it
 with the ptxas Triton bundles, and check the refusals (scratch memory, argument order, scalar count).
@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 from plugin_folders import plugin_folders, run_compiles
 
-from gskit.backends import trt_plugin
-from gskit.backends.trt_plugin import KernelParam, PtxParam, TritonPtx
+from gskit.backends import aot_ptx, trt_plugin
+from gskit.backends.aot_ptx import KernelParam, PtxParam, TritonPtx
 from gskit.errors import PluginError
 from gskit.plugin import PluginSpec, load_spec_file
 
@@ -114,7 +114,7 @@ def main(out: Path) -> None:
     for name, (fn, sm) in _refused_kernels().items():
         types = {"x_ptr": "fp32", "y_ptr": "fp32"}
         target = GPUTarget("cuda", sm, 32)
-        results[name] = _outcome(trt_plugin.triton_ptx, triton.jit(fn), types, {"BLOCK": 64}, target)
+        results[name] = _outcome(aot_ptx.triton_ptx, triton.jit(fn), types, {"BLOCK": 64}, target)
     out.write_text(json.dumps(results))
 
 
@@ -268,7 +268,7 @@ def _ptx(body: str, params: int = 5) -> str:
 
 def test_unread_hidden_params_are_dropped() -> None:
     body = "\n".join(f"\tld.param.b64 %rd{i}, [k_param_{i}];" for i in range(3))
-    ptx, params = trt_plugin.drop_hidden_params(_ptx(body), "k", 3, scratch={"global": 0, "profile": 0})
+    ptx, params = aot_ptx.drop_hidden_params(_ptx(body), "k", 3, scratch={"global": 0, "profile": 0})
     assert [p.name for p in params] == [f"k_param_{i}" for i in range(5)]
     assert _entry_types(ptx, "k") == ["u64", "u32", "u64"]
     assert body in ptx and "k_param_3" not in ptx and "k_param_4" not in ptx
@@ -277,7 +277,7 @@ def test_unread_hidden_params_are_dropped() -> None:
 def test_ptx_without_hidden_params_is_unchanged() -> None:
     """Triton < 3.3 appends nothing: nothing is dropped."""
     source = _ptx("\tld.param.b64 %rd1, [k_param_0];", params=3)
-    ptx, params = trt_plugin.drop_hidden_params(source, "k", 3, scratch={"global": 0, "profile": 0})
+    ptx, params = aot_ptx.drop_hidden_params(source, "k", 3, scratch={"global": 0, "profile": 0})
     assert ptx == source and len(params) == 3
 
 
@@ -285,17 +285,17 @@ def test_ptx_reading_a_hidden_param_is_refused() -> None:
     """(c) Triton says no scratch, but the body reads the global-scratch pointer: refused all the same."""
     source = _ptx("\tld.param.b64 %rd9, [k_param_3];")
     with pytest.raises(PluginError, match=r"^k: .*uses scratch memory \(reads k_param_3\).*without aot_impl"):
-        trt_plugin.drop_hidden_params(source, "k", 3, scratch={"global": 0, "profile": 0})
+        aot_ptx.drop_hidden_params(source, "k", 3, scratch={"global": 0, "profile": 0})
 
 
 def test_scratch_in_the_metadata_is_refused() -> None:
     with pytest.raises(PluginError, match=r"\(128 bytes of global scratch\)"):
-        trt_plugin.drop_hidden_params(_ptx(""), "k", 3, scratch={"global": 128, "profile": 0})
+        aot_ptx.drop_hidden_params(_ptx(""), "k", 3, scratch={"global": 128, "profile": 0})
 
 
 def test_fewer_ptx_params_than_arguments_is_refused() -> None:
     with pytest.raises(PluginError, match="3 parameters for 4 kernel arguments"):
-        trt_plugin.drop_hidden_params(_ptx("", params=3), "k", 4, scratch={})
+        aot_ptx.drop_hidden_params(_ptx("", params=3), "k", 4, scratch={})
 
 
 def test_launch_refuses_a_wrong_scalar_count() -> None:

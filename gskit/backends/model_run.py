@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-    from gskit.plugin.spec import PluginRegistry
+    from gskit.plugin.registry import PluginRegistry
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, Plugi
 from gskit.io import interrupt
 from gskit.io import model as gsmodel
 from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
-from gskit.plugin.spec import PluginRegistry, PluginSpec, attribute_value
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import PluginSpec, attribute_value
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,8 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.outputs import check_output, output_entry, place_file, write_atomic
 from gskit.io.report import dumps
-from gskit.plugin.spec import PluginSpec, load_spec_file
+from gskit.plugin.discovery import load_spec_file
+from gskit.plugin.spec import PluginSpec
 
 #: Builder precision options gskit refuses, with the strongly typed way to get that precision. TensorRT 11 has
 #: no weak typing (no FP16/INT8/BF16/FP8 builder flags, no implicit INT8 calibration), and gskit builds

@@ -64,6 +64,7 @@ from gskit.errors import GskitError, PluginError
 from gskit.io import model as gsmodel
 from gskit.passes.tensor_types import InferenceFailed, elem_type, gs_dtype, with_inferred_types
 from gskit.plugin import libnvinfer
+from gskit.plugin.discovery import implementation_paths, load_plugins
 from gskit.plugin.libnvinfer import ShippedPlugin
 from gskit.plugin.ops import (
     DEFAULT_VERSION,
@@ -74,16 +75,14 @@ from gskit.plugin.ops import (
     has_namespace_attr,
     is_default_domain,
 )
+from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import (
     INT32_MAX,
     INT32_MIN,
     ROUTING_ATTRIBUTES,
     TENSOR_DTYPES_PASSED_TO_PLUGINS,
-    PluginRegistry,
     TensorInfo,
     attribute_value,
-    implementation_paths,
-    load_plugins,
 )
 from gskit.plugin.stubs import describe_stubs, stub_parts
 from gskit.plugin.target import TensorRTTarget, installed_tensorrt, resolve_target
@@ -195,7 +194,7 @@ def check_trt(
     Args:
         model_path: the ``.onnx`` file.
         plugins: plugin folders (gskit specs, ``trt_plugin.py``, ``.so`` libraries) and library files, added
-            to the default plugin sources (``gskit.plugin.spec.plugin_sources``).
+            to the default plugin sources (``gskit.plugin.discovery.plugin_sources``).
         backend: ``auto`` (full TensorRT, else TensorRT-RTX, where its parser fits the target; else the static
             table of the target), or one of them by name (``tensorrt``, ``tensorrt_rtx``, ``static``).
         target: the TensorRT version to answer for (``"10.3"``); None: the installed full TensorRT's, else the

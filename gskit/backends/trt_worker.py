@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gskit.io.code_files import import_file
+
 FLAVOURS = ("tensorrt", "tensorrt_rtx")
 
 
@@ -118,8 +120,9 @@ def load_plugins(libraries: Sequence[str | os.PathLike], modules: Sequence[str |
     """Load C++ plugin libraries (their static registration runs) and import Python plugin modules.
 
     Shared with the parent process (``gskit.backends.trt.load_plugin_files``); it imports only the standard
-    library, so the parent can call it without this module's TensorRT imports. A module is imported once
-    per process, with its folder as package path so that it may import its siblings.
+    library (and ``gskit.io.code_files``, which does too), so the parent can call it without this module's
+    TensorRT imports. A module is imported once per process, with its folder as package path so that it may
+    import its siblings.
 
     Raises:
         ImportError: a library cannot be loaded or a module cannot be imported; the message names the
@@ -132,19 +135,13 @@ def load_plugins(libraries: Sequence[str | os.PathLike], modules: Sequence[str |
         name = f"gskit_trt_plugin_{index}_{module_path.parent.name}"
         if name in sys.modules:
             continue
-        spec = importlib.util.spec_from_file_location(
-            name, module_path, submodule_search_locations=[str(module_path.parent)]
-        )
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{module_path}: cannot be imported as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            module = import_file(name, module_path)
         except Exception as err:  # user code: name the file
-            del sys.modules[name]
             cause = f"{type(err).__name__}: {err}"
             raise ImportError(f"{module_path}: cannot import TensorRT plugin: {cause}") from err
+        if module is None:
+            raise ImportError(f"{module_path}: cannot be imported as a Python module")
 
 
 def _parser(trt: Any) -> tuple[Any, Any, Any]:

@@ -150,7 +150,7 @@ class PassCommand:
         return 0
 
     def _plugins(self, folders: list[str] | None) -> Any:
-        from gskit.plugin.spec import load_plugins
+        from gskit.plugin.discovery import load_plugins
 
         if self.given_plugins_only:
             return load_plugins(folders, entry_points=False) if folders else None

@@ -16,7 +16,7 @@ from gskit.compare.plugins import PluginCheck, PluginCompareReport, compare_plug
 from gskit.errors import GskitError
 from gskit.io import report
 from gskit.io.shape_args import format_shape
-from gskit.plugin.spec import implementation_paths, load_plugins
+from gskit.plugin.discovery import implementation_paths, load_plugins
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

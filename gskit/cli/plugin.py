@@ -16,8 +16,9 @@ from pathlib import Path
 from gskit.cli import add_plugins_option, plugin_author
 from gskit.cli.command import add_json
 from gskit.io import report
+from gskit.plugin.discovery import LOCAL_PLUGINS, load_plugins, plugin_files
 from gskit.plugin.native import choose_form
-from gskit.plugin.spec import LOCAL_PLUGINS, REQUIRED, PluginSpec, load_plugins, plugin_files
+from gskit.plugin.spec import REQUIRED, PluginSpec
 from gskit.plugin.stubs import stub_parts
 from gskit.plugin.target import TensorRTTarget
 

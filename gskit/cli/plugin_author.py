@@ -105,7 +105,7 @@ def run_derive(args: argparse.Namespace) -> int:
     from gskit.errors import GskitError
     from gskit.pipeline.plugin_check import find_plugin
     from gskit.plugin.derive import read_cache_file, sources_of, write_plugin_cache
-    from gskit.plugin.spec import load_plugins
+    from gskit.plugin.discovery import load_plugins
 
     spec = find_plugin(load_plugins(args.plugins), args.name)
     sources = sources_of(spec.patterns)

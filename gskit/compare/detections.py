@@ -44,7 +44,7 @@ from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes
 from gskit.passes.edit import expose_tensors
 from gskit.passes.nms import PLUGIN_KEY, NmsReport, plugin_inputs
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 #: IoU at which two detections of the same class are the same detection.
 MATCH_IOU = 0.5

@@ -28,7 +28,7 @@ from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed, feed_shapes, load_feeds, resolve_feeds
 from gskit.io.shape_args import parse_fixed_shape
 from gskit.passes.transform import option
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 #: The absolute and relative tolerance of every comparison unless told otherwise (float32 outputs: a prepared
 #: model that sums in another order differs by a few units in the last place, far below it).

@@ -56,7 +56,7 @@ from gskit.compare.options import (
 )
 from gskit.errors import GskitError, ModelLoadError, PluginError
 from gskit.io.feeds import feed_shapes
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

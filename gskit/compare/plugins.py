@@ -38,7 +38,7 @@ from gskit.io import model as gsmodel
 from gskit.io.feeds import feed_shapes
 from gskit.passes.isolate import isolate
 from gskit.plugin.ops import canonical_domain, is_default_domain, is_plugin_node
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from gskit.passes.tensor_types import (
 )
 from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option
 from gskit.plugin.ops import DEFAULT_DOMAINS, canonical_domain
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

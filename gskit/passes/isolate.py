@@ -28,7 +28,7 @@ from gskit.io.model import node_subgraphs
 from gskit.passes.inspect import tensor_name_hint
 from gskit.passes.tensor_types import gs_dtype, infer_types
 from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, option, run_pass
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

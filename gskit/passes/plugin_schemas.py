@@ -26,15 +26,8 @@ from onnx.defs import OpSchema
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.passes.tensor_types import elem_type
-from gskit.plugin.spec import (
-    REQUIRED,
-    ROUTING_ATTRIBUTES,
-    AttrType,
-    PluginRegistry,
-    PluginSpec,
-    TensorInfo,
-    attribute_value,
-)
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import REQUIRED, ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo, attribute_value
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from gskit.passes.tensor_types import (
     with_inferred_types,
 )
 from gskit.passes.transform import GraphPass, PassContext, PassResult, ensure, option, run_pass
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

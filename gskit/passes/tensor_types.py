@@ -35,7 +35,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 
 if TYPE_CHECKING:
-    from gskit.plugin.spec import PluginRegistry
+    from gskit.plugin.registry import PluginRegistry
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ import onnx_graphsurgeon as gs
 from gskit.errors import GskitError
 
 if TYPE_CHECKING:
-    from gskit.plugin.spec import PluginRegistry, PluginSpec
+    from gskit.plugin.registry import PluginRegistry
+    from gskit.plugin.spec import PluginSpec
     from gskit.plugin.target import TensorRTTarget
 
 OptionsT = TypeVar("OptionsT")

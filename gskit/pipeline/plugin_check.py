@@ -22,7 +22,9 @@ from gskit.passes.patterns.replace import REPLACE, ReplaceOptions, RuleReport, S
 from gskit.passes.shapes import infer_graph_shapes
 from gskit.passes.transform import run_pass
 from gskit.plugin.derive import sources_of, status_of
-from gskit.plugin.spec import PluginRegistry, PluginSpec, load_plugins
+from gskit.plugin.discovery import load_plugins
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import PluginSpec
 from gskit.plugin.stubs import stub_parts
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,8 @@ from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
 from gskit.pipeline.report_page import render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, NotRun, Snapshots, step_status
-from gskit.plugin.spec import PluginRegistry, load_plugins
+from gskit.plugin.discovery import load_plugins
+from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.target import TensorRTTarget, resolve_target
 
 log = logging.getLogger(__name__)

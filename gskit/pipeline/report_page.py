@@ -18,7 +18,7 @@ from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, rend
 from gskit.pipeline.recipe import Recipe
 from gskit.pipeline.steps import Validate
 from gskit.plugin.ops import op_label
-from gskit.plugin.spec import PluginRegistry
+from gskit.plugin.registry import PluginRegistry
 
 if TYPE_CHECKING:
     from gskit.pipeline.prepare import PrepareReport

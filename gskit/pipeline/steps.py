@@ -43,7 +43,8 @@ from gskit.passes.patterns.replace import REPLACE
 from gskit.passes.sanitize import SANITIZE
 from gskit.passes.shapes import INFER_SHAPES
 from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag
-from gskit.plugin.spec import PluginRegistry, implementation_paths
+from gskit.plugin.discovery import implementation_paths
+from gskit.plugin.registry import PluginRegistry
 
 #: Field metadata of options that name a file: a recipe file's relative paths resolve against its folder.
 FILE_PATH = {"file_path": True}

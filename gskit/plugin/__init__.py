@@ -1,8 +1,9 @@
 """The plugin core: what an op and a plugin node are, what a plugin declares, and where plugins come from.
 
 ``ops``: standard domains, op labels, what makes a node a plugin node and its identity. ``spec``: a plugin's
-:class:`PluginSpec` (attributes, tensor info, output rules, reference), the registry and plugin discovery
-(shipped, installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``).
+:class:`PluginSpec` (attributes, tensor info, output rules, reference) and the rules checked when it loads.
+``registry``: the loaded specs, looked up by key or node. ``discovery``: where plugins come from (shipped,
+installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``) and loading them.
 ``derive``: ``from_torch``, a plugin's patterns derived from the PyTorch code it replaces, and their caches.
 ``native``: a plugin's native forms (the ONNX op a TensorRT version runs natively) and the choice of a form
 for a target; ``target``: the TensorRT version a model is prepared for. ``scaffold``: the folder ``gskit
@@ -15,18 +16,10 @@ it with TensorRT. Core layer (docs/architecture.md).
 """
 
 from gskit.plugin.derive import from_torch
+from gskit.plugin.discovery import load_plugins, load_spec_file
 from gskit.plugin.native import NativeForm
-from gskit.plugin.spec import (
-    Attribute,
-    AttrType,
-    PluginRegistry,
-    PluginSpec,
-    TensorInfo,
-    load_plugins,
-    load_spec_file,
-    per_channel_of,
-    same_as_input,
-)
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import Attribute, AttrType, PluginSpec, TensorInfo, per_channel_of, same_as_input
 
 __all__ = [
     # What a plugin declares (a plugin folder's spec.py)

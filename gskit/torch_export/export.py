@@ -27,7 +27,8 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.passes.patterns import FunctionPattern, Match, ReplaceReport, replace
 from gskit.passes.patterns.replace import ReplaceOptions
-from gskit.plugin.spec import PluginRegistry, PluginSpec
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import PluginSpec
 from gskit.torch_export._torch import require
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gskit.backends.trt_plugin import TritonPtx, triton_ptx
+from gskit.backends.aot_ptx import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -50,7 +50,7 @@ def aot_kernel(dtype: str, target: Any | None = None) -> TritonPtx:
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.aot_ptx.triton_ptx`.
     """
     return triton_ptx(clamp_swish_kernel, {"x_ptr": dtype, "y_ptr": dtype}, {"BLOCK": BLOCK}, target=target)
 

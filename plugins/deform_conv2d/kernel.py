@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gskit.backends.trt_plugin import TritonPtx, triton_ptx
+from gskit.backends.aot_ptx import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -348,7 +348,7 @@ def aot_kernel(
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.aot_ptx.triton_ptx`.
     """
     c_out, c_per_group, kh, kw = (int(d) for d in weight_shape)
     itemsize = 4 if dtype == "fp32" else 2

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gskit.backends.aot_ptx import TritonPtx, triton_ptx
 from gskit.backends.row_launch import TRITON_ITEMSIZE, RowLaunch, row_constexprs, row_launch
-from gskit.backends.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -88,7 +88,7 @@ def aot_kernel(dtype: str, cols: int, epsilon: float, target: Any | None = None)
         target: a ``triton.backends.compiler.GPUTarget``; None: the current GPU.
 
     Raises:
-        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.aot_ptx.triton_ptx`.
     """
     launch = row_launch(cols, TRITON_ITEMSIZE.get(dtype, 4))
     pointers = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "y_ptr"), dtype)

@@ -7,40 +7,22 @@ needs x's last dim fixed at build time (it sets the launch configuration).
 
 from typing import Any
 
-import tensorrt.plugin as trtp
-
-from gskit.backends.trt_plugin import (
-    as_torch,
-    cuda_stream,
-    launch,
-    load_plugin_folder,
-    register_from_spec,
-    triton_type,
-)
-from gskit.errors import PluginError
+from gskit.backends.trt_plugin import launch, load_plugin_folder, register_from_spec, triton_type
+from gskit.backends.trt_row_plugin import fixed_rows, row_grid, row_impl
 
 SPEC, kernel = load_plugin_folder(__file__)
 
 
 def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    """Mirrors ``SPEC.infer`` (same_as_input(0))."""
+    """Mirrors ``SPEC.infer`` (per_channel_of(0, 1)): x's shape and dtype. The weight's last dim, which that
+    rule takes where onnx cannot infer x's, is never needed here: TensorRT always knows x's shape."""
     return [inputs[0].like()]
 
 
-def impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any], stream: int) -> None:
-    (x, w, b), (y,) = as_torch(inputs), as_torch(outputs)
-    with cuda_stream(stream):
-        kernel.layer_norm(x, w, b, y, epsilon=attrs["epsilon"])
-
-
 def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    x = inputs[0]
-    cols = x.shape_expr[x.ndim - 1]
-    if cols.is_fake or not cols.is_constant:
-        raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed last dim of x")
-    ptx = kernel.aot_kernel(triton_type(x.dtype), cols.constant_value(), attrs["epsilon"])
-    rows = x.shape_expr.numel() // cols
-    return launch(ptx, grid=[trtp.cdiv(rows, ptx.constexprs["ROWS"])], scalars=[rows, cols])
+    rows, cols = fixed_rows(SPEC, inputs[0])
+    ptx = kernel.aot_kernel(triton_type(inputs[0].dtype), cols.constant_value(), attrs["epsilon"])
+    return launch(ptx, grid=row_grid(ptx, rows), scalars=[rows, cols])
 
 
-PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl)
+PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=row_impl(kernel.layer_norm), aot_impl=aot_impl)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gskit.backends.aot_ptx import TritonPtx, triton_ptx
 from gskit.backends.row_launch import TRITON_ITEMSIZE, RowLaunch, row_constexprs, row_launch
-from gskit.backends.trt_plugin import TritonPtx, triton_ptx
 
 try:
     import triton
@@ -80,7 +80,7 @@ def aot_kernel(
         weight_dtype: Triton type of the weight and y when it differs from x's (float32 x, float16 weight).
 
     Raises:
-        PluginError: see :func:`gskit.backends.trt_plugin.triton_ptx`.
+        PluginError: see :func:`gskit.backends.aot_ptx.triton_ptx`.
     """
     launch = row_launch(cols, TRITON_ITEMSIZE.get(dtype, 4))
     out = weight_dtype or dtype

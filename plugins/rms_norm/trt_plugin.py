@@ -10,15 +10,8 @@ from typing import Any
 
 import tensorrt.plugin as trtp
 
-from gskit.backends.trt_plugin import (
-    as_torch,
-    cuda_stream,
-    launch,
-    load_plugin_folder,
-    register_from_spec,
-    triton_type,
-)
-from gskit.errors import PluginError
+from gskit.backends.trt_plugin import launch, load_plugin_folder, register_from_spec, triton_type
+from gskit.backends.trt_row_plugin import fixed_rows, row_grid, row_impl
 
 SPEC, kernel = load_plugin_folder(__file__)
 #: (x, weight, y): all float32, all float16, or a float32 x with a float16 weight and output.
@@ -30,25 +23,17 @@ def shape(inputs: list[Any], attrs: dict[str, Any]) -> list[Any]:
     return [trtp.from_shape_expr(inputs[0].shape_expr, dtype=inputs[1].dtype)]
 
 
-def impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any], stream: int) -> None:
-    (x, w), (y,) = as_torch(inputs), as_torch(outputs)
-    with cuda_stream(stream):
-        kernel.rms_norm(x, w, y, epsilon=attrs["epsilon"])
-
-
 def aot_impl(inputs: list[Any], outputs: list[Any], attrs: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    x = inputs[0]
-    cols = x.shape_expr[x.ndim - 1]
-    if cols.is_fake or not cols.is_constant:
-        raise PluginError(f"{SPEC.qualified_name}: the AOT kernel needs a fixed last dim of x")
+    rows, cols = fixed_rows(SPEC, inputs[0])
     ptx = kernel.aot_kernel(
-        triton_type(x.dtype),
+        triton_type(inputs[0].dtype),
         cols.constant_value(),
         attrs["epsilon"],
         weight_dtype=triton_type(inputs[1].dtype),
     )
-    rows = x.shape_expr.numel() // cols
-    return launch(ptx, grid=[trtp.cdiv(rows, ptx.constexprs["ROWS"])], scalars=[rows, cols])
+    return launch(ptx, grid=row_grid(ptx, rows), scalars=[rows, cols])
 
 
-PLUGIN_ID = register_from_spec(SPEC, shape=shape, impl=impl, aot_impl=aot_impl, types=TYPES)
+PLUGIN_ID = register_from_spec(
+    SPEC, shape=shape, impl=row_impl(kernel.rms_norm), aot_impl=aot_impl, types=TYPES
+)

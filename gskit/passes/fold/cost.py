@@ -16,7 +16,8 @@ the size threshold, make 13 GB together. So fold judges:
   :data:`RUN_BUDGET` node runs, or with a trip count that is not a constant, a loop is never evaluated: a
   constant ``Loop`` of 10^12 iterations used to make fold run for ever.
 
-``gskit.passes.fold`` adds up what a fold's evaluations produce and stops at its budget (see ``_Exclusion``).
+``gskit.passes.fold`` adds up what a fold's evaluations produce and stops at its budget (see
+``gskit.passes.fold.exclusion.Exclusion``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from gskit.plugin.ops import is_default_domain
 
 log = logging.getLogger(__name__)
 
+#: Types of tensors, by name (what onnx's node inference takes and gives).
+Types = dict[str, onnx.TypeProto]
+#: Values of small constant tensors, by name (what onnx's node inference reads shapes and repeats from).
+Values = dict[str, onnx.TensorProto]
 #: Most node runs a constant Loop or Scan may take to be evaluated (trip count x nodes in its body).
 RUN_BUDGET = 10**6
 #: Constant inputs up to this many elements are given to inference with their values (shapes, repeats, pads).
@@ -65,15 +70,15 @@ class ResultSizes:
     def __init__(self, opsets: dict[str, int]) -> None:
         self.opsets = opsets
         #: types of the results of the nodes accepted into the current evaluation, by tensor name
-        self.known: dict[str, onnx.TypeProto] = {}
+        self.known: Types = {}
 
     def start(self) -> None:
         """A new evaluation (batch) begins: results of the earlier one are constants by now."""
         self.known.clear()
 
-    def nbytes(self, node: gs.Node) -> tuple[int, dict[str, onnx.TypeProto]] | None:
+    def nbytes(self, node: gs.Node) -> tuple[int, Types] | None:
         """``(bytes of all of node's results, their types)``; None when unknown before evaluating."""
-        types: dict[str, onnx.TypeProto] | None = {}
+        types: Types | None = {}
         try:
             types, data = self._input_types(node)
             if types is None:
@@ -97,15 +102,13 @@ class ResultSizes:
             total += size
         return total, outputs or {}
 
-    def accept(self, types: dict[str, onnx.TypeProto]) -> None:
+    def accept(self, types: Types) -> None:
         """The node whose result types these are is evaluated with this batch."""
         self.known.update(types)
 
-    def _input_types(
-        self, node: gs.Node
-    ) -> tuple[dict[str, onnx.TypeProto] | None, dict[str, onnx.TensorProto]]:
-        types: dict[str, onnx.TypeProto] = {}
-        data: dict[str, onnx.TensorProto] = {}
+    def _input_types(self, node: gs.Node) -> tuple[Types | None, Values]:
+        types: Types = {}
+        data: Values = {}
         for tensor in _read_tensors(node):
             if tensor.is_empty() or tensor.name in types:
                 continue
@@ -186,12 +189,7 @@ def _read_tensors(node: gs.Node) -> Iterable[gs.Tensor]:
         yield from body._foreign_tensors().values()
 
 
-def _node_outputs(
-    node: gs.Node,
-    types: dict[str, onnx.TypeProto],
-    data: dict[str, onnx.TensorProto],
-    opsets: dict[str, int],
-) -> dict[str, onnx.TypeProto] | None:
+def _node_outputs(node: gs.Node, types: Types, data: Values, opsets: dict[str, int]) -> Types | None:
     domain = node.domain or ""
     version = opsets.get(domain) or opsets.get("ai.onnx" if domain == "" else domain)
     if version is None:
@@ -202,12 +200,7 @@ def _node_outputs(
     return onnx.shape_inference.infer_node_outputs(schema, proto, types, data, opset_imports=opset_imports)
 
 
-def _loop_outputs(
-    node: gs.Node,
-    types: dict[str, onnx.TypeProto],
-    data: dict[str, onnx.TensorProto],
-    opsets: dict[str, int],
-) -> dict[str, onnx.TypeProto] | None:
+def _loop_outputs(node: gs.Node, types: Types, data: Values, opsets: dict[str, int]) -> Types | None:
     """Result types of a ``Loop`` or ``Scan`` whose body keeps every loop-carried shape; None otherwise (and
     for ``If``, whose constant form gskit flattens itself)."""
     if not is_default_domain(node.domain) or node.op not in ("Loop", "Scan"):
@@ -234,7 +227,7 @@ def _loop_outputs(
         return None
     carried = len(carried_in)
     first_out = 1 if node.op == "Loop" else 0  # a Loop body's first output is its condition
-    results: dict[str, onnx.TypeProto] = {}
+    results: Types = {}
     for index, tensor in enumerate(node.outputs):
         body_type = outs[first_out + index] if first_out + index < len(outs) else None
         if body_type is None or _static_shape(body_type) is None:
@@ -252,8 +245,8 @@ def _loop_outputs(
 def _body_outputs(
     body: gs.Graph,
     body_in: list[onnx.TypeProto],
-    outer: dict[str, onnx.TypeProto],
-    data: dict[str, onnx.TensorProto],
+    outer: Types,
+    data: Values,
     opsets: dict[str, int],
 ) -> list[onnx.TypeProto] | None:
     """The types onnx infers for ``body``'s outputs when its inputs have the types ``body_in`` (not the ones
@@ -301,7 +294,7 @@ def _itemsize(elem: int) -> int | None:
     if elem == onnx.TensorProto.UNDEFINED:
         return None
     if elem == onnx.TensorProto.STRING:
-        return None  # strings are never folded (gskit.passes.fold._Exclusion.reason)
+        return None  # strings are never folded (gskit.passes.fold.exclusion.Exclusion.reason)
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).itemsize
     except (KeyError, TypeError, ValueError):  # float8, int4 and others numpy has no dtype for
@@ -316,9 +309,7 @@ def _type_nbytes(typed: onnx.TypeProto | None) -> int | None:
     return None if itemsize is None else volume(shape) * itemsize  # type: ignore[arg-type]
 
 
-def _no_larger_bound(
-    node: gs.Node, types: dict[str, onnx.TypeProto], outputs: dict[str, onnx.TypeProto] | None
-) -> int | None:
+def _no_larger_bound(node: gs.Node, types: Types, outputs: Types | None) -> int | None:
     """Bytes one result of an op in ``_NO_LARGER_OPS`` may take: its data input's elements at the widest
     element size (for onnxruntime's elementwise contrib ops, its largest input's); None for other ops or when
     that input's shape is unknown."""

@@ -1,0 +1,308 @@
+"""Where plugins come from: the plugin sources and their precedence (shipped, installed packages'
+``gskit.plugins`` entry points, ``$GSKIT_PLUGINS``, ``./plugins``, ``--plugins``), loading their ``spec.py``
+files into a :class:`~gskit.plugin.registry.PluginRegistry`, and the implementation files beside each spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points as _entry_points
+from pathlib import Path
+from typing import Any
+
+from gskit.errors import PLUGIN_CODE_FAILURES, PluginError
+from gskit.io.code_files import import_file
+from gskit.plugin.registry import PluginRegistry
+from gskit.plugin.spec import PluginSpec
+
+log = logging.getLogger(__name__)
+
+#: Environment variable listing plugin folders (``os.pathsep``-separated).
+PLUGINS_ENV = "GSKIT_PLUGINS"
+#: Entry point group whose entries load to a PluginSpec or a list of them.
+ENTRY_POINT_GROUP = "gskit.plugins"
+#: Parent package under which each plugin folder is imported (``gskit_plugins.<folder>``).
+PLUGIN_PACKAGE = "gskit_plugins"
+
+# Where plugins come from, lowest precedence first. A plugin (namespace, name, version) found again in a
+# source of a higher level replaces the lower one (a local copy of a shipped plugin is the one used); two
+# sources of one level defining it are an error, since nothing says which one is meant.
+SHIPPED, INSTALLED, ENVIRONMENT, WORKING_DIR, GIVEN = range(5)
+#: Entry point (of the gskit distribution) naming the shipped plugin package.
+SHIPPED_ENTRY_POINT = "gskit"
+#: Plugin folder searched in the working directory, where ``gskit plugin new`` creates plugins by default.
+LOCAL_PLUGINS = "plugins"
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    """A place plugins are loaded from, and what ``gskit plugin list`` says about it.
+
+    Attributes:
+        origin: for people: ``shipped with gskit``, ``entry point NAME from DIST``, ``folder PATH``.
+        level: precedence (``SHIPPED`` ... ``GIVEN``); see the comment above.
+        folder: a folder of plugin folders, or one plugin folder; None when ``specs`` are given.
+        specs: the specs of an entry point that loads to specs rather than to a package.
+        explicit: a missing folder is an error rather than skipped.
+    """
+
+    origin: str
+    level: int
+    folder: Path | None = None
+    specs: tuple[PluginSpec, ...] = ()
+    explicit: bool = False
+
+
+def plugin_sources(dirs: Sequence[str | os.PathLike] = (), *, defaults: bool = True) -> list[PluginSource]:
+    """The plugin sources, lowest precedence first.
+
+    With ``defaults``: the shipped plugins (the ``plugins/`` folder of a source checkout that gskit is
+    imported from, else the ``gskit_plugins`` package through gskit's entry point), the other packages'
+    ``gskit.plugins`` entry points, the folders in ``$GSKIT_PLUGINS`` and ``./plugins`` if there is one.
+    Then the folders ``dirs`` (``--plugins``), which must exist.
+
+    Raises:
+        PluginError: an entry point cannot be loaded or loads to something else than a package or specs.
+    """
+    sources: list[PluginSource] = []
+    if defaults:
+        sources += _installed_sources()
+        env = os.environ.get(PLUGINS_ENV, "")
+        sources += [
+            PluginSource(f"folder {p} (${PLUGINS_ENV})", ENVIRONMENT, Path(p))
+            for p in env.split(os.pathsep)
+            if p
+        ]
+        local = Path(LOCAL_PLUGINS)
+        if local.is_dir():
+            sources.append(PluginSource(f"folder {local.resolve()} (./{LOCAL_PLUGINS})", WORKING_DIR, local))
+    sources += [PluginSource(f"folder {d}", GIVEN, Path(d), explicit=True) for d in dirs]
+    return sources
+
+
+def default_plugin_dirs() -> list[Path]:
+    """Folders of the default plugin sources (:func:`plugin_sources`), each once: shipped, installed
+    plugin packages, ``$GSKIT_PLUGINS``, ``./plugins``."""
+    folders = [s.folder.resolve() for s in plugin_sources() if s.folder is not None]
+    return list(dict.fromkeys(folders))
+
+
+def load_plugins(
+    dirs: Sequence[str | os.PathLike] | None = None, *, entry_points: bool = True
+) -> PluginRegistry:
+    """Load plugin specs from the default sources and from folders.
+
+    Each ``<dir>/<name>/spec.py`` is imported as the package ``gskit_plugins.<name>`` (so it can import its
+    siblings relatively) and must define ``SPEC`` (a PluginSpec) or ``SPECS`` (a list). A folder that has
+    ``spec.py`` itself is loaded as one plugin. A ``spec.py`` reached twice (the shipped folder is also
+    ``./plugins`` in a checkout) is loaded once. Loading again re-imports the files.
+
+    Args:
+        dirs: plugin folders loaded besides the default sources (``--plugins``); they win over them.
+        entry_points: also load the default sources (:func:`plugin_sources`): the shipped plugins, the
+            ``gskit.plugins`` entry points of installed packages, ``$GSKIT_PLUGINS`` and ``./plugins``.
+            False loads ``dirs`` only.
+
+    Raises:
+        PluginError: a given folder is missing, a plugin file cannot be imported or defines no valid spec,
+            or two sources of the same precedence define the same ``(namespace, name, version)``.
+    """
+    registry = PluginRegistry()
+    used_modules: set[str] = set()
+    loaded_files: set[Path] = set()
+    levels: dict[tuple[str, str, str], int] = {}
+    for source in plugin_sources(dirs or (), defaults=entry_points):
+        for spec in _source_specs(source, used_modules, loaded_files):
+            level = levels.get(spec.key)
+            if level is not None and level < source.level:
+                log.info(
+                    "%s from %s replaces the one from %s",
+                    spec.qualified_name,
+                    source.origin,
+                    registry.origin(spec),
+                )
+                registry.remove(spec.key)
+            registry.add(spec, origin=source.origin)
+            levels[spec.key] = source.level
+    registry.check_plugin_ops()
+    log.debug("loaded plugins: %s", registry.names())
+    return registry
+
+
+def _source_specs(source: PluginSource, used_modules: set[str], loaded_files: set[Path]) -> list[PluginSpec]:
+    if source.folder is None:
+        return list(source.specs)
+    specs = []
+    for spec_file in _spec_files(source.folder, explicit=source.explicit):
+        if spec_file.resolve() in loaded_files:
+            continue
+        loaded_files.add(spec_file.resolve())
+        specs += load_spec_file(spec_file, _module_name(spec_file.parent.name, used_modules))
+    return specs
+
+
+def _installed_sources() -> list[PluginSource]:
+    """The shipped plugins and the installed packages' entry points."""
+    checkout = Path(__file__).resolve().parents[2]
+    # gskit imported from a source checkout (editable install, or PYTHONPATH): its own plugins/ are the
+    # shipped ones, even when the gskit distribution whose entry point is installed is another tree.
+    from_checkout = (checkout / "pyproject.toml").is_file() and (checkout / LOCAL_PLUGINS).is_dir()
+    sources = []
+    if from_checkout:
+        sources.append(
+            PluginSource(
+                f"shipped with gskit ({checkout / LOCAL_PLUGINS})", SHIPPED, checkout / LOCAL_PLUGINS
+            )
+        )
+    for ep in _entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        shipped = _normalized(dist) == "gskit" and ep.name == SHIPPED_ENTRY_POINT
+        if shipped and from_checkout:
+            continue
+        origin = "shipped with gskit" if shipped else f"entry point {ep.name} from {dist}"
+        folders, specs = _load_entry_point(ep)
+        level = SHIPPED if shipped else INSTALLED
+        sources += [PluginSource(origin, level, folder) for folder in folders]
+        if specs:
+            sources.append(PluginSource(origin, level, specs=tuple(specs)))
+    return sources
+
+
+def _normalized(dist_name: str) -> str:
+    return dist_name.lower().replace("_", "-").replace(".", "-")
+
+
+def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> list[PluginSpec]:
+    """Import one ``spec.py`` as a package and return its specs with ``source`` set.
+
+    The specs are validated when added to a :class:`PluginRegistry` (``load_plugins`` does both).
+
+    Raises:
+        PluginError: the file cannot be imported, defines no SPEC/SPECS, or SPEC is not a PluginSpec.
+    """
+    path = Path(path).resolve()
+    module_name = module_name or f"{PLUGIN_PACKAGE}.{path.parent.name}"
+    _ensure_parent_package()
+    for name in [m for m in sys.modules if m == module_name or m.startswith(module_name + ".")]:
+        del sys.modules[name]  # a reload must see the files as they are now
+    # No bytecode: a plugin edited twice within a second would otherwise be reloaded from a stale .pyc.
+    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        module = import_file(module_name, path, PLUGIN_CODE_FAILURES)
+    except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
+        raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
+    finally:
+        sys.dont_write_bytecode = write_bytecode
+    if module is None:
+        raise PluginError(f"{path}: cannot be imported as a Python module")
+    found = getattr(module, "SPECS", None)
+    if found is None:
+        found = getattr(module, "SPEC", None)
+        found = None if found is None else [found]
+    if found is None:
+        raise PluginError(f"{path}: defines neither SPEC (a PluginSpec) nor SPECS (a list of them)")
+    if not isinstance(found, (list, tuple)):
+        raise PluginError(f"{path}: SPECS must be a list of PluginSpec, not {type(found).__name__}")
+    specs = []
+    for spec in found:
+        if not isinstance(spec, PluginSpec):
+            raise PluginError(
+                f"{path}: SPEC must be a gskit.plugin.spec.PluginSpec, not {type(spec).__name__}"
+            )
+        specs.append(spec if spec.source is not None else dataclasses.replace(spec, source=path))
+    return specs  # validated when added to a registry
+
+
+def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:
+    """Implementation files beside ``spec.py``: reference, TensorRT Python plugin, C++ dir, kernel."""
+    folder = spec.source.parent if spec.source else None
+
+    def found(name: str) -> Path | None:
+        return folder / name if folder is not None and (folder / name).exists() else None
+
+    return {
+        "reference": spec.source if spec.reference is not None else None,
+        "trt_plugin": found("trt_plugin.py"),
+        "cpp": found("cpp"),
+        "kernel": found("kernel.py"),
+    }
+
+
+def implementation_paths(registry: PluginRegistry, given: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """Where to look for the TensorRT implementations of the loaded plugins (``find_plugin_files``).
+
+    The folder of each loaded spec, so a plugin that a closer source overrides brings that source's
+    ``trt_plugin.py`` or library and never both; then each given path that holds no spec (a library or a
+    Python plugin file, a folder of built libraries).
+    """
+    folders = [spec.source.parent for spec in registry if spec.source is not None]
+    others = [Path(p) for p in given if not (Path(p).is_dir() and _spec_files(Path(p), explicit=True))]
+    return list(dict.fromkeys([*folders, *others]))
+
+
+def _spec_files(folder: Path, *, explicit: bool) -> list[Path]:
+    if not folder.is_dir():
+        if explicit:
+            raise PluginError(f"{folder}: no such plugin folder")
+        log.warning("plugin folder %s does not exist; skipped", folder)
+        return []
+    if (folder / "spec.py").is_file():
+        return [folder / "spec.py"]
+    return sorted(
+        sub / "spec.py"
+        for sub in folder.iterdir()
+        if sub.is_dir() and not sub.name.startswith((".", "_")) and (sub / "spec.py").is_file()
+    )
+
+
+def _module_name(folder_name: str, used: set[str]) -> str:
+    base = f"{PLUGIN_PACKAGE}.{folder_name}"
+    name, n = base, 1
+    while name in used:
+        n += 1
+        name = f"{base}_{n}"
+    used.add(name)
+    return name
+
+
+def _ensure_parent_package() -> None:
+    if PLUGIN_PACKAGE in sys.modules:
+        return
+    try:  # the shipped package, when installed: plugin folders from elsewhere join it
+        importlib.import_module(PLUGIN_PACKAGE)
+    except ImportError:
+        package = types.ModuleType(
+            PLUGIN_PACKAGE, "Plugin folders loaded by gskit.plugin.discovery.load_plugins."
+        )
+        package.__path__ = []
+        sys.modules[PLUGIN_PACKAGE] = package
+
+
+def _load_entry_point(ep: Any) -> tuple[list[Path], list[PluginSpec]]:
+    """An entry point's plugin folders (it names a package: each subfolder with a spec.py is a plugin) or
+    its specs (it names a PluginSpec or a list of them)."""
+    where = f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP})"
+    try:
+        loaded = ep.load()
+    except PLUGIN_CODE_FAILURES as err:  # third-party code
+        raise PluginError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
+    if isinstance(loaded, types.ModuleType):
+        folders = [Path(p) for p in getattr(loaded, "__path__", ())]
+        if not folders:
+            raise PluginError(f"{where}: names module {loaded.__name__}, not a package of plugin folders")
+        return folders, []
+    specs = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
+    for spec in specs:
+        if not isinstance(spec, PluginSpec):
+            raise PluginError(
+                f"{where}: must load to a package of plugin folders, a PluginSpec or a list of them, "
+                f"got {type(spec).__name__}"
+            )
+    return [], specs
