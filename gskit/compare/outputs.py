@@ -330,10 +330,6 @@ def compare_runners(
     from polygraphy.comparator.struct import RunResults
     from polygraphy.exception import PolygraphyException
 
-    from gskit.backends.polygraphy_torch import use_without_torch
-
-    use_without_torch()
-
     check_tolerances(atol, rtol)
 
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
@@ -392,10 +388,6 @@ def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitErr
     """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
     from polygraphy.comparator import Comparator
     from polygraphy.exception import PolygraphyException
-
-    from gskit.backends.polygraphy_torch import use_without_torch
-
-    use_without_torch()
 
     try:
         with quiet_polygraphy():
@@ -517,10 +509,6 @@ def compare_arrays(
     """
     from polygraphy.comparator import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
-
-    from gskit.backends.polygraphy_torch import use_without_torch
-
-    use_without_torch()
 
     check_tolerances(atol, rtol)
 
@@ -740,7 +728,8 @@ def _first_line(err: Exception) -> str:
 
 @contextmanager
 def quiet_polygraphy() -> Iterator[None]:
-    """Polygraphy logs to stdout and numpy warns; silence both (gskit's debug level: verbose) while comparing.
+    """Polygraphy logs to stdout and numpy warns; silence both (gskit's debug level: verbose) while comparing,
+    and keep Polygraphy from importing torch to ask whether an array is a torch tensor (``polygraphy_torch``).
 
     At gskit's debug level Polygraphy's lines go through Python's logging (stderr, names shown as data like
     every log line), never to stdout, where they would print tensor names raw and break ``--json``. Its
@@ -748,6 +737,9 @@ def quiet_polygraphy() -> Iterator[None]:
     """
     from polygraphy.logger import G_LOGGER
 
+    from gskit.backends.polygraphy_torch import use_without_torch
+
+    use_without_torch()  # every Polygraphy run of a comparison passes here
     severity = G_LOGGER.VERBOSE if log.isEnabledFor(logging.DEBUG) else G_LOGGER.CRITICAL + 1
     routed, colors = G_LOGGER.use_python_logging_system, G_LOGGER.colors
     # no colours: they would be escapes in gskit's log lines (and asking for them prints a warning to stdout)
