@@ -48,14 +48,15 @@ END_SECONDS = 8.0
 
 
 def _gskit(*argv: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int]:
-    """``gskit ARGV`` in a real process: the finished process and its peak resident memory in bytes (VmHWM:
-    see hostile_models.peak_resident_bytes)."""
+    """``gskit ARGV`` in a real process: the finished process and its peak resident memory in bytes
+    (hostile_models.peak_resident_bytes, read once the command has ended)."""
     code = (
         "import sys\n"
         "from gskit.cli import main\n"
         "code = main(sys.argv[1:])\n"
-        "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
-        "print(int(hwm.split()[1]) * 1024, file=sys.stderr)\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from hostile_models import peak_resident_bytes\n"
+        "print(peak_resident_bytes(), file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
     done = subprocess.run(

@@ -30,18 +30,10 @@ from pathlib import Path
 import onnx
 import pytest
 from packaging.requirements import Requirement
+from test_plugin import SHIPPED_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = {
-    "TRT::EfficientNMS_TRT v1",
-    "TRT::ModulatedDeformConv2d v2",
-    "TRT::MultiscaleDeformableAttnPlugin_TRT v2",
-    "gskit::ClampSwish v1",
-    "gskit::DeformConv2d v1",
-    "gskit::GroupNorm v1",
-    "gskit::LayerNorm v1",
-    "gskit::RMSNorm v1",
-}
+SHIPPED = set(SHIPPED_NAMES)  # the plugins the repository ships, listed once in test_plugin
 EXTRAS = {"trt", "rtx", "torch", "gpu", "bench"}
 #: What a build needs from the tree (MANIFEST.in and setup.py say what goes into the sdist and the wheel).
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gskit", "plugins")
