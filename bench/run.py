@@ -13,9 +13,15 @@ Suites (each measurement runs in its own child process, see ``bench/peers.py``):
   (10.4k/52k/104k nodes, one LayerNorm instance per block).
 * ``large``: gskit prepare (transform steps of the default recipe) and folding by each tool on a model with
   2.5 GB of external weights, against a bare ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``.
+* ``cli``: the command line as users run it, whole processes (``bench/processes.py``): ``gskit prepare``
+  (default recipe) and ``gskit compare`` on the bundled example and light models beside the library calls
+  (``prepare()``, ``compare()``) and their floors (``bench/floors.py``: one onnxruntime session run once; a
+  plain two-session comparison), and ``gskit --version``/``--help``/``inspect`` beside ``python -c pass`` and
+  ``python -c "import onnx"``, with the packages each process imported.
 
 ``--quick`` (a few minutes on a busy machine): light_squeezenet, ExampleNet, a 1k-node transformer,
-replace on 1k and 10k nodes, and a 200 MB stand-in for the large model (labelled as such).
+replace on 1k and 10k nodes, a 200 MB stand-in for the large model (labelled as such), and the ``cli``
+suite on the example and light_squeezenet.
 Generated models go to a temporary folder; the JSON goes to ``bench/results/`` (git-ignored) unless
 ``--json`` says otherwise.
 """
@@ -31,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +49,11 @@ if str(REPO) not in sys.path:
 
 from bench import models  # noqa: E402
 from bench.peers import ATOL, FOLD_TOOLS, NOLIMIT, PREPARE_STEPS, RTOL, Row, measure  # noqa: E402
+from bench.processes import WATCHED, Command, measure_process, pycache_env  # noqa: E402
 
 log = logging.getLogger("bench")
 
-SUITES = ("fold", "replace", "large")
+SUITES = ("fold", "replace", "large", "cli")
 QUICK_LIGHT = ("light_squeezenet",)
 #: Blocks of the transformer-like graphs (26 nodes each): about 10k, 50k and 100k nodes.
 FULL_BLOCKS = (400, 2000, 4000)
@@ -60,7 +68,10 @@ _PARTIAL_JSON: list[Path] = []
 
 
 def _measure(*args: Any, **kwargs: Any) -> Row:
-    row = measure(*args, **kwargs)
+    return _record(measure(*args, **kwargs))
+
+
+def _record(row: Row) -> Row:
     _DONE.append(row)
     for path in _PARTIAL_JSON:
         path.write_text(json.dumps({"partial": True, "rows": [r.as_dict() for r in _DONE]}, indent=2))
@@ -145,6 +156,193 @@ def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tup
         )
     shutil.rmtree(path.parent, ignore_errors=True)
     return rows, {"weight_bytes": info["weight_bytes"], "stand_in": quick}
+
+
+# -- cli: the command line as users run it -------------------------------------------------------------------
+
+EXAMPLE = REPO / "gskit" / "data" / "example.onnx"
+CLI_QUICK_LIGHT = ("light_squeezenet",)
+CLI_FULL_LIGHT = ("light_squeezenet", "light_shufflenet", "light_inception_v1", "light_resnet50")
+CLI_RUNS = 3
+#: What a Python user calls instead of the command (``python -c``, after the probe that imported ``sys``);
+#: each prints the seconds of the call, imports excluded.
+LIBRARY_PREPARE = """
+import json, time
+from gskit.pipeline.prepare import prepare
+start = time.perf_counter()
+report = prepare(sys.argv[1], sys.argv[2])
+print(json.dumps({"seconds": time.perf_counter() - start, "passed": report.passed}))
+"""
+LIBRARY_COMPARE = """
+import json, time
+from gskit.compare.outputs import compare
+from gskit.plugin.discovery import load_plugins
+start = time.perf_counter()
+report = compare(sys.argv[1], sys.argv[2], plugins=load_plugins())
+print(json.dumps({"seconds": time.perf_counter() - start, "passed": report.passed}))
+"""
+#: The floors (``bench/floors.py``), after their imports so that the work is timed alone; a compare floor
+#: whose outputs differ says so instead of exiting.
+FLOOR_SESSION = f"""
+import json
+sys.path.insert(0, {str(REPO)!r})
+import numpy, onnx, onnxruntime
+from bench.floors import session_floor
+print(json.dumps({{"seconds": session_floor(sys.argv[1])}}))
+"""
+FLOOR_COMPARE = f"""
+import json
+sys.path.insert(0, {str(REPO)!r})
+import numpy, onnxruntime
+from bench.floors import compare_floor
+try:
+    print(json.dumps({{"seconds": compare_floor(sys.argv[1], sys.argv[2]), "match": True}}))
+except SystemExit as differ:
+    print(json.dumps({{"match": False, "note": str(differ)}}))
+"""
+#: Start-up commands, the floor each is divided by, and the watched packages each may import (it uses them).
+STARTUP = (
+    ("gskit --version", ["--version"], "python -c pass", ()),
+    ("gskit --help", ["--help"], "python -c pass", ()),
+    (
+        "gskit inspect",
+        ["inspect", "{model}"],
+        "python -c import onnx",
+        ("onnx", "numpy", "onnx_graphsurgeon"),
+    ),
+)
+STARTUP_FLOORS = {"python -c pass": "pass", "python -c import onnx": "import onnx"}
+
+
+def _cli_suite(
+    work: Path,
+    quick: bool,
+    timeout: float,
+    runs: int,
+    models_list: list[tuple[str, Path]] | None = None,
+    *,
+    warmup: bool = True,
+) -> list[Row]:
+    """Whole processes of ``gskit`` beside the library calls and the floors, all in this run.
+
+    ``models_list``: (label, path) of the models (default: the example, then light models); the start-up
+    commands' ``inspect`` reads the first. ``warmup``: run each command once unmeasured first.
+    """
+    if models_list is None:
+        names = CLI_QUICK_LIGHT if quick else CLI_FULL_LIGHT
+        models_list = [("example", EXAMPLE)] + [(p.stem, p) for p in models.light_models() if p.stem in names]
+    (work / "cli").mkdir(parents=True, exist_ok=True)
+    cli = _CliRuns(runs, timeout, pycache_env(), warmup, work / "cli")
+    rows = _cli_startup_rows(cli, models_list[0][1])
+    for label, path in models_list:
+        rows += _cli_model_rows(cli, label, path, work / "cli" / label)
+    return rows
+
+
+@dataclass
+class _CliRuns:
+    """How the ``cli`` suite runs each command (``bench.processes.measure_process``)."""
+
+    runs: int
+    timeout: float
+    env: dict[str, str]
+    warmup: bool
+    cwd: Path  # where the commands run: a folder of their own, as a user's (gskit also reads ./plugins)
+
+    def row(self, model: str, tool: str, command: Command) -> Row:
+        """Measure ``command``: one row, recorded in the partial JSON."""
+        measured = measure_process(
+            command, runs=self.runs, timeout=self.timeout, cwd=self.cwd, env=self.env, warmup=self.warmup
+        )
+        row = Row("cli", model, tool, status=measured.status, seconds=measured.seconds, note=measured.note)
+        row.runs, row.peak_rss = len(measured.all_seconds), measured.peak_rss
+        # prepare and compare exit 0 when the outputs matched; the floors and library calls say it in JSON
+        passed = measured.output.get("passed", measured.output.get("match"))
+        if command.kind == "gskit" and command.args[0] in ("prepare", "compare") and measured.status == "ok":
+            passed = measured.returncode == 0
+        row.match = passed if isinstance(passed, bool) else None
+        row.detail = {
+            "command": command.display(),
+            "all_seconds": measured.all_seconds,
+            "work_seconds": measured.work_seconds,
+            "returncode": measured.returncode,
+            "imports": [name for name in WATCHED if name in measured.modules],
+            "modules": len(measured.modules),
+        }
+        log.info("cli %s %s: %s %s s", model, tool, row.status, row.seconds)
+        return _record(row)
+
+
+def _cli_startup_rows(cli: _CliRuns, model: Path) -> list[Row]:
+    """``--version``, ``--help`` and ``inspect`` beside ``python -c pass`` and ``python -c "import onnx"``."""
+    floors = {
+        name: cli.row("-", f"floor: {name}", Command("code", [code])) for name, code in STARTUP_FLOORS.items()
+    }
+    rows = list(floors.values())
+    for tool, args, floor, allowed in STARTUP:
+        command = Command("gskit", [a.format(model=model) for a in args])
+        row = cli.row(model.stem if "{model}" in args[-1] else "-", tool, command)
+        _against(row, floors[floor])
+        row.detail["unused_imports"] = [m for m in row.detail["imports"] if m not in allowed]
+        rows.append(row)
+    return rows
+
+
+def _cli_model_rows(cli: _CliRuns, label: str, model: Path, work: Path) -> list[Row]:
+    """prepare, then compare of the original with what it wrote: the command, the library call, the floor."""
+    out, lib_out = work / "prepared", work / "library"
+    floor_command = Command("code", [FLOOR_SESSION, str(model)], label="bench/floors.py session MODEL")
+    session = cli.row(label, "floor: one session", floor_command)
+    prepare_cli = cli.row(
+        label, "gskit prepare", Command("gskit", ["prepare", str(model), "-o", str(out)], fresh=out)
+    )
+    lib_command = Command("code", [LIBRARY_PREPARE, str(model), str(lib_out)], lib_out, "prepare(MODEL, OUT)")
+    prepare_lib = cli.row(label, "library prepare()", lib_command)
+    _against(prepare_cli, session)
+    _against(prepare_lib, session, work_time=True)
+    rows = [session, prepare_cli, prepare_lib]
+    prepared = out / "model.onnx"
+    if prepared.exists():
+        pair = [str(model), str(prepared)]
+        # a plain session cannot run plugin nodes (gskit runs their references): the floor then runs two
+        # sessions of the original, the same work for a plain script
+        plain = not _has_custom_nodes(prepared)
+        floor_pair = pair if plain else [str(model), str(model)]
+        floor_command = Command("code", [FLOOR_COMPARE, *floor_pair], label="bench/floors.py compare A B")
+        two = cli.row(label, "floor: two sessions", floor_command)
+        if not plain:
+            two.detail["floor_note"] = "the prepared model has plugin nodes: the original twice"
+        compare_cli = cli.row(label, "gskit compare", Command("gskit", ["compare", *pair]))
+        compare_lib = cli.row(
+            label, "library compare()", Command("code", [LIBRARY_COMPARE, *pair], label="compare(A, B)")
+        )
+        _against(compare_cli, two)
+        _against(compare_lib, two, work_time=True)
+        rows += [two, compare_cli, compare_lib]
+    shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def _has_custom_nodes(path: Path) -> bool:
+    """Whether the model has a node outside the domains onnxruntime runs itself (a plugin node)."""
+    import onnx
+
+    from gskit.plugin.ops import ORT_DOMAINS
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return any(node.domain not in ORT_DOMAINS for node in proto.graph.node)
+
+
+def _against(row: Row, floor: Row, *, work_time: bool = False) -> None:
+    """Set ``row``'s ratio to ``floor``: whole process to whole process, or (``work_time``, a library call)
+    the call's time to the floor's work after its imports."""
+    row.detail["floor"] = floor.tool
+    mine = row.detail["work_seconds"] if work_time else row.seconds
+    theirs = floor.detail["work_seconds"] if work_time else floor.seconds
+    row.detail["ratio"] = round(mine / theirs, 3) if mine and theirs else None
+    row.detail["ratio_of"] = "work after imports" if work_time else "whole process"
+    if row.peak_rss and floor.peak_rss:
+        row.detail["peak_ratio"] = round(row.peak_rss / floor.peak_rss, 3)
 
 
 # -- goals -------------------------------------------------------------------------------------------------
@@ -246,6 +444,66 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
         if p and floor and p.seconds and floor.seconds:
             ratio = p.seconds / floor.seconds
             result.append(_goal(f"prepare large{tag}: wall <= 2x I/O floor", f"{ratio:.2f}x", ratio <= 2.0))
+    return result + _cli_goals([r for r in rows if r.suite == "cli"])
+
+
+#: (command row, library row, limit, goal) of the ``cli`` suite's ratio goals.
+CLI_RATIO_GOALS = (
+    (
+        "gskit prepare",
+        "library prepare()",
+        1.5,
+        "small models: prepare <= 1.5x floor (load, one session, run once)",
+    ),
+    ("gskit compare", "library compare()", 1.3, "compare <= 1.3x a plain two-session script"),
+)
+#: Commands that use no torch-using step in the ``cli`` suite.
+TORCH_FREE = ("gskit prepare", "gskit compare", "gskit inspect", "gskit --help", "gskit --version")
+
+
+def _cli_goals(cli: list[Row]) -> list[dict[str, Any]]:
+    """The issue 27 goals measured by the ``cli`` suite: each command (whole process) and library call
+    against its floor, and the packages each start-up command imports."""
+    if not cli:
+        return []
+    result = []
+    for command, library, limit, name in CLI_RATIO_GOALS:
+        for tool, label in ((command, "command, whole process"), (library, "library call, after imports")):
+            measured = [r for r in cli if r.tool == tool]
+            ratios = [r.detail.get("ratio") for r in measured]
+            if not measured or None in ratios:
+                failed = next((r for r in measured if r.detail.get("ratio") is None), None)
+                result.append(_goal(f"{name} [{label}]", failed.status if failed else "n/a", None))
+                continue
+            worst = max(measured, key=lambda r: r.detail["ratio"])
+            value = ", ".join(f"{r.model} {r.detail['ratio']:.2f}x" for r in measured)
+            met = worst.detail["ratio"] <= limit and all(_ok(r) for r in measured)
+            result.append(_goal(f"{name} [{label}]", f"worst {worst.detail['ratio']:.2f}x ({value})", met))
+    torch_users = sorted(
+        {f"{r.tool} ({r.model})" for r in cli if r.tool in TORCH_FREE and "torch" in r.detail["imports"]}
+    )
+    checked = [r for r in cli if r.tool in TORCH_FREE and r.status == "ok"]
+    result.append(
+        _goal(
+            "torch never imported by prepare/compare/inspect/--help/--version",
+            ", ".join(torch_users) if torch_users else f"not imported ({len(checked)} commands)",
+            not torch_users if checked else None,
+        )
+    )
+    startup = [r for r in cli if "unused_imports" in r.detail]
+    if startup:
+        extra = [
+            f"{r.tool.removeprefix('gskit ')}: {', '.join(r.detail['unused_imports'])}"
+            for r in startup
+            if r.detail["unused_imports"]
+        ]
+        result.append(
+            _goal(
+                "--help, --version, inspect import only what they use",
+                "; ".join(extra) if extra else "nothing unused",
+                not extra and all(r.status == "ok" for r in startup),
+            )
+        )
     return result
 
 
@@ -274,6 +532,45 @@ def _fmt_row(r: Row) -> tuple[Any, ...]:
     )
 
 
+CLI_COLUMNS = (
+    "model",
+    "what",
+    "wall s (median)",
+    "work s",
+    "peak MB",
+    "floor",
+    "floor wall s",
+    "floor work s",
+    "ratio",
+    "ratio of",
+    "watched packages imported",
+)
+
+
+def _fmt_cli_row(r: Row, rows: list[Row]) -> tuple[Any, ...]:
+    floor = next(
+        (f for f in rows if f.suite == "cli" and f.model in (r.model, "-") and f.tool == r.detail["floor"]),
+        None,
+    )
+    work = r.detail.get("work_seconds")
+    ratio = r.detail.get("ratio")
+    return (
+        r.model,
+        r.detail["command"] if r.status == "ok" else Text.assemble((r.status, "red"), f" {r.note[:60]}"),
+        f"{r.seconds:.2f}" if r.seconds is not None else "-",
+        f"{work:.2f}" if work is not None else "-",
+        f"{r.peak_rss / MB:.0f}" if r.peak_rss else "-",
+        r.detail["floor"].removeprefix("floor: "),
+        f"{floor.seconds:.2f}" if floor and floor.seconds is not None else "-",
+        f"{floor.detail['work_seconds']:.2f}"
+        if floor and floor.detail.get("work_seconds") is not None
+        else "-",
+        f"{ratio:.2f}x" if ratio is not None else "-",
+        r.detail["ratio_of"],
+        ", ".join(r.detail["imports"]) or "none",
+    )
+
+
 def render(rows: list[Row], goal_rows: list[dict[str, Any]], quick: bool) -> None:
     from gskit.io.report import console, table
 
@@ -291,6 +588,11 @@ def render(rows: list[Row], goal_rows: list[dict[str, Any]], quick: bool) -> Non
         f"outputs match (atol {ATOL:g}, rtol {RTOL:g})",
     )
     out.print(table("gskit vs peers" + (" (--quick)" if quick else ""), cols, [_fmt_row(r) for r in rows]))
+    cli = [r for r in rows if r.suite == "cli" and "floor" in r.detail]
+    if cli:
+        out.print(
+            table("command line and library vs floors", CLI_COLUMNS, [_fmt_cli_row(r, rows) for r in cli])
+        )
     # Table cells are escaped, so colour goes through rich Text rather than markup tags.
     marks = {True: Text("met", style="green"), False: Text("not met", style="red"), None: "not measured"}
     out.print(
@@ -329,7 +631,10 @@ def main(argv: list[str] | None = None) -> int:
         "these comma-separated strings (e.g. light_,transformer)",
     )
     parser.add_argument(
-        "--runs", type=int, default=None, help="runs per small model (default 1 quick, 3 full)"
+        "--runs",
+        type=int,
+        default=None,
+        help="runs per small model (default 1 quick, 3 full; cli suite: 3 after one unmeasured)",
     )
     args = parser.parse_args(argv)
     models_filter = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -357,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
         if "large" in only:
             large_rows, large = _large_suite(work, args.quick, timeout, args.large_gb)
             rows += large_rows
+        if "cli" in only:
+            rows += _cli_suite(work, args.quick, timeout, args.runs or CLI_RUNS)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     goal_rows = goals(rows, large, args.quick)
