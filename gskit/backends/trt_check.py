@@ -85,7 +85,7 @@ from gskit.plugin.spec import (
     attribute_value,
 )
 from gskit.plugin.stubs import describe_stubs, stub_parts
-from gskit.plugin.target import TensorRTTarget, installed_tensorrt, resolve_target
+from gskit.plugin.target import TensorRTTarget, installed_tensorrt, installed_version, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -651,15 +651,7 @@ def _not_checked(index: int, node: onnx.NodeProto, table: ParserTable, parser: s
 
 def _package_version(flavour: str) -> str:
     """The installed version of TensorRT or TensorRT-RTX, read without importing it (no worker needed)."""
-    from importlib.metadata import PackageNotFoundError, packages_distributions, version
-
-    names = packages_distributions().get(flavour, [])
-    for name in names:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return "?"
+    return installed_version(flavour) or "?"
 
 
 def _cut_plugin_nodes(
