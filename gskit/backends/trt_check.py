@@ -188,6 +188,7 @@ def check_trt(
     plugins: Sequence[str | os.PathLike] | None = None,
     backend: str = "auto",
     target: str | TensorRTTarget | None = None,
+    registry: PluginRegistry | None = None,
 ) -> TrtSupportReport:
     """Check which nodes of a model the TensorRT ONNX parser of ``target`` will not take.
 
@@ -199,6 +200,8 @@ def check_trt(
             table of the target), or one of them by name (``tensorrt``, ``tensorrt_rtx``, ``static``).
         target: the TensorRT version to answer for (``"10.3"``); None: the installed full TensorRT's, else the
             newest gskit knows.
+        registry: the specs loaded from ``plugins`` and the default sources, when the caller has them (the
+            pipeline's run): not loaded again.
 
     Raises:
         GskitError: the model cannot be read, a plugin file cannot be loaded, the target is not a version, or
@@ -213,7 +216,8 @@ def check_trt(
     missing = [str(p) for p in plugins or () if not Path(p).exists()]
     if missing:
         raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")
-    registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
+    if registry is None:
+        registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
     nodes = list(model.graph.node)
     plugin_issues = {i: _plugin_issue(i, node, registry, goal) for i, node in plugin_nodes(model)}
     opset = _opset(model)

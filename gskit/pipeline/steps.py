@@ -211,7 +211,11 @@ class CheckTrt(GraphPass[CheckTrtOptions]):
         from gskit.backends.trt_check import NEEDS_PLUGIN, NOT_CHECKED, check_trt
 
         report = check_trt(
-            context.saved(model), plugins=context.plugin_dirs, backend=options.backend, target=context.target
+            context.saved(model),
+            plugins=context.plugin_dirs,
+            backend=options.backend,
+            target=context.target,
+            registry=context.plugins if isinstance(context.plugins, PluginRegistry) else None,  # loaded once
         )
         bad = len(report.rejected)
         if options.fail_on_unsupported and not report.ok:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cache
 from importlib.metadata import Distribution, distributions
 
 from gskit.errors import GskitError
@@ -112,6 +113,7 @@ def installed_tensorrt() -> str | None:
     return installed_version("tensorrt")
 
 
+@cache  # what is installed does not change while a command runs
 def installed_version(module: str) -> str | None:
     """The version of the installed distribution that provides the top-level module ``module`` (whatever
     the distribution is called: ``tensorrt_rtx`` comes from ``tensorrt_rtx_cu13``), without importing it.
