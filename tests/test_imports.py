@@ -274,3 +274,24 @@ def test_plugin_references_run_without_torch(tmp_path: Path) -> None:
     assert code == 0, err[-500:]
     assert "onnxruntime_extensions._ocos" in modules
     assert not {"torch", "transformers"} & {m.split(".")[0] for m in modules}
+
+
+LATER_IMPORT = """
+import sys
+from gskit.backends.ort_extensions import library_path, pyop_module
+
+ocos = pyop_module()
+assert "onnxruntime_extensions" not in sys.modules  # the bare parent package is not left behind
+import onnxruntime_extensions  # a plugin's own code may import the package: its real __init__ runs
+
+assert onnxruntime_extensions.Opdef is ocos.Opdef and pyop_module() is ocos
+assert onnxruntime_extensions.get_library_path() == library_path()
+print("OK")
+"""
+
+
+def test_the_package_imported_later_shares_the_pyop_registration() -> None:
+    """gskit's PyOps and the package's own ``onnx_op`` register in one table: importing the package after
+    gskit runs its real ``__init__``, which reuses the module gskit imported."""
+    done = subprocess.run([sys.executable, "-c", LATER_IMPORT], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "OK", done.stderr[-500:]
