@@ -70,10 +70,10 @@ from gskit.plugin.ops import (
     DEFAULT_VERSION,
     NAMESPACE_ATTR,
     ONNX_DOMAINS,
-    ONNX_OP_TYPES,
     VERSION_ATTR,
     has_namespace_attr,
     is_default_domain,
+    onnx_op_types,
 )
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import (
@@ -284,7 +284,7 @@ def _parser_gaps(flavour: str) -> tuple[set[str], str]:
 
 def _not_imported(table: ParserTable) -> set[str]:
     """Every ONNX op the table's parser does not import."""
-    return {op for op in ONNX_OP_TYPES if not table.supports(op)}
+    return {op for op in onnx_op_types() if not table.supports(op)}
 
 
 def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
@@ -296,7 +296,7 @@ def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) ->
     """
     if has_namespace_attr(node):
         return True
-    if node.domain in ONNX_DOMAINS or node.op_type in ONNX_OP_TYPES:
+    if node.domain in ONNX_DOMAINS or node.op_type in onnx_op_types():
         return False
     return (node.domain, node.op_type) not in functions
 
@@ -438,7 +438,7 @@ def _static_issues(
         if index in plugin_issues:
             issues.append(plugin_issues[index])
             continue
-        own = None if node.op_type in ONNX_OP_TYPES else trt_plugin_verdict(node.op_type, "1", target)
+        own = None if node.op_type in onnx_op_types() else trt_plugin_verdict(node.op_type, "1", target)
         if own is not None:  # TensorRT's own plugin in the default domain (the parser ignores domains)
             issues.append(NodeIssue(index, node_label(index, node), node.domain, node.op_type, *own))
             continue
@@ -461,7 +461,7 @@ def _static_verdicts(
 ) -> Iterator[tuple[str, str]]:
     """(status, reason) for a node, including the ops inside its subgraphs and the function it calls."""
     key = (node.domain, node.op_type)
-    if key in functions and node.op_type not in ONNX_OP_TYPES and key not in seen:
+    if key in functions and node.op_type not in onnx_op_types() and key not in seen:
         for inner in functions[key].node:
             for status, reason in _static_verdicts(inner, {}, functions, seen | {key}, table, opset):
                 yield status, f"in function {node.domain}::{node.op_type}: {reason}"

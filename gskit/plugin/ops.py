@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
+from functools import cache
 from typing import Any
 
 import onnx
@@ -34,8 +35,6 @@ DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 ONNX_DOMAINS = DEFAULT_DOMAINS | {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}
 #: Domains onnxruntime's CPU provider implements itself (ONNX's and its contrib ops).
 ORT_DOMAINS = ONNX_DOMAINS | {"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc"}
-#: Op types of the ONNX standard (any version, any ONNX domain).
-ONNX_OP_TYPES = frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
 #: Attribute that names the TensorRT plugin namespace; a node carrying it is a plugin node.
 NAMESPACE_ATTR = "plugin_namespace"
 #: Attribute that holds the plugin version (TensorRT's default when absent: "1").
@@ -45,6 +44,22 @@ DEFAULT_VERSION = "1"
 #: ``(domain, name, version)``: a plugin's identity (``PluginSpec.key``, :func:`node_key`).
 PluginKey = tuple[str, str, str]
 Node = gs.Node | onnx.NodeProto
+
+
+@cache
+def onnx_op_types() -> frozenset[str]:
+    """Op types of the ONNX standard (any version, any ONNX domain); also ``ONNX_OP_TYPES``.
+
+    Made on first use: onnx's list of every schema takes about 70 ms, which every command paid on import.
+    """
+    return frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
+
+
+def __getattr__(name: str) -> Any:
+    """``ONNX_OP_TYPES``: :func:`onnx_op_types`, for the code that imports it by that name."""
+    if name == "ONNX_OP_TYPES":
+        return onnx_op_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_default_domain(domain: str | None) -> bool:
@@ -87,7 +102,7 @@ def similar_onnx_ops(op_type: str, limit: int = 3) -> list[str]:
     """ONNX op types spelled like ``op_type`` (``tanh`` -> ``Tanh``), for "did you mean" hints."""
     import difflib
 
-    lower = {name.lower(): name for name in ONNX_OP_TYPES}
+    lower = {name.lower(): name for name in onnx_op_types()}
     exact = lower.get(op_type.lower())
     if exact is not None:
         return [exact]
