@@ -51,8 +51,11 @@ def onnx_op_types() -> frozenset[str]:
     """Op types of the ONNX standard (any version, any ONNX domain); also ``ONNX_OP_TYPES``.
 
     Made on first use: onnx's list of every schema takes about 70 ms, which every command paid on import.
+    ``gskit.passes.plugin_schemas`` asks for it before it adds plugin schemas to onnx's registry, and only
+    schemas of ONNX's domains count.
     """
-    return frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
+    schemas = onnx.defs.get_all_schemas_with_history()
+    return frozenset(schema.name for schema in schemas if schema.domain in ONNX_DOMAINS)
 
 
 def __getattr__(name: str) -> Any:
