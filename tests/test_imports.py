@@ -295,3 +295,20 @@ def test_the_package_imported_later_shares_the_pyop_registration() -> None:
     gskit runs its real ``__init__``, which reuses the module gskit imported."""
     done = subprocess.run([sys.executable, "-c", LATER_IMPORT], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "OK", done.stderr[-500:]
+
+
+def test_importing_the_op_facts_lists_no_schemas() -> None:
+    """``gskit.plugin.ops`` listed every onnx schema on import (70 ms of every command, even --help ones
+    that never ask whether an op is standard); the list is made on first use."""
+    code = (
+        "import onnx.defs\n"
+        "def refused():\n"
+        "    raise AssertionError('schemas listed on import')\n"
+        "real, onnx.defs.get_all_schemas_with_history = onnx.defs.get_all_schemas_with_history, refused\n"
+        "import gskit.plugin.ops as ops, gskit.cli.compare, gskit.compare.outputs\n"
+        "onnx.defs.get_all_schemas_with_history = real\n"
+        "assert 'Relu' in ops.ONNX_OP_TYPES and 'Relu' in ops.onnx_op_types()\n"
+        "print('OK')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "OK", done.stderr[-500:]
