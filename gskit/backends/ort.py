@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -178,8 +179,7 @@ def symbolic_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     what the model itself assumes for the op to be valid. Its per-op warnings are silenced: callers use the
     result as a second opinion only. Raises whatever it raises on ops it does not know.
     """
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+    inference = _symbolic_shape_infer().SymbolicShapeInference
     logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     old, logger.level = logger.level, logging.ERROR
     # When it gives up it saves the model as ``sym_shape_infer_temp.onnx`` (+ data files) in the working
@@ -188,10 +188,30 @@ def symbolic_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     with tempfile.TemporaryDirectory(prefix="gskit-symbolic-") as scratch:
         os.chdir(scratch)
         try:
-            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            return inference.infer_shapes(model, auto_merge=True)
         finally:
             os.chdir(cwd)
             logger.setLevel(old)
+
+
+@lru_cache(maxsize=1)
+def _symbolic_shape_infer() -> Any:
+    """onnxruntime's ``tools/symbolic_shape_infer.py``, loaded as a module of its own: the package
+    ``onnxruntime.tools`` imports torch on import where torch is installed (its PyTorch export helpers), which
+    costs a second or more and hundreds of MB for a fold that needs none of it. The file imports only numpy,
+    onnx, sympy and packaging."""
+    name = "onnxruntime.tools.symbolic_shape_infer"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(ort.__file__).parent / "tools" / "symbolic_shape_infer.py"
+    spec = importlib.util.spec_from_file_location("gskit._ort_symbolic_shape_infer", path)
+    if not path.is_file() or spec is None or spec.loader is None:  # laid out otherwise: take the package
+        import onnxruntime.tools.symbolic_shape_infer as packaged
+
+        return packaged
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def short_error(err: BaseException) -> str:

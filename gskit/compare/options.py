@@ -27,7 +27,7 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed, feed_shapes, load_feeds, resolve_feeds
 from gskit.io.shape_args import parse_fixed_shape
-from gskit.passes.transform import option
+from gskit.passes.transform import StepFlag, option, prepare_flag
 from gskit.plugin.ops import ORT_DOMAINS
 from gskit.plugin.registry import PluginRegistry
 
@@ -224,11 +224,13 @@ class CompareOptions:
         return resolve_feeds(model, given, self.shapes, seed=self.seed)
 
 
-def compare_default(name: str) -> Any:
+def compare_default(name: str, step_flag: StepFlag | None = None) -> Any:
     """A field of another options dataclass (the validate step's) that takes :class:`CompareOptions`' field
-    ``name``'s default and help, so the two cannot drift."""
+    ``name``'s default and help, so the two cannot drift; ``step_flag`` is its ``gskit prepare`` flag."""
     source = next(f for f in dataclasses.fields(CompareOptions) if f.name == name)
-    return dataclasses.field(default=source.default, metadata={"help": source.metadata["help"]})
+    return dataclasses.field(
+        default=source.default, metadata={"help": source.metadata["help"], **prepare_flag(step_flag)}
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

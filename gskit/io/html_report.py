@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, distributions, version
 
 from gskit.io.text import visible
+from gskit.plugin.ops import NodeSummary
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +29,13 @@ MAX_DRAWN_NODES = 40
 
 
 @dataclass(frozen=True)
-class DrawnNode:
-    """A node as a picture shows it: name, ``domain::op`` label, input and output tensor names."""
-
-    name: str
-    op: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Region:
     """One replaced region: its nodes before and the plugin node after (with its attributes), with the
     boundary tensors."""
 
     title: str
-    before: tuple[DrawnNode, ...]
-    after: tuple[DrawnNode, ...]
+    before: tuple[NodeSummary, ...]
+    after: tuple[NodeSummary, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attributes: tuple[tuple[str, str], ...] = ()
@@ -110,7 +101,7 @@ def environment_rows(now: datetime | None = None) -> list[tuple[str, str]]:
 
 
 def dot_source(
-    nodes: Sequence[DrawnNode], inputs: Iterable[str], outputs: Iterable[str], title: str = ""
+    nodes: Sequence[NodeSummary], inputs: Iterable[str], outputs: Iterable[str], title: str = ""
 ) -> str:
     """Graphviz DOT text for a small region: ops as boxes, boundary tensors as ellipses.
 

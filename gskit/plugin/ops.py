@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -78,6 +79,22 @@ def canonical_domain(domain: str | None) -> str:
 def op_label(domain: str | None, op_type: str) -> str:
     """How reports name an op: ``Relu`` for the default set, ``domain::Op`` otherwise."""
     return op_type if is_default_domain(domain) else f"{domain}::{op_type}"
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """A node as reports list it and pictures draw it: name, op label, input and output tensor names (an
+    absent optional input stays ``""``)."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto, op: str) -> NodeSummary:
+        """``node`` under the label ``op`` (the caller's form: :func:`op_label`, ``domain::op_type``)."""
+        return cls(node.name, op, tuple(node.input), tuple(node.output))
 
 
 def is_onnx_op(domain: str | None, op_type: str) -> bool:
