@@ -33,6 +33,7 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, PluginError
 from gskit.passes.edit import unique_name
+from gskit.passes.patterns.dtypes import DtypeLearner
 from gskit.passes.patterns.match import (
     GraphIndex,
     MatchResult,
@@ -42,8 +43,9 @@ from gskit.passes.patterns.match import (
     label,
     op_key,
 )
+from gskit.passes.patterns.rule_index import RuleIndex
 from gskit.passes.patterns.rules import Match, Rewrite, Rule
-from gskit.passes.tensor_types import elem_type, infer_tensor_types
+from gskit.passes.tensor_types import elem_type
 from gskit.passes.transform import (
     Before,
     GraphPass,
@@ -402,9 +404,9 @@ def _match(
     report = ReplaceReport(plugins=[PluginReport(s.qualified_name) for s in specs])
     graphs = [graph, *graph.subgraphs(recursive=True)]
     shaped = {key for spec in specs for rule in spec.patterns for key in getattr(rule, "needs_shapes_of", ())}
-    _infer_cast_dtypes(graph, graphs, shaped)
+    dtypes = DtypeLearner.for_graph(graph, graphs, shaped)
     functions = {(f.domain or "", f.name): f for f in graph.functions}
-    indexes = [GraphIndex.build(g, functions) for g in graphs]
+    indexes = [GraphIndex.build(g, functions, dtypes) for g in graphs]
 
     rule_reports = {
         (si, ri): RuleReport(
@@ -414,19 +416,27 @@ def _match(
         for ri, rule in enumerate(spec.patterns)
     }
     report.rules = list(rule_reports.values())
+    rules = [(si, ri, rule) for si, spec in enumerate(specs) for ri, rule in enumerate(spec.patterns)]
+    for si, _, rule in rules:
+        if not isinstance(rule, Rule):
+            raise PluginError(
+                f"{specs[si].qualified_name}: pattern {rule!r} is not a gskit.passes.patterns rule"
+            )
+    by_anchor = RuleIndex([rule for _, _, rule in rules])
     candidates: list[_Candidate] = []
     for gi, index in enumerate(indexes):
-        for si, (spec, preport) in enumerate(zip(specs, report.plugins, strict=True)):
-            for ri, rule in enumerate(spec.patterns):
-                found = _Found(preport, rule_reports[(si, ri)], explain, report, graph.opset)
-                try:
-                    candidates.extend(_find(spec, rule, (si, ri, gi), index, found))
-                except GskitError:
-                    raise
-                except (
-                    PLUGIN_CODE_FAILURES
-                ) as err:  # the plugin's own pattern code (a check, an attribute function)
-                    raise _pattern_error(spec, rule, err) from err
+        tries = by_anchor.anchors(index, every=explain)
+        for (si, ri, rule), anchors in zip(rules, tries, strict=True):
+            spec = specs[si]
+            found = _Found(report.plugins[si], rule_reports[(si, ri)], explain, report, graph.opset)
+            found.rule.anchors += len(index.by_op.get(rule.anchor, []))
+            try:
+                candidates.extend(_find(spec, rule, (si, ri, gi), index, anchors, found))
+            except GskitError:
+                raise
+            # the plugin's own pattern code (a check, an attribute function)
+            except PLUGIN_CODE_FAILURES as err:
+                raise _pattern_error(spec, rule, err) from err
     return report, _resolve_overlaps(candidates), indexes
 
 
@@ -536,26 +546,6 @@ def _watched_left(specs: Sequence[PluginSpec], graphs: Sequence[gs.Graph]) -> di
     return {name: left[name] for name in ordered if name in left}
 
 
-def _infer_cast_dtypes(
-    graph: gs.Graph, graphs: Sequence[gs.Graph], shaped: set[tuple[str, str]] = frozenset()
-) -> None:
-    """Give Cast inputs their dtypes when some are unknown, so the matcher can tell no-op Casts.
-
-    Exports without value_info (TorchScript's) leave intermediate dtypes unknown. One best-effort onnx
-    inference fills dtypes only, and only when some Cast needs it; shapes too when a ``GlobalAveragePool``
-    (a mean over the last axis only for a 3-D input) reads a tensor of unknown rank, or a node of an op some
-    rule needs shapes around (``Rule.needs_shapes_of``: the level sizes of deformable attention) has an input
-    of unknown shape.
-    """
-    nodes = [n for g in graphs for n in g.nodes]
-    casts = any(op_key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None for n in nodes)
-    pools = any(
-        op_key(n) == ("", "GlobalAveragePool") and n.inputs and n.inputs[0].shape is None for n in nodes
-    ) or any(op_key(n) in shaped and any(t.shape is None for t in n.inputs) for n in nodes)
-    if casts or pools:
-        infer_tensor_types(graph, dtypes_only=not pools, symbolic=False)
-
-
 @dataclass
 class _Found:
     """Where ``_find`` records what it saw for one rule."""
@@ -574,12 +564,14 @@ class _Found:
 
 
 def _find(
-    spec: PluginSpec, rule: Rule, order: tuple[int, int, int], index: GraphIndex, seen: _Found
+    spec: PluginSpec,
+    rule: Rule,
+    order: tuple[int, int, int],
+    index: GraphIndex,
+    anchors: Sequence[gs.Node],
+    seen: _Found,
 ) -> list[_Candidate]:
-    if not isinstance(rule, Rule):
-        raise PluginError(f"{spec.qualified_name}: pattern {rule!r} is not a gskit.passes.patterns rule")
-    anchors = index.by_op.get(rule.anchor, [])
-    seen.rule.anchors += len(anchors)
+    """Try ``rule`` at ``anchors`` (the nodes of its anchor op that :class:`RuleIndex` kept)."""
     size = _size(rule)
     if seen.explain and not anchors and order[2] == 0:
         seen.explanation(
@@ -606,6 +598,9 @@ def _find(
             continue
         seen.plugin.found += 1
         seen.rule.found += 1
+        if index.dtypes is not None:  # checks, the rewrite and the form read the dtypes around the match
+            index.dtypes.learn(t for n in match.nodes for t in (*n.inputs, *n.outputs))
+            index.dtypes.learn(match.inputs.values())
         result = rule.validate(match, index)
         if result:
             try:
@@ -957,6 +952,8 @@ def _ensure_domains(root: gs.Graph, domains: set[str]) -> None:
 def _local_calls(root: gs.Graph) -> dict[tuple[str, str], int]:
     counts: dict[tuple[str, str], int] = {}
     local = {(f.domain or "", f.name) for f in root.functions}
+    if not local:
+        return counts  # no local function: nothing to count (and no walk over every node)
     for g in (root, *root.subgraphs(recursive=True), *root.functions):
         for node in g.nodes:
             key = op_key(node)
