@@ -202,10 +202,10 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
     if len(rep) >= 2:
         lo, hi = rep[0], rep[-1]
         ratio, size_ratio = hi.seconds / lo.seconds, hi.nodes_before / lo.nodes_before
-        limit = 12 * size_ratio / 10
+        limit = 10.5 * size_ratio / 10
         result.append(
             _goal(
-                f"replace t({hi.nodes_before // 1000}k)/t({lo.nodes_before / 1000:.0f}k) <= {limit:.0f}",
+                f"replace t({hi.nodes_before // 1000}k)/t({lo.nodes_before / 1000:.0f}k) <= {limit:.3g}",
                 f"{ratio:.1f} for {size_ratio:.0f}x nodes",
                 ratio <= limit,
             )
@@ -215,9 +215,9 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
         r = four_hundred[0]
         result.append(
             _goal(
-                "400 instances in ~10k nodes < 1 s",
+                "400 instances in ~10k nodes <= 0.5 s",
                 f"{r.seconds:.2f} s" if r.seconds else r.status,
-                bool(r.seconds and r.seconds < 1.0 and r.match is not False),
+                bool(r.seconds and r.seconds <= 0.5 and r.match is not False),
             )
         )
     big = {r.tool: r for r in rows if r.suite == "large"}

@@ -77,6 +77,8 @@ class GraphIndex:
     skeletons: dict[tuple[int, int], bool] = field(default_factory=dict)
     #: whether a constant holds a pattern's literal, by ``(id(tensor), ConstValue.literal_key)``
     literals: dict[tuple[int, tuple[Any, ...]], bool] = field(default_factory=dict)
+    #: a node's attributes checked against alike pattern nodes, by ``(PNode.attribute_key, id(node))``
+    attributes: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -350,6 +352,7 @@ class Matcher:
         self._dtypes = None if index is None else index.dtypes
         self._seen: dict[tuple[int, int], bool] = {} if index is None else index.skeletons
         self._literals: dict[tuple[int, tuple[Any, ...]], bool] = {} if index is None else index.literals
+        self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
         self._keys = skeleton_keys(pattern)
 
     def could_match(self, anchor: gs.Node) -> bool:
@@ -441,44 +444,16 @@ class Matcher:
             )
             return
         b = b.with_node(pn, node)
-        table = pn.attribute_inputs
-        for name, want in pn.attrs.items():
-            idx = table.get(name)
-            if idx is not None and name not in node.attrs and idx >= len(pn.inputs):
-                if not present(node, idx):
-                    self._fail(b, node, f"node '{label(node)}' has no '{name}' (attribute or input {idx})")
-                    return
-                tensor = node.inputs[idx]
-                have = constant_value(tensor)
-                if have is None:
-                    self._fail(
-                        b, node, f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant"
-                    )
-                    return
-                b = b.with_constant(tensor)
-            else:
-                have = node.attrs.get(name, schema_default(key[0], key[1], name))
-                if have is None:
-                    self._fail(b, node, f"node '{label(node)}' has no attribute '{name}'")
-                    return
-            if isinstance(want, Capture):
-                b = b.with_capture(want.name, have)
-            elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
-                self._fail(
-                    b,
-                    node,
-                    f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}",
-                )
-                return
-        for name, idx in table.items():
-            if name not in pn.attrs and idx >= len(pn.inputs) and (name in node.attrs or present(node, idx)):
-                self._fail(b, node, f"node '{label(node)}' sets '{name}', which the pattern leaves unset")
-                return
-        for i in range(pn.input_limit, len(node.inputs)):
-            if present(node, i):
-                self._fail(b, node, f"node '{label(node)}' has an extra input {i} ('{node.inputs[i].name}')")
-                return
-        actual = [node.inputs[i] if present(node, i) else None for i in range(len(pn.inputs))]
+        key = (pn.attribute_key, id(node))
+        checked = self._attributes.get(key)
+        if checked is None:  # alike pattern nodes of other rules check the same node's attributes alike
+            checked = self._attributes[key] = _check_attributes(pn, node)
+        steps, reason, actual = checked
+        for tensor, capture, value in steps:
+            b = b.with_constant(tensor) if tensor is not None else b.with_capture(capture, value)
+        if reason is not None:
+            self._fail(b, node, reason)
+            return
         for order in pn.orders:
             yield from self._inputs(order, actual, b)
 
@@ -487,6 +462,9 @@ class Matcher:
     ) -> Iterator[Binding]:
         if not values:
             yield b
+            return
+        if len(values) == 1:  # the last input: no generator level for the empty rest
+            yield from self._value(values[0], tensors[0], b)
             return
         for extended in self._value(values[0], tensors[0], b):
             yield from self._inputs(values[1:], tensors[1:], extended)
@@ -644,6 +622,53 @@ def skeleton_keys(pattern: PatternGraph) -> dict[int, int]:
         key(pn)
     _PATTERN_KEYS[pattern] = keys
     return keys
+
+
+#: What checking a node's attributes against a pattern node gives: in order, each constant input read
+#: ``(tensor, None, None)`` and each capture ``(None, name, value)``; the first failure's reason (None: none);
+#: the node's inputs as the pattern's inputs see them (None: absent).
+_Checked = tuple[list[tuple[Any, Any, Any]], str | None, list[gs.Tensor | None]]
+
+
+def _check_attributes(pn: PNode, node: gs.Node) -> _Checked:
+    """``pn``'s attributes (or the constant inputs that stand for them) and inputs on ``node``, whose op is
+    ``pn``'s. Depends on nothing else, so it is computed once per alike pattern node and graph node."""
+    steps: list[tuple[Any, Any, Any]] = []
+    table = pn.attribute_inputs
+    domain, op = pn.domain, pn.op_type
+    for name, want in pn.attrs.items():
+        idx = table.get(name)
+        if idx is not None and name not in node.attrs and idx >= len(pn.inputs):
+            if not present(node, idx):
+                return steps, f"node '{label(node)}' has no '{name}' (attribute or input {idx})", []
+            tensor = node.inputs[idx]
+            have = constant_value(tensor)
+            if have is None:
+                return (
+                    steps,
+                    f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant",
+                    [],
+                )
+            steps.append((tensor, None, None))
+        else:
+            have = node.attrs.get(name, schema_default(domain, op, name))
+            if have is None:
+                return steps, f"node '{label(node)}' has no attribute '{name}'", []
+        if isinstance(want, Capture):
+            steps.append((None, want.name, have))
+        elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
+            return (
+                steps,
+                f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}",
+                [],
+            )
+    for name, idx in table.items():
+        if name not in pn.attrs and idx >= len(pn.inputs) and (name in node.attrs or present(node, idx)):
+            return steps, f"node '{label(node)}' sets '{name}', which the pattern leaves unset", []
+    for i in range(pn.input_limit, len(node.inputs)):
+        if present(node, i):
+            return steps, f"node '{label(node)}' has an extra input {i} ('{node.inputs[i].name}')", []
+    return steps, None, [node.inputs[i] if present(node, i) else None for i in range(len(pn.inputs))]
 
 
 def _wrong_op(node: gs.Node, want: str) -> str:
