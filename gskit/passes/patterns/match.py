@@ -79,6 +79,8 @@ class GraphIndex:
     literals: dict[tuple[int, tuple[Any, ...]], bool] = field(default_factory=dict)
     #: a node's attributes checked against alike pattern nodes, by ``(PNode.attribute_key, id(node))``
     attributes: dict[tuple[int, int], Any] = field(default_factory=dict)
+    #: ``through_noop_casts`` of each tensor asked about, by ``id(tensor)``
+    sources: dict[int, gs.Tensor] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -353,6 +355,7 @@ class Matcher:
         self._seen: dict[tuple[int, int], bool] = {} if index is None else index.skeletons
         self._literals: dict[tuple[int, tuple[Any, ...]], bool] = {} if index is None else index.literals
         self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
+        self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
         self._keys = skeleton_keys(pattern)
 
     def could_match(self, anchor: gs.Node) -> bool:
@@ -415,10 +418,16 @@ class Matcher:
     def _elem_type(self, tensor: gs.Tensor) -> int | None:
         return elem_type(tensor.dtype) if self._dtypes is None else self._dtypes.elem_type(tensor)
 
-    @staticmethod
-    def _source(pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
+    def _source(self, pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
         """Where the matcher looks for ``pv``'s node: past no-op Casts unless the pattern wants a Cast."""
-        return tensor if pv.node.op_type == "Cast" else through_noop_casts(tensor)
+        return tensor if pv.node.op_type == "Cast" else self._through(tensor)
+
+    def _through(self, tensor: gs.Tensor) -> gs.Tensor:
+        """``through_noop_casts(tensor)``, remembered per graph (every rule asks it of the same tensors)."""
+        source = self._sources.get(id(tensor))
+        if source is None:
+            source = self._sources[id(tensor)] = through_noop_casts(tensor)
+        return source
 
     def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
         self.tracer.fail(len(binding.nodes), node, reason)
@@ -460,43 +469,54 @@ class Matcher:
     def _inputs(
         self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding
     ) -> Iterator[Binding]:
-        if not values:
+        # Leading inputs with at most one way to bind (absent, an argument, a constant) are bound here, in
+        # order, without a generator each; the first node output is where the search may branch.
+        first = 0
+        while first < len(values) and not isinstance(values[first], NodeOutput):
+            bound = self._bind_simple(values[first], tensors[first], b)
+            if bound is None:
+                return
+            b, first = bound, first + 1
+        if first == len(values):
             yield b
-            return
-        if len(values) == 1:  # the last input: no generator level for the empty rest
-            yield from self._value(values[0], tensors[0], b)
-            return
-        for extended in self._value(values[0], tensors[0], b):
-            yield from self._inputs(values[1:], tensors[1:], extended)
+        elif first == len(values) - 1:  # the last input: no generator level for the empty rest
+            yield from self._value(values[first], tensors[first], b)
+        else:
+            for extended in self._value(values[first], tensors[first], b):
+                yield from self._inputs(values[first + 1 :], tensors[first + 1 :], extended)
 
-    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+    def _bind_simple(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Binding | None:
+        """Bind an input that binds one way or not at all (absent, an argument, a constant); None: no way."""
         if pv is None:
             if tensor is None:
-                yield b
-            else:
-                self._fail(
-                    b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
-                )
-            return
+                return b
+            self._fail(
+                b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
+            )
+            return None
         if tensor is None:
             self._fail(b, None, "an input the pattern needs is absent")
-            return
+            return None
         if isinstance(pv, Var):
-            tensor = through_noop_casts(tensor)  # the argument is what the no-op Casts read
+            tensor = self._through(tensor)  # the argument is what the no-op Casts read
             bound = b.vars.get(pv.name)
             if bound is None:
-                yield b.with_var(pv.name, tensor)
-            elif bound is tensor:
-                yield b
-            else:
-                self._fail(
-                    b,
-                    producer(tensor),
-                    f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
-                )
-            return
-        if isinstance(pv, ConstValue):
-            yield from self._constant(pv, tensor, b)
+                return b.with_var(pv.name, tensor)
+            if bound is tensor:
+                return b
+            self._fail(
+                b,
+                producer(tensor),
+                f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
+            )
+            return None
+        return self._constant(pv, tensor, b)  # type: ignore[arg-type]
+
+    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+        if not isinstance(pv, NodeOutput) or tensor is None:
+            bound = self._bind_simple(pv, tensor, b)
+            if bound is not None:
+                yield bound
             return
         virtual = b.virtual.get(id(pv.node))
         if virtual is not None:  # a Cast the model does not need, reached again through another path
@@ -561,14 +581,13 @@ class Matcher:
             b = b.with_capture(want.name, self._elem_type(tensor))
         yield from self._value(pn.inputs[0], tensor, b.with_virtual(pn, tensor))
 
-    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
+    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Binding | None:
         value = constant_value(tensor)
         if value is None:
             self._fail(b, producer(tensor), f"tensor '{tensor.name}' is not a constant")
-            return
+            return None
         if pv.capture is not None:
-            yield b.with_capture(pv.capture, value).with_constant(tensor)
-            return
+            return b.with_capture(pv.capture, value).with_constant(tensor)
         key = (id(tensor), pv.literal_key)
         holds = self._literals.get(key)
         if holds is None:  # rules alike in part test the same constant against the same literal
@@ -577,8 +596,8 @@ class Matcher:
             shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
             want = pv.value.tolist() if isinstance(pv.value, np.ndarray) else pv.value
             self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {want}")
-            return
-        yield b.with_constant(tensor)
+            return None
+        return b.with_constant(tensor)
 
 
 #: One small number per distinct pattern-node structure, as the op-type pre-check sees it (see skeleton_keys).
