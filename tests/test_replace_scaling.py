@@ -7,6 +7,8 @@ running it where the rules suffice.
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
@@ -234,3 +236,19 @@ def test_graph_outputs_and_subgraph_tensors_are_typed_as_onnx_types_them() -> No
     assert types(graph)[0]["t"] == elem_type(np.float32) == types(graph)[1]["e"]
     learner.learn(graph.outputs)
     assert learner.inferred and graph.outputs[0].dtype == reference.outputs[0].dtype
+
+
+def test_node_order_after_replace_is_graphsurgeons_toposort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replaced graph's node order is the one graphsurgeon's toposort gives (computed directly when the
+    list is in order), here with nodes of several levels between the regions."""
+    replace_module = importlib.import_module(
+        "gskit.passes.patterns.replace"
+    )  # the package exports the function
+    fast = transformer_like(blocks=4)
+    patterns.replace(fast, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    monkeypatch.setattr(
+        replace_module, "_toposort", lambda g: g.toposort(recurse_subgraphs=False, recurse_functions=False)
+    )
+    reference = transformer_like(blocks=4)
+    patterns.replace(reference, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    assert [n.name for n in fast.nodes] == [n.name for n in reference.nodes]

@@ -847,9 +847,38 @@ def _apply(
     for g in changed.values():
         g.nodes = [replacement.get(id(n), n) for n in g.nodes if id(n) not in removed or id(n) in replacement]
         g.nodes.extend(added.get(id(g), []))
-        g.toposort(recurse_subgraphs=False, recurse_functions=False)
+        _toposort(g)
     _ensure_domains(root, plugin_domains)
     _remove_unused_functions(root, calls_before, report)
+
+
+def _toposort(graph: gs.Graph) -> None:
+    """``graph.toposort(recurse_subgraphs=False, recurse_functions=False)``, computed directly where the node
+    list is already in topological order (each region's node takes its last node's place) and no node holds a
+    subgraph and the graph no function: graphsurgeon's order then is the stable sort by level (a node's level
+    is one more than its producers' highest), which it finds through a recursive walk that took a tenth of
+    replace's time on a 10k-node graph. Anything else goes to graphsurgeon."""
+    levels: dict[int, int] = {}
+    for node in graph.nodes if not graph.functions else ():
+        level = 0
+        for tensor in node.inputs:
+            for source in tensor.inputs:
+                have = levels.get(id(source))
+                if have is None:  # produced later in the list, or outside this graph
+                    graph.toposort(recurse_subgraphs=False, recurse_functions=False)
+                    return
+                level = max(level, have + 1)
+        if any(
+            isinstance(a, gs.Graph) or (isinstance(a, list) and a and isinstance(a[0], gs.Graph))
+            for a in node.attrs.values()
+        ):
+            graph.toposort(recurse_subgraphs=False, recurse_functions=False)
+            return
+        levels[id(node)] = level
+    if graph.functions:
+        graph.toposort(recurse_subgraphs=False, recurse_functions=False)
+        return
+    graph.nodes = sorted(graph.nodes, key=lambda n: levels[id(n)])
 
 
 def _plugin_outputs(
