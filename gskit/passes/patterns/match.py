@@ -10,7 +10,8 @@ for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the p
 the matcher looks through such a Cast: between two pattern nodes the Cast joins the match (it is replaced
 with the rest and its output must not be used outside), in front of a pattern argument the argument binds
 to the Cast's input. So matching does not depend on a cleanup having run first. A Cast is a no-op only
-when its input's dtype is known; ``gskit.passes.patterns.replace`` infers missing dtypes before matching.
+when its input's dtype is known; ``gskit.passes.patterns.replace`` learns the missing ones it needs first
+(``gskit.passes.patterns.dtypes``).
 
 The other way round, a ``Cast`` the pattern wants may be missing from the model where it would be a no-op (the
 tensor already has the dtype the Cast names; ``sanitize`` removed it, or this exporter never wrote it): the

@@ -1,9 +1,11 @@
 """Replacing pattern instances by plugin nodes, in one batch per call.
 
-Steps: index every graph once (main graph and If/Loop/Scan bodies); for each plugin, each of its
-rules and each anchor candidate of the rule's op, find a match, validate it (boundary rules and the
-rule's check) and compute its rewrite; resolve overlaps; then rewire all accepted matches, drop the
-replaced nodes with one list rebuild per graph and toposort each changed graph once.
+Steps: index every graph once (main graph and If/Loop/Scan bodies), learning the dtypes matching needs
+along producers (``dtypes``); pick, per rule, the nodes of its anchor op whose producers fit it
+(``rule_index``: each node looked at once, not once per rule); for each plugin, each of its rules and each
+node picked, find a match, validate it (boundary rules and the rule's check) and compute its rewrite;
+resolve overlaps; then rewire all accepted matches, drop the replaced nodes with one list rebuild per graph
+and toposort each changed graph once.
 
 Overlap rule (deterministic): valid matches are ranked by size (more replaced nodes first), then by the
 order the plugins were given, the order of rules in a spec, the graph (main graph first) and the anchor's
