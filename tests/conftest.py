@@ -79,3 +79,14 @@ def run_subcommand(command: ModuleType, *argv: str) -> int:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _plugin_schemas_of_one_test() -> object:
+    """A test's plugin schemas leave with it: onnx's checker validates every later model against the
+    schemas registered in the process, so a test plugin's one-input ScaledTanh would refuse another test's
+    two-input node of the same name."""
+    yield
+    from gskit.passes.plugin_schemas import deregister_schemas
+
+    deregister_schemas()

@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import onnx
 import pytest
 
 from gskit.cli import build_parser, main
-from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag
+from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag, prepare_flag, step_flags
 from gskit.pipeline import steps
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
@@ -27,15 +27,16 @@ class NameGraph(GraphPass):
     class options:  # the GraphPass attribute: here the options dataclass itself
         """Options of the ``name_graph`` step."""
 
-        name: str = "named"
-        step_flags: ClassVar[tuple[StepFlag, ...]] = (
-            StepFlag(
-                "name_graph",
-                "--name-graph",
-                "name the graph (name_graph.name; adds the step after sanitize)",
-                option="name",
-                metavar="NAME",
-                adds_step=("after", ("sanitize",)),
+        name: str = field(
+            default="named",
+            metadata=prepare_flag(
+                StepFlag(
+                    "--name-graph",
+                    "name the graph (name_graph.name; adds the step after sanitize)",
+                    name="name_graph",  # the keyword, where the field's own name would be too plain
+                    metavar="NAME",
+                    adds_step=("after", ("sanitize",)),
+                )
             ),
         )
 
@@ -87,3 +88,19 @@ def test_an_unknown_option_of_the_added_step_is_refused(added: NameGraph, tmp_pa
     recipe = tmp_path / "r.yaml"
     recipe.write_text("steps:\n  - name_graph: {title: x}\n")
     assert main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--recipe", str(recipe)]) == 2
+
+
+def test_a_flag_is_declared_on_the_field_it_sets() -> None:
+    """The field names the flag's option and keyword; a class-level flag may only add the step."""
+    (flag,) = step_flags(NameGraph.options)
+    assert (flag.name, flag.option, flag.flag) == ("name_graph", "name", "--name-graph")
+    declared = {f.flag: f.option for step in steps.PASSES.values() for f in step_flags(step.options)}
+    assert declared["--atol"] == "atol" and declared["--shape"] == "shapes" and declared["--nms"] is None
+
+    @dataclass(frozen=True)
+    class Misplaced:
+        step_flags = (StepFlag("--x", "sets x", option="x"),)
+        x: int = 0
+
+    with pytest.raises(TypeError, match="declare --x on its field x"):
+        step_flags(Misplaced)

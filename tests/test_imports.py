@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import gskit
 import gskit.cli
+
+#: The bundled example (a PyTorch export with two plugin patterns).
+EXAMPLE = Path(gskit.__file__).parent / "data" / "example.onnx"
 
 #: Optional dependencies that no gskit module may import at module level.
 BLOCKED = ("tensorrt", "tensorrt_rtx", "torch")
@@ -179,3 +183,132 @@ def test_version_imports_no_command_and_a_command_imports_only_its_own() -> None
         [sys.executable, "-m", "gskit.cli", "--help"], capture_output=True, text=True, timeout=120
     )
     assert all(name.replace("_", "-") in listed.stdout for name in gskit.cli.COMMANDS)
+
+
+# What a command left in sys.modules: the gskit modules, and which of the libraries a command may not need.
+MODULES_OF = """
+import json, sys
+from gskit.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as done:  # argparse's --help and usage errors
+    code = done.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def _modules_after(*argv: str, cwd: Path | None = None) -> tuple[int, set[str], str]:
+    """The exit code of ``gskit ARGV`` run in a fresh interpreter, the modules it imported, its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", MODULES_OF, *argv], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return report["code"], set(report["modules"]), done.stderr
+
+
+def _command_modules(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.startswith("gskit.cli.") and m.split(".")[2] in gskit.cli.COMMANDS)
+
+
+def test_help_and_a_mistyped_command_import_no_command_module() -> None:
+    """The listing and "did you mean" came from the 13 commands' parsers: every module (onnx, numpy ...)
+    was imported to print them."""
+    code, modules, _ = _modules_after("--help")
+    assert code == 0 and _command_modules(modules) == []
+    assert not {"onnx", "numpy", "rich"} & modules
+    code, modules, err = _modules_after("inspekt", "model.onnx")
+    assert code == 2 and _command_modules(modules) == []
+    assert "unknown 'inspekt'; did you mean inspect?" in err
+    assert not {"onnx", "numpy", "rich"} & modules
+
+
+def test_the_command_table_says_what_the_parsers_say() -> None:
+    """``gskit --help`` lists :data:`gskit.cli.COMMANDS` without importing the commands: each line there is
+    the help of the parser the command's module builds, in the same order."""
+    parser = gskit.cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    built = {action.dest: action.help for action in subparsers._choices_actions}
+    listed = {gskit.cli.command_name(name): line for name, line in gskit.cli.COMMANDS.items()}
+    assert list(built.items()) == list(listed.items())
+    listing = gskit.cli.build_parser(["--help"]).format_help()
+    assert listing == parser.format_help()
+
+
+def test_inspect_imports_no_runtime() -> None:
+    """inspect reads a model without running it: no onnxruntime, Polygraphy or torch (the command line set
+    onnxruntime's log level for every command, which imported it)."""
+    code, modules, _ = _modules_after("inspect", str(EXAMPLE))
+    assert code == 0
+    assert _command_modules(modules) == ["gskit.cli.inspect"]
+    loaded = {m.split(".")[0] for m in modules}
+    assert not {"onnxruntime", "polygraphy", "torch", "tensorrt_rtx"} & loaded
+
+
+def test_comparing_models_without_plugin_nodes_reads_no_plugin_folder(tmp_path: Path) -> None:
+    """The default plugin sources (shipped plugins, ./plugins ...) are imported only for a model with nodes of
+    a custom domain: their files are compiled on every import (a quarter of a plain compare's time)."""
+    code, modules, _ = _modules_after("compare", str(EXAMPLE), str(EXAMPLE), cwd=tmp_path)
+    assert code == 0
+    assert not [m for m in modules if m.startswith("gskit_plugins.")]
+
+
+def test_plugin_references_run_without_torch(tmp_path: Path) -> None:
+    """Plugin nodes run through onnxruntime-extensions, whose package __init__ imports its converters, and
+    they transformers and torch where installed (2 s and 170 MB for every validate of a prepared model)."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: nothing could import it")
+    out = tmp_path / "out"
+    code, modules, err = _modules_after("prepare", str(EXAMPLE), "-o", str(out))
+    assert code == 0, err[-500:]
+    report = json.loads((out / "report.json").read_text())
+    validate = next(step for step in report["steps"] if step["name"] == "validate")
+    assert validate["status"] == "ok"
+    # the prepared model has plugin nodes, run through their references: the PyOp path really ran
+    assert "onnxruntime_extensions._ocos" in modules
+    assert not {"torch", "transformers"} & {m.split(".")[0] for m in modules}
+    code, modules, err = _modules_after("compare", str(EXAMPLE), str(out / "model.onnx"))
+    assert code == 0, err[-500:]
+    assert "onnxruntime_extensions._ocos" in modules
+    assert not {"torch", "transformers"} & {m.split(".")[0] for m in modules}
+
+
+LATER_IMPORT = """
+import sys
+from gskit.backends.ort_extensions import library_path, pyop_module
+
+ocos = pyop_module()
+assert "onnxruntime_extensions" not in sys.modules  # the bare parent package is not left behind
+import onnxruntime_extensions  # a plugin's own code may import the package: its real __init__ runs
+
+assert onnxruntime_extensions.Opdef is ocos.Opdef and pyop_module() is ocos
+assert onnxruntime_extensions.get_library_path() == library_path()
+print("OK")
+"""
+
+
+def test_the_package_imported_later_shares_the_pyop_registration() -> None:
+    """gskit's PyOps and the package's own ``onnx_op`` register in one table: importing the package after
+    gskit runs its real ``__init__``, which reuses the module gskit imported."""
+    done = subprocess.run([sys.executable, "-c", LATER_IMPORT], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "OK", done.stderr[-500:]
+
+
+def test_importing_the_op_facts_lists_no_schemas() -> None:
+    """``gskit.plugin.ops`` listed every onnx schema on import (70 ms of every command, even --help ones
+    that never ask whether an op is standard); the list is made on first use."""
+    code = (
+        "import onnx.defs\n"
+        "def refused():\n"
+        "    raise AssertionError('schemas listed on import')\n"
+        "real, onnx.defs.get_all_schemas_with_history = onnx.defs.get_all_schemas_with_history, refused\n"
+        "import gskit.plugin.ops as ops, gskit.cli.compare, gskit.compare.outputs\n"
+        "onnx.defs.get_all_schemas_with_history = real\n"
+        "assert 'Relu' in ops.ONNX_OP_TYPES and 'Relu' in ops.onnx_op_types()\n"
+        "print('OK')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "OK", done.stderr[-500:]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -61,6 +62,7 @@ def session(
     *,
     optimize: bool = False,
     plugins: PluginRegistry | None = None,
+    loaded: onnx.ModelProto | None = None,
 ) -> ort.InferenceSession:
     """Create a CPU InferenceSession for a model, a graph or a file.
 
@@ -70,6 +72,8 @@ def session(
         optimize: enable onnxruntime's graph optimizations. Off by default so a comparison checks the
             model as written, not onnxruntime's rewrite of it.
         plugins: specs of the plugin nodes in the model; their numpy references run inside the session.
+        loaded: the file ``model`` as the caller already loaded it (weights left on disk): what tells
+            whether it has plugin nodes, and what is rewritten when it has, so the file is not read again.
 
     The session's ``run`` raises a :class:`PluginError` naming the plugin, the node and the exception when a
     plugin reference raised inside it (see :func:`_guarded`).
@@ -78,9 +82,10 @@ def session(
         ModelLoadError: onnxruntime rejects the model (the message names the first problem it reports), or
             a node of a custom domain has neither a plugin spec nor a model-local function.
     """
-    custom = _custom_nodes(model) if not isinstance(model, gs.Graph) else None
+    known = loaded if loaded is not None and isinstance(model, (str, os.PathLike)) else None
+    custom = _custom_nodes(known or model) if not isinstance(model, gs.Graph) else None
     if custom is None or custom:
-        proto = _as_proto(model)
+        proto = known or _as_proto(model)
         plugin_nodes = _plugin_nodes(proto, plugins)
         if plugin_nodes:
             with _pyop_model(proto, plugin_nodes, plugins) as rewritten:
@@ -89,15 +94,20 @@ def session(
     return _session(model, optimize=optimize, extensions=_uses_domain(model, PYOP_DOMAIN))
 
 
-def runner(model: onnx.ModelProto | str | os.PathLike, plugins: PluginRegistry | None, name: str) -> Any:
+def runner(
+    model: onnx.ModelProto | str | os.PathLike,
+    plugins: PluginRegistry | None,
+    name: str,
+    loaded: onnx.ModelProto | None = None,
+) -> Any:
     """A Polygraphy ``OnnxrtRunner`` whose session (:func:`session`, made on activation) knows plugin
-    references, for Polygraphy's ``Comparator``."""
+    references, for Polygraphy's ``Comparator``; ``loaded`` as in :func:`session`."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
     from gskit.backends.polygraphy_torch import use_without_torch
 
     use_without_torch()
-    return OnnxrtRunner(lambda: session(model, plugins=plugins), name=name)
+    return OnnxrtRunner(lambda: session(model, plugins=plugins, loaded=loaded), name=name)
 
 
 def _session(
@@ -174,8 +184,7 @@ def symbolic_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     what the model itself assumes for the op to be valid. Its per-op warnings are silenced: callers use the
     result as a second opinion only. Raises whatever it raises on ops it does not know.
     """
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+    inference = _symbolic_shape_infer().SymbolicShapeInference
     logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     old, logger.level = logger.level, logging.ERROR
     # When it gives up it saves the model as ``sym_shape_infer_temp.onnx`` (+ data files) in the working
@@ -184,10 +193,30 @@ def symbolic_shape_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     with tempfile.TemporaryDirectory(prefix="gskit-symbolic-") as scratch:
         os.chdir(scratch)
         try:
-            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            return inference.infer_shapes(model, auto_merge=True)
         finally:
             os.chdir(cwd)
             logger.setLevel(old)
+
+
+@lru_cache(maxsize=1)
+def _symbolic_shape_infer() -> Any:
+    """onnxruntime's ``tools/symbolic_shape_infer.py``, loaded as a module of its own: the package
+    ``onnxruntime.tools`` imports torch on import where torch is installed (its PyTorch export helpers), which
+    costs a second or more and hundreds of MB for a fold that needs none of it. The file imports only numpy,
+    onnx, sympy and packaging."""
+    name = "onnxruntime.tools.symbolic_shape_infer"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(ort.__file__).parent / "tools" / "symbolic_shape_infer.py"
+    spec = importlib.util.spec_from_file_location("gskit._ort_symbolic_shape_infer", path)
+    if not path.is_file() or spec is None or spec.loader is None:  # laid out otherwise: take the package
+        import onnxruntime.tools.symbolic_shape_infer as packaged
+
+        return packaged
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def short_error(err: BaseException) -> str:
@@ -235,7 +264,7 @@ def require_runtime(what: str) -> None:
 @contextlib.contextmanager
 def comparison_runner(model_run: ModelRun) -> Iterator[Any]:
     """:func:`runner` for the model, for Polygraphy's ``Comparator``."""
-    yield runner(model_run.model, model_run.plugins, model_run.name)
+    yield runner(model_run.model, model_run.plugins, model_run.name, model_run.loaded)
 
 
 def run_unit(model_run: ModelRun, outputs: Sequence[str]) -> dict[str, np.ndarray]:
@@ -494,7 +523,10 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
     _TARGETS[op_type] = target
     if op_type in _REGISTERED_PYOPS:
         return
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+    from gskit.backends.ort_extensions import pyop_module
+
+    pyops = pyop_module()
+    types = pyops.PyCustomOpDef  # the package's ``PyOp``: its ``dt_*`` constants name the tensor types
 
     def body(*arrays: np.ndarray, **attrs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         current = _TARGETS[op_type]
@@ -510,11 +542,11 @@ def _register_pyop(op_type: str, in_types: list[int], out_types: list[int], targ
             _FAILURES.append(_Failure.of(err, current.spec, str(attrs.get(PYOP_NODE, "?"))))
             return _void_outputs(current)
 
-    onnx_op(
+    pyops.Opdef.declare(  # the package's ``onnx_op``
         op_type=op_type,
-        inputs=[_pyop_type(PyCustomOpDef, t) for t in in_types],
-        outputs=[_pyop_type(PyCustomOpDef, t) for t in out_types],
-        attrs={PYOP_ATTRS: PyCustomOpDef.dt_string, PYOP_NODE: PyCustomOpDef.dt_string},
+        inputs=[_pyop_type(types, t) for t in in_types],
+        outputs=[_pyop_type(types, t) for t in out_types],
+        attrs={PYOP_ATTRS: types.dt_string, PYOP_NODE: types.dt_string},
     )(body)
     _REGISTERED_PYOPS.add(op_type)
     log.debug("registered PyOp %s for %s", op_type, target.spec.qualified_name)
@@ -685,11 +717,6 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _extensions_library() -> str:
-    try:
-        from onnxruntime_extensions import get_library_path
-    except ImportError as err:
-        raise GskitError(
-            "plugin nodes run on onnxruntime through onnxruntime-extensions: "
-            "pip install onnxruntime-extensions"
-        ) from err
-    return get_library_path()
+    from gskit.backends.ort_extensions import library_path
+
+    return library_path()

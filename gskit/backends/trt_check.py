@@ -70,10 +70,10 @@ from gskit.plugin.ops import (
     DEFAULT_VERSION,
     NAMESPACE_ATTR,
     ONNX_DOMAINS,
-    ONNX_OP_TYPES,
     VERSION_ATTR,
     has_namespace_attr,
     is_default_domain,
+    onnx_op_types,
 )
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import (
@@ -85,7 +85,7 @@ from gskit.plugin.spec import (
     attribute_value,
 )
 from gskit.plugin.stubs import describe_stubs, stub_parts
-from gskit.plugin.target import TensorRTTarget, installed_tensorrt, resolve_target
+from gskit.plugin.target import TensorRTTarget, installed_tensorrt, installed_version, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ def check_trt(
     plugins: Sequence[str | os.PathLike] | None = None,
     backend: str = "auto",
     target: str | TensorRTTarget | None = None,
+    registry: PluginRegistry | None = None,
 ) -> TrtSupportReport:
     """Check which nodes of a model the TensorRT ONNX parser of ``target`` will not take.
 
@@ -199,6 +200,8 @@ def check_trt(
             table of the target), or one of them by name (``tensorrt``, ``tensorrt_rtx``, ``static``).
         target: the TensorRT version to answer for (``"10.3"``); None: the installed full TensorRT's, else the
             newest gskit knows.
+        registry: the specs loaded from ``plugins`` and the default sources, when the caller has them (the
+            pipeline's run): not loaded again.
 
     Raises:
         GskitError: the model cannot be read, a plugin file cannot be loaded, the target is not a version, or
@@ -213,7 +216,8 @@ def check_trt(
     missing = [str(p) for p in plugins or () if not Path(p).exists()]
     if missing:
         raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")
-    registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
+    if registry is None:
+        registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
     nodes = list(model.graph.node)
     plugin_issues = {i: _plugin_issue(i, node, registry, goal) for i, node in plugin_nodes(model)}
     opset = _opset(model)
@@ -280,7 +284,7 @@ def _parser_gaps(flavour: str) -> tuple[set[str], str]:
 
 def _not_imported(table: ParserTable) -> set[str]:
     """Every ONNX op the table's parser does not import."""
-    return {op for op in ONNX_OP_TYPES if not table.supports(op)}
+    return {op for op in onnx_op_types() if not table.supports(op)}
 
 
 def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> bool:
@@ -292,7 +296,7 @@ def parser_plugin_node(node: onnx.NodeProto, functions: set[tuple[str, str]]) ->
     """
     if has_namespace_attr(node):
         return True
-    if node.domain in ONNX_DOMAINS or node.op_type in ONNX_OP_TYPES:
+    if node.domain in ONNX_DOMAINS or node.op_type in onnx_op_types():
         return False
     return (node.domain, node.op_type) not in functions
 
@@ -434,7 +438,7 @@ def _static_issues(
         if index in plugin_issues:
             issues.append(plugin_issues[index])
             continue
-        own = None if node.op_type in ONNX_OP_TYPES else trt_plugin_verdict(node.op_type, "1", target)
+        own = None if node.op_type in onnx_op_types() else trt_plugin_verdict(node.op_type, "1", target)
         if own is not None:  # TensorRT's own plugin in the default domain (the parser ignores domains)
             issues.append(NodeIssue(index, node_label(index, node), node.domain, node.op_type, *own))
             continue
@@ -457,7 +461,7 @@ def _static_verdicts(
 ) -> Iterator[tuple[str, str]]:
     """(status, reason) for a node, including the ops inside its subgraphs and the function it calls."""
     key = (node.domain, node.op_type)
-    if key in functions and node.op_type not in ONNX_OP_TYPES and key not in seen:
+    if key in functions and node.op_type not in onnx_op_types() and key not in seen:
         for inner in functions[key].node:
             for status, reason in _static_verdicts(inner, {}, functions, seen | {key}, table, opset):
                 yield status, f"in function {node.domain}::{node.op_type}: {reason}"
@@ -651,15 +655,7 @@ def _not_checked(index: int, node: onnx.NodeProto, table: ParserTable, parser: s
 
 def _package_version(flavour: str) -> str:
     """The installed version of TensorRT or TensorRT-RTX, read without importing it (no worker needed)."""
-    from importlib.metadata import PackageNotFoundError, packages_distributions, version
-
-    names = packages_distributions().get(flavour, [])
-    for name in names:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return "?"
+    return installed_version(flavour) or "?"
 
 
 def _cut_plugin_nodes(

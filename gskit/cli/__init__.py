@@ -14,32 +14,43 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gskit.errors import GskitError, describe_os_error
 from gskit.io import interrupt
 from gskit.io.interrupt import Terminated
-from gskit.io.report import progress_display
 from gskit.io.text import is_utf8, visible
 
-#: Subcommand modules, in the order ``gskit --help`` lists them. Each defines ``add_parser(subparsers)``,
-#: which registers its parser and sets ``func`` to a callable taking the parsed args and returning an
-#: exit code.
-COMMANDS = (
-    "prepare",
-    "inspect",
-    "edit",
-    "isolate",
-    "infer_shapes",
-    "compare",
-    "plugin",
-    "check_trt",
-    "build",
-    "replace",
-    "fold",
-    "sanitize",
-    "convert",
-)
+#: Every command: its module in this package and its line in ``gskit --help``, in the order listed there. Each
+#: module defines ``add_parser(subparsers)``, which registers its parser (with that line as its help) and
+#: sets ``func`` to a callable taking the parsed args and returning an exit code. The lines are kept here
+#: too, so that ``gskit --help`` and a mistyped command import no command module (each imports what its
+#: command runs: onnx, numpy, Polygraphy ...); tests/test_imports.py checks them against the parsers.
+COMMANDS: dict[str, str] = {
+    "prepare": "replace plugin patterns, infer shapes, fold, check with TensorRT, validate, build",
+    "inspect": "summarize a model: opsets, ops, inputs/outputs, custom nodes, functions, missing shapes",
+    "edit": "edit a model: rename, input shape/dtype, insert/remove nodes, attributes, expose",
+    "isolate": "extract the subgraph between named tensors into a new model",
+    "infer_shapes": "infer dtypes and shapes (plugin nodes use their specs' rules)",
+    "compare": "compare two models' outputs on the same inputs (onnxruntime or TensorRT)",
+    "plugin": "list, create, check and derive plugins",
+    "check_trt": "report the nodes TensorRT's ONNX parser rejects and the plugins a model needs",
+    "build": "build a TensorRT engine (TensorRT-RTX: ahead of time for a compute capability) with a sidecar",
+    "replace": "replace patterns (multi-node, single op, local function) by plugin nodes",
+    "fold": "fold constants (shape chains too); never evaluates plugin nodes",
+    "sanitize": "tidy a model without changing what it computes",
+    "convert": "convert opset, precision (fp16) or int64 inputs",
+}
+
+#: Commands that run no model in another library's onnxruntime session (graphsurgeon's folding): the log
+#: level is not set on onnxruntime ahead, which would import it; a session of gskit's own backend
+#: (:func:`gskit.backends.ort.session`) applies it anyway.
+RUN_NO_FOREIGN_SESSION = ("inspect",)
+
+
+def command_name(module: str) -> str:
+    """The command a module of :data:`COMMANDS` defines: ``check_trt`` -> ``check-trt``."""
+    return module.replace("_", "-")
 
 
 def add_plugins_option(
@@ -107,18 +118,23 @@ def _is_number(text: str) -> bool:
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``gskit`` parser; given the command line, only the named command's module is imported.
 
-    Each subcommand module imports what its command runs (onnx, numpy, Polygraphy ...): a second of imports
-    when all 13 are loaded. ``--help``, an unknown command or none still load them all, for the listing and
-    the "did you mean" suggestion.
+    Each command module imports what its command runs (onnx, numpy, Polygraphy ...): a second of imports
+    when all 13 are loaded. With ``words`` that name no command (``--help``, a mistyped or missing command)
+    the commands are listed from :data:`COMMANDS`, without their parsers; without ``words`` every command's
+    parser is built.
     """
     parser = SuggestingParser(
         prog="gskit", description="Prepare ONNX models for TensorRT (plugins, folding, checks, comparison)."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument("-v", "--verbose", action="store_true", help="show info logs")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chosen = _named_command(words or ())
+    chosen = _named_command(words) if words is not None else None
+    if words is not None and chosen is None:
+        for name, summary in COMMANDS.items():
+            sub.add_parser(command_name(name), help=summary)  # listed only: no command runs
+        return parser
     for name in COMMANDS if chosen is None else (chosen,):
         importlib.import_module(f"gskit.cli.{name}").add_parser(sub)
     return parser
@@ -135,11 +151,30 @@ def _named_command(words: Sequence[str]) -> str | None:
     return None
 
 
-def _quiet_onnxruntime(level: int) -> None:
-    """onnxruntime's own coloured log lines follow --verbose/--debug, also in other libraries' sessions."""
+def _quiet_onnxruntime(level: int, command: str) -> None:
+    """onnxruntime's own coloured log lines follow --verbose/--debug, also in other libraries' sessions.
+
+    Importing the backend imports onnxruntime: not for a command of :data:`RUN_NO_FOREIGN_SESSION`, whose
+    sessions, if any, come from the backend, which applies the "gskit" logger's level to each.
+    """
+    if command in RUN_NO_FOREIGN_SESSION and "gskit.backends.ort" not in sys.modules:
+        return
     from gskit.backends.ort import quiet_default_logger
 
     quiet_default_logger(level)
+
+
+class _VersionAction(argparse.Action):
+    """``--version`` after a command (``gskit prepare --version``): the version is read from the package
+    metadata only then; ``importlib.metadata`` would add tens of milliseconds to every command's start."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
@@ -212,8 +247,9 @@ def _run(words: list[str]) -> int:
         handler = logging.StreamHandler(_CurrentStderr())
         handler.setFormatter(_VisibleFormatter("%(levelname)s %(name)s: %(message)s"))
         logging.basicConfig(level=level, handlers=[handler])
-        _quiet_onnxruntime(level)
+        _quiet_onnxruntime(level, args.command)
         from gskit.io.outputs import guarding_inputs
+        from gskit.io.report import progress_display
 
         # Whatever the command loads is its input: no output of it may replace one of those files.
         with guarding_inputs(), progress_display(enabled=not getattr(args, "json", False)):

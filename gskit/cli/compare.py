@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from gskit.cli import add_plugins_option
 from gskit.cli.options import add_options, options_from_args
-from gskit.compare.layers import LayerwiseReport, compare_layerwise
 from gskit.compare.options import CompareOptions, ComparisonHeader
-from gskit.compare.outputs import CompareReport, OutputComparison, compare
-from gskit.compare.plugins import PluginCheck, PluginCompareReport, compare_plugins
 from gskit.errors import GskitError
 from gskit.io import report
 from gskit.io.shape_args import format_shape
 from gskit.plugin.discovery import implementation_paths, load_plugins
+
+if TYPE_CHECKING:  # each mode imports its own comparison when it runs
+    from gskit.compare.layers import LayerwiseReport
+    from gskit.compare.outputs import CompareReport, OutputComparison
+    from gskit.compare.plugins import PluginCheck, PluginCompareReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,18 +60,27 @@ def run(args: argparse.Namespace) -> int:
             "--layerwise and --per-plugin build their own TensorRT engines from PREPARED: "
             "give PREPARED with --backend trt instead of --engine"
         )
-    registry = load_plugins(args.plugins)
-    # TensorRT's plugin files come from the same folders as the specs (only read with --backend trt)
-    trt_plugins = tuple(str(p) for p in implementation_paths(registry, args.plugins or ()))
-    options = dataclasses.replace(options, plugins=registry, trt_plugins=trt_plugins)
+    if args.plugins or args.per_plugin or options.under_test_backend == "trt":
+        registry = load_plugins(args.plugins)
+        # TensorRT's plugin files come from the same folders as the specs (only read with --backend trt)
+        trt_plugins = tuple(str(p) for p in implementation_paths(registry, args.plugins or ()))
+        options = dataclasses.replace(options, plugins=registry, trt_plugins=trt_plugins)
+    else:  # the default plugin sources are read only if a model has nodes of a custom domain
+        options = dataclasses.replace(options, plugins=partial(load_plugins, None))
     if args.layerwise:
+        from gskit.compare.layers import compare_layerwise
+
         layers = compare_layerwise(args.original, args.prepared, options)
         print_layerwise(layers, as_json=args.json)
         return 0 if layers.passed else 1
     if args.per_plugin:
+        from gskit.compare.plugins import compare_plugins
+
         per_plugin = compare_plugins(args.original, args.prepared, options)
         print_plugins(per_plugin, as_json=args.json)
         return 0 if per_plugin.passed else 1
+    from gskit.compare.outputs import compare
+
     result = compare(args.original, args.prepared, options)
     print_report(result, as_json=args.json)
     return 0 if result.passed else 1

@@ -10,13 +10,13 @@ from gskit.io.model import load
 from gskit.io.report import console, print_json, table
 from gskit.passes.inspect import (
     ModelSummary,
-    NodeEntry,
     TensorEntry,
     list_nodes,
     list_tensors,
     shape_text,
     summarize_file,
 )
+from gskit.plugin.ops import NodeSummary
 
 #: Tensors without shapes listed in the table; --json lists them all.
 MAX_MISSING_ROWS = 20
@@ -150,7 +150,7 @@ def _tensor_row(tensor: TensorEntry) -> tuple[str, ...]:
     return tensor.name, tensor.dtype, shape, kind, tensor.producer or "-", str(tensor.consumers)
 
 
-def _node_row(node: NodeEntry) -> tuple[str, ...]:
+def _node_row(node: NodeSummary) -> tuple[str, ...]:
     return node.name or "-", node.op, ", ".join(node.inputs), ", ".join(node.outputs)
 
 

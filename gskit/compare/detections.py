@@ -65,7 +65,7 @@ def compare_detections(
         ReferenceRunError: the original cannot run on the inputs.
         GskitError: the prepared model cannot run, or the EfficientNMS_TRT spec is not loaded.
     """
-    options = CompareOptions.given(options, changes)
+    options = CompareOptions.given(options, changes).plugins_for(always=True)
     plugins = options.plugins
     spec = plugins.get(*PLUGIN_KEY) if plugins is not None else None
     if spec is None:

@@ -116,6 +116,7 @@ def compare_layerwise(
         raise GskitError(f"--chunk must be at least 1 (got {chunk})")
     backend = backend_for(options)
     original_proto, prepared_proto = source_model(original), source_model(prepared)
+    options = options.plugins_for(original_proto, prepared_proto)
     feeds = options.feeds_for(original_proto)
     original_nodes = producers(original_proto.graph)
     prepared_nodes = producers(prepared_proto.graph)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,8 @@ from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.feeds import check_seed, feed_shapes, load_feeds, resolve_feeds
 from gskit.io.shape_args import parse_fixed_shape
-from gskit.passes.transform import option
+from gskit.passes.transform import StepFlag, option, prepare_flag
+from gskit.plugin.ops import ORT_DOMAINS
 from gskit.plugin.registry import PluginRegistry
 
 #: The absolute and relative tolerance of every comparison unless told otherwise (float32 outputs: a prepared
@@ -119,7 +120,9 @@ class CompareOptions:
         dtype_changes: output dtype changes that are expected; any other change fails its output (or
             ``FROM:TO`` texts, as ``--allow-dtype-change`` takes them).
         feeds: inputs by name, given in memory (they win over ``inputs``).
-        plugins: specs of plugin nodes; on onnxruntime they run through their numpy references.
+        plugins: specs of plugin nodes; on onnxruntime they run through their numpy references. Or a function
+            that loads them, called only when one of the compared models has nodes of a custom domain
+            (:meth:`plugins_for`): the command line reads the plugin folders only for such models.
         trt_plugins: plugin libraries / folders loaded into TensorRT (``"trt"`` only).
     """
 
@@ -156,7 +159,7 @@ class CompareOptions:
         "--no-keep-io-fp32` (repeatable); any other dtype change fails its output",
     )
     feeds: Mapping[str, np.ndarray] | None = field(default=None, compare=False)
-    plugins: PluginRegistry | None = field(default=None, compare=False)
+    plugins: PluginRegistry | Callable[[], PluginRegistry] | None = field(default=None, compare=False)
     trt_plugins: Sequence[str | os.PathLike] = ()
 
     def __post_init__(self) -> None:
@@ -196,6 +199,21 @@ class CompareOptions:
         """The inputs are drawn from ``seed`` (no ``feeds``, no ``inputs`` file)."""
         return self.feeds is None and self.inputs is None
 
+    def plugins_for(self, *models: onnx.ModelProto | None, always: bool = False) -> CompareOptions:
+        """These options with ``plugins`` loaded when it is a loader: called if one of ``models`` imports a
+        custom domain (only plugin specs or model-local functions run such nodes) or ``always`` (a comparison
+        that looks for plugins' native forms too), else None.
+
+        Raises:
+            PluginError: the loader fails (a plugin file that cannot be imported).
+        """
+        if not callable(self.plugins):
+            return self
+        custom = any(
+            o.domain not in ORT_DOMAINS for model in models if model is not None for o in model.opset_import
+        )
+        return dataclasses.replace(self, plugins=self.plugins() if custom or always else None)
+
     def feeds_for(self, model: onnx.ModelProto) -> dict[str, np.ndarray]:
         """The inputs of one comparison: ``feeds``, else the ``inputs`` file, else random ones for ``model``.
 
@@ -206,11 +224,13 @@ class CompareOptions:
         return resolve_feeds(model, given, self.shapes, seed=self.seed)
 
 
-def compare_default(name: str) -> Any:
+def compare_default(name: str, step_flag: StepFlag | None = None) -> Any:
     """A field of another options dataclass (the validate step's) that takes :class:`CompareOptions`' field
-    ``name``'s default and help, so the two cannot drift."""
+    ``name``'s default and help, so the two cannot drift; ``step_flag`` is its ``gskit prepare`` flag."""
     source = next(f for f in dataclasses.fields(CompareOptions) if f.name == name)
-    return dataclasses.field(default=source.default, metadata={"help": source.metadata["help"]})
+    return dataclasses.field(
+        default=source.default, metadata={"help": source.metadata["help"], **prepare_flag(step_flag)}
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

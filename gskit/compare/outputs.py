@@ -166,6 +166,7 @@ def compare(
         raise GskitError("compare needs a prepared model or an engine")
     original_proto = source_model(original)
     prepared_proto = source_model(prepared) if prepared is not None else None
+    options = options.plugins_for(original_proto, prepared_proto)
     expected = [o.name for o in original_proto.graph.output]
     if not expected:
         raise GskitError(f"{source_label(original)} has no graph outputs: nothing to compare")
@@ -180,13 +181,15 @@ def compare(
     if prepared_proto is not None:
         check_same_inputs(original_proto, prepared_proto, source_label(original), source_label(prepared))
     feeds = options.feeds_for(original_proto)
-    reference = ort_backend.runner(original, options.plugins, "original")
+    # Each file is read once: the sessions get the models loaded above (see ``ort_backend.session``).
+    reference = ort_backend.runner(original, options.plugins, "original", loaded=original_proto)
     under_test = ModelRun(
         engine if engine is not None else prepared,
         feeds,
         UNDER_TEST_NAMES[options.under_test_backend],
         options.plugins,
         options.trt_plugins,
+        loaded=prepared_proto if engine is None else None,
     )
     with backend.comparison_runner(under_test) as runner:
         try:

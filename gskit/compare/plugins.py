@@ -112,7 +112,7 @@ def compare_plugins(
         GskitError: a model cannot be loaded or the original cannot run, ``prepared`` has no plugin node,
             or ``"trt"`` without TensorRT and a GPU.
     """
-    options = CompareOptions.given(options, changes)
+    options = CompareOptions.given(options, changes).plugins_for(always=True)  # native forms need specs too
     backend = backend_for(options)
     registry = options.plugins if options.plugins is not None else PluginRegistry()
     original_proto = source_model(original)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import html
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, distributions, version
 
 from gskit.io.text import visible
+from gskit.plugin.ops import NodeSummary
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +29,13 @@ MAX_DRAWN_NODES = 40
 
 
 @dataclass(frozen=True)
-class DrawnNode:
-    """A node as a picture shows it: name, ``domain::op`` label, input and output tensor names."""
-
-    name: str
-    op: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Region:
     """One replaced region: its nodes before and the plugin node after (with its attributes), with the
     boundary tensors."""
 
     title: str
-    before: tuple[DrawnNode, ...]
-    after: tuple[DrawnNode, ...]
+    before: tuple[NodeSummary, ...]
+    after: tuple[NodeSummary, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attributes: tuple[tuple[str, str], ...] = ()
@@ -108,7 +101,7 @@ def environment_rows(now: datetime | None = None) -> list[tuple[str, str]]:
 
 
 def dot_source(
-    nodes: Sequence[DrawnNode], inputs: Iterable[str], outputs: Iterable[str], title: str = ""
+    nodes: Sequence[NodeSummary], inputs: Iterable[str], outputs: Iterable[str], title: str = ""
 ) -> str:
     """Graphviz DOT text for a small region: ops as boxes, boundary tensors as ellipses.
 
@@ -189,7 +182,8 @@ def render_page(page: Page) -> str:
         if page.regions
         else "",
     ]
-    parts.extend(_region(index, region) for index, region in enumerate(page.regions))
+    drawings = _drawings(page.regions)
+    parts.extend(_region(index, region, drawings[index]) for index, region in enumerate(page.regions))
     parts.append(f"<h2>Matches not replaced ({len(page.skipped)})</h2>")
     parts.append(
         _table(("plugin", "rule", "at node", "reason"), page.skipped, table_id="skipped")
@@ -216,7 +210,22 @@ def _verdict(page: Page) -> str:
     return f'<p class="verdict {verdict.lower()}" id="verdict">Validation {verdict}</p>'
 
 
-def _region(index: int, region: Region) -> str:
+def _drawings(regions: Sequence[Region]) -> list[tuple[str | None, str | None]]:
+    """Each region's (before, after) SVG: one Graphviz process per drawing, run side by side (each takes
+    tens of milliseconds, mostly its start, and the page waited for them one after the other)."""
+    sources = [
+        dot_source(nodes, region.inputs, region.outputs)
+        for region in regions
+        for nodes in (region.before, region.after)
+    ]
+    if not sources:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 1)) as pool:
+        svgs = list(pool.map(render_svg, sources))
+    return list(zip(svgs[0::2], svgs[1::2], strict=True))
+
+
+def _region(index: int, region: Region, drawings: tuple[str | None, str | None]) -> str:
     """One region's section: title, the plugin node's attributes, and the before/after drawings."""
     parts = [f'<section class="region" id="region-{index}"><h3>{_text(region.title)}</h3>']
     if region.form:
@@ -224,8 +233,7 @@ def _region(index: int, region: Region) -> str:
     if region.attributes:
         parts.append(_table(("attribute", "value"), region.attributes, table_id=f"region-{index}-attributes"))
     parts.append('<div class="pair">')
-    for label, nodes in (("before", region.before), ("after", region.after)):
-        svg = render_svg(dot_source(nodes, region.inputs, region.outputs))
+    for label, svg in zip(("before", "after"), drawings, strict=True):
         body = svg if svg is not None else f"<p>{_NO_GRAPHVIZ}</p>"
         parts.append(f'<figure class="{label}">{body}<figcaption>{label}</figcaption></figure>')
     parts.append("</div></section>")

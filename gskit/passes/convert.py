@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -77,21 +77,18 @@ class ConvertOptions:
     """Opset conversion, then fp16, then int64 -> int32, as asked (``convert``'s options: the single source
     of the defaults of ``convert_opset``, ``to_fp16``, ``int64_to_int32``, the CLI flags and the recipe)."""
 
-    #: ``gskit prepare``'s flag: fp16 in the recipe's convert steps, one added before the checks if none
-    step_flags: ClassVar[tuple[StepFlag, ...]] = (
-        StepFlag(
-            "fp16",
+    opset: int | None = option(None, help="target default-domain opset", metavar="N")
+    fp16: bool = option(
+        False,
+        help="convert float32 computation to float16",
+        step_flag=StepFlag(
             "--fp16",
             "convert to fp16 (convert.fp16; adds a convert step before check_trt when the recipe has none); "
             "validation then needs looser tolerances, e.g. --atol 1e-2 --rtol 1e-2",
-            option="fp16",
             kind="switch",
             adds_step=("before", ("check_trt", "validate", "build")),
         ),
     )
-
-    opset: int | None = option(None, help="target default-domain opset", metavar="N")
-    fp16: bool = option(False, help="convert float32 computation to float16")
     keep_io_fp32: bool = option(True, help="with fp16: keep float32 graph inputs and outputs in float32")
     keep_inputs: tuple[str, ...] = option(
         (), help="with fp16: keep this graph input float32 (repeatable)", flag="--keep-input", metavar="NAME"

@@ -28,7 +28,7 @@ from onnx.external_data_helper import uses_external_data
 from gskit.io.model import load, missing_data_files, tensor_nbytes
 from gskit.io.report import to_jsonable
 from gskit.passes.tensor_types import InferenceFailed, infer_types
-from gskit.plugin.ops import ONNX_DOMAINS
+from gskit.plugin.ops import ONNX_DOMAINS, NodeSummary
 
 log = logging.getLogger(__name__)
 
@@ -219,22 +219,9 @@ class TensorEntry:
     is_output: bool
 
 
-@dataclass(frozen=True)
-class NodeEntry:
-    """One node of the main graph (``gskit inspect --nodes``); ``op`` is ``domain::op_type``."""
-
-    name: str
-    op: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-
-def list_nodes(model: onnx.ModelProto) -> tuple[NodeEntry, ...]:
-    """Every node of the main graph in graph order (an empty optional input stays ``""``)."""
-    return tuple(
-        NodeEntry(n.name, _key(n.domain, n.op_type), tuple(n.input), tuple(n.output))
-        for n in model.graph.node
-    )
+def list_nodes(model: onnx.ModelProto) -> tuple[NodeSummary, ...]:
+    """Every node of the main graph in graph order (``inspect --nodes``; ``op`` is ``domain::op_type``)."""
+    return tuple(NodeSummary.of(n, _key(n.domain, n.op_type)) for n in model.graph.node)
 
 
 def list_tensors(model: onnx.ModelProto, *, infer_shapes: bool = True) -> tuple[TensorEntry, ...]:

@@ -78,10 +78,9 @@ FAMILY_DEFAULTS: dict[str, tuple[float, float, int]] = {
 class NmsOptions:
     """Add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the model's."""
 
-    #: ``gskit prepare``'s flag: an nms step after sanitize when the recipe has none
+    #: ``gskit prepare``'s flag that sets no field: an nms step after sanitize when the recipe has none
     step_flags: ClassVar[tuple[StepFlag, ...]] = (
         StepFlag(
-            "nms",
             "--nms",
             "add TensorRT's EfficientNMS_TRT behind a YOLO detection head; its four outputs become the "
             "model's (an nms step after sanitize when the recipe has none; recipe: nms: {score_threshold, "

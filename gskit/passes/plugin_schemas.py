@@ -26,6 +26,7 @@ from onnx.defs import OpSchema
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.passes.tensor_types import elem_type
+from gskit.plugin.ops import onnx_op_types
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import REQUIRED, ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo, attribute_value
 
@@ -87,6 +88,8 @@ def register_schemas(registry: PluginRegistry) -> None:
     # onnx.reference indexes all registered schemas by op name on its first import and refuses a plugin
     # named like an ONNX op (e.g. acme::Swish); have it index the standard set before any plugin is added.
     import onnx.reference.op_run  # noqa: F401
+
+    onnx_op_types()  # likewise the standard op types (made on first use), which plugin schemas are not
 
     by_op: dict[tuple[str, str], list[PluginSpec]] = {}
     for spec in registry:

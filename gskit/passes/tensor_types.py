@@ -319,7 +319,12 @@ def data_propagation_bounded(model: onnx.ModelProto) -> bool:
 
 
 def infer_tensor_types(
-    graph: gs.Graph, odd_types: GsLosses | None = None, *, dtypes_only: bool = False, symbolic: bool = True
+    graph: gs.Graph,
+    odd_types: GsLosses | None = None,
+    *,
+    dtypes_only: bool = False,
+    symbolic: bool = True,
+    symbolic_asked: set[str] | None = None,
 ) -> None:
     """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
 
@@ -327,6 +332,8 @@ def infer_tensor_types(
     not raised: callers use the result as extra information only. ``dtypes_only`` leaves shapes as they are
     (pattern matching needs dtypes only and should not add shapes to the model it writes). ``symbolic`` asks
     onnxruntime's symbolic shape inference where onnx leaves the input of a ``Shape`` unknown (slower).
+    ``symbolic_asked``: the tensors it was already asked about (a fold's earlier passes); it is asked again
+    only when another tensor read by a ``Shape`` is unknown, and the set grows by those it was asked about.
     """
     odd_types = odd_types or GsLosses()
     try:
@@ -346,18 +353,24 @@ def infer_tensor_types(
             if info is None or not isinstance(tensor, gs.Variable):
                 continue
             _apply_value_info(tensor, info, dtypes_only)
-    if symbolic and not dtypes_only and _shape_inputs_unknown(graph):
+    if not symbolic or dtypes_only:
+        return
+    unknown = _unknown_shape_inputs(graph)
+    asked = set() if symbolic_asked is None else symbolic_asked
+    if unknown - asked:
         _infer_symbolic_shapes(graph, inferred)
+        asked |= unknown
 
 
-def _shape_inputs_unknown(graph: gs.Graph) -> bool:
-    """Some ``Shape``, in the graph or a subgraph, reads a tensor of unknown rank or with a dim onnx could not
-    name (``unk__N``)."""
-    return any(
-        n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
+def _unknown_shape_inputs(graph: gs.Graph) -> set[str]:
+    """The tensors that a ``Shape``, in the graph or a subgraph, reads while their rank is unknown or a dim is
+    one onnx could not name (``unk__N``)."""
+    return {
+        n.inputs[0].name
         for sub in (graph, *graph.subgraphs(recursive=True))
         for n in sub.nodes
-    )
+        if n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
+    }
 
 
 def _invented_dims(shape: Any) -> bool:

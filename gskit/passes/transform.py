@@ -57,6 +57,7 @@ def option(
     parse: Callable[[str], Any] | None = None,
     entry: Callable[[str], Any] | None = None,
     cli: bool = True,
+    step_flag: StepFlag | None = None,
     **extra: Any,
 ) -> Any:
     """A dataclass field of a pass's options, with what the CLI needs to offer it as a flag.
@@ -72,6 +73,7 @@ def option(
             mapping (merged: a later value wins, nested mappings and tuples combine). It runs after
             argparse, so its ``GskitError`` is the command's one error line.
         cli: False for options a recipe can set but the command line does not offer.
+        step_flag: ``gskit prepare``'s flag that sets this field in every step of its pass.
         extra: more ``argparse.add_argument`` keywords (``choices``, ``nargs``, ``required``).
     """
     metadata = {
@@ -82,6 +84,7 @@ def option(
         "entry": entry,
         "cli": cli,
         "extra": extra,
+        **prepare_flag(step_flag),
     }
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
@@ -92,14 +95,18 @@ def option(
 class StepFlag:
     """A ``gskit prepare`` flag that sets an option of every step of one pass in a recipe, or adds the step.
 
-    An options dataclass lists its flags in the class attribute ``step_flags``; ``gskit prepare``'s parser
-    and ``gskit.pipeline.prepare.recipe_with_overrides`` are derived from them, so neither names a step.
+    A flag is declared on the options field it sets (``option(step_flag=...)``, or ``prepare_flag`` in a
+    plain field's metadata): the field gives its ``name`` and ``option``. A flag that sets no field, only adds
+    its step with the defaults (``--nms``), is listed in the options class attribute ``step_flags``.
+    ``gskit prepare``'s parser and ``gskit.pipeline.prepare.recipe_with_overrides`` are derived from them, so
+    neither names a step.
 
     Attributes:
-        name: the keyword of ``recipe_with_overrides`` (and the argparse dest), e.g. ``"atol"``.
         flag: the flag, e.g. ``"--atol"``.
         help: its help text (say which recipe option it sets).
-        option: the options field it sets; None: the flag only adds the step, with its defaults.
+        name: the keyword of ``recipe_with_overrides`` (and the argparse dest): the field's name; for a flag
+            that sets no field, the flag's words joined by ``_``.
+        option: the options field it sets (filled in from the field); None: the flag only adds the step.
         kind: "value" (one value), "append" (repeatable: a list) or "switch" (no value; sets ``value``).
         metavar: the metavar of a value.
         type: argparse's ``type`` for one value (``float``, ``int``); None keeps the text.
@@ -112,9 +119,9 @@ class StepFlag:
             first of them (last when none); None: the recipe must have the step.
     """
 
-    name: str
     flag: str
     help: str
+    name: str = ""
     option: str | None = None
     kind: Literal["value", "append", "switch"] = "value"
     metavar: str | None = None
@@ -133,9 +140,32 @@ class StepFlag:
         return tuple(given) if self.kind == "append" else given
 
 
+def prepare_flag(flag: StepFlag | None) -> dict[str, Any]:
+    """Field metadata that declares ``flag`` as the ``gskit prepare`` flag of a plain dataclass field."""
+    return {} if flag is None else {"step_flag": flag}
+
+
 def step_flags(options: type) -> tuple[StepFlag, ...]:
-    """The ``gskit prepare`` flags an options dataclass declares (``step_flags``; none by default)."""
-    return tuple(getattr(options, "step_flags", ()))
+    """The ``gskit prepare`` flags an options dataclass declares: those of its fields, in field order, then
+    the class's ``step_flags`` (flags that only add the step)."""
+    found = [
+        dataclasses.replace(declared, name=declared.name or each.name, option=each.name)
+        for each in dataclasses.fields(options)
+        if (declared := each.metadata.get("step_flag")) is not None
+    ]
+    for declared in getattr(options, "step_flags", ()):
+        if declared.option is not None:
+            raise TypeError(
+                f"{options.__name__}.step_flags: declare {declared.flag} on its field {declared.option}"
+            )
+        found.append(
+            declared if declared.name else dataclasses.replace(declared, name=_flag_name(declared.flag))
+        )
+    return tuple(found)
+
+
+def _flag_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 @dataclass

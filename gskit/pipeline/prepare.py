@@ -151,8 +151,17 @@ def default_recipe() -> Recipe:
 
 
 def prepare_flags() -> list[tuple[str, StepFlag]]:
-    """``(step, flag)`` for every ``gskit prepare`` flag the passes' options declare, in registry order."""
-    return [(name, flag) for name, graph_pass in PASSES.items() for flag in step_flags(graph_pass.options)]
+    """``(step, flag)`` for every ``gskit prepare`` flag the passes' options declare, in registry order.
+
+    Raises:
+        TypeError: two flags have one keyword (two passes' fields of one name: give ``StepFlag(name=...)``).
+    """
+    found = [(name, flag) for name, graph_pass in PASSES.items() for flag in step_flags(graph_pass.options)]
+    seen: dict[str, str] = {}
+    for step, flag in found:
+        if seen.setdefault(flag.name, step) != step:
+            raise TypeError(f"{flag.flag}: keyword {flag.name!r} is taken by a flag of {seen[flag.name]}")
+    return found
 
 
 def recipe_with_overrides(

@@ -14,10 +14,10 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.io import model as gsmodel
-from gskit.io.html_report import DrawnNode, Page, Region, environment_rows, render_page
+from gskit.io.html_report import Page, Region, environment_rows, render_page
 from gskit.pipeline.recipe import Recipe
 from gskit.pipeline.steps import Validate
-from gskit.plugin.ops import op_label
+from gskit.plugin.ops import NodeSummary, op_label
 from gskit.plugin.registry import PluginRegistry
 
 if TYPE_CHECKING:
@@ -156,14 +156,14 @@ def _regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) ->
     regions = []
     for region in replaced:
         before = tuple(
-            DrawnNode(n.name, op_label(n.domain, n.op_type), tuple(n.input), tuple(n.output))
+            NodeSummary.of(n, op_label(n.domain, n.op_type))
             for n in (before_nodes.get(name) for name in region.original_nodes)
             if n is not None
         )
         plugin = after_nodes.get(region.node)
         after = (
             (
-                DrawnNode(
+                NodeSummary(
                     plugin.name,
                     op_label(plugin.domain or "", plugin.op),
                     tuple(t.name for t in plugin.inputs),

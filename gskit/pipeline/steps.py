@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -42,7 +42,7 @@ from gskit.passes.nms import NMS
 from gskit.passes.patterns.replace import REPLACE
 from gskit.passes.sanitize import SANITIZE
 from gskit.passes.shapes import INFER_SHAPES
-from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag
+from gskit.passes.transform import GraphPass, PassContext, PassResult, StepFlag, prepare_flag
 from gskit.plugin.discovery import implementation_paths
 from gskit.plugin.registry import PluginRegistry
 
@@ -63,43 +63,47 @@ class ValidateOptions:
     """Run original and prepared on onnxruntime with the same inputs and compare every output (the
     tolerances are ``gskit compare``'s: :class:`gskit.compare.options.CompareOptions`)."""
 
-    #: ``gskit prepare``'s flags for the recipe's validate steps
-    step_flags: ClassVar[tuple[StepFlag, ...]] = (
-        StepFlag(
-            "shapes",
-            "--shape",
-            "validation input shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable; "
-            "validate.shapes)",
-            option="shapes",
-            kind="append",
-            metavar="NAME:DIMS",
-            parse=parse_fixed_shape,
-            to_option=lambda given: {name: tuple(dims) for name, dims in dict(given).items()},
-        ),
-        StepFlag(
-            "inputs",
-            "--inputs",
-            "validation inputs saved with numpy.savez (validate.inputs)",
-            option="inputs",
-            metavar="F.npz",
-            to_option=lambda given: str(Path(given).absolute()),  # the working directory's, kept absolute
-        ),
-        StepFlag(
-            "atol", "--atol", "validation absolute tolerance (validate.atol)", option="atol", type=float
-        ),
-        StepFlag(
-            "rtol", "--rtol", "validation relative tolerance (validate.rtol)", option="rtol", type=float
-        ),
-        StepFlag(
-            "seed", "--seed", "seed of the random validation inputs (validate.seed)", option="seed", type=int
+    shapes: dict[str, tuple[int, ...]] = field(
+        default_factory=dict,
+        metadata=prepare_flag(
+            StepFlag(
+                "--shape",
+                "validation input shape: x:1x3x224x224, x:1,3,224,224 or x:[1,3,224,224] (repeatable; "
+                "validate.shapes)",
+                kind="append",
+                metavar="NAME:DIMS",
+                parse=parse_fixed_shape,
+                to_option=lambda given: {name: tuple(dims) for name, dims in dict(given).items()},
+            )
         ),
     )
-
-    atol: float = compare_default("atol")
-    rtol: float = compare_default("rtol")
-    seed: int = 0
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    inputs: str | None = field(default=None, metadata=FILE_PATH)
+    inputs: str | None = field(
+        default=None,
+        metadata={
+            **FILE_PATH,
+            **prepare_flag(
+                StepFlag(
+                    "--inputs",
+                    "validation inputs saved with numpy.savez (validate.inputs)",
+                    metavar="F.npz",
+                    # the working directory's, kept absolute
+                    to_option=lambda given: str(Path(given).absolute()),
+                )
+            ),
+        },
+    )
+    atol: float = compare_default(
+        "atol", StepFlag("--atol", "validation absolute tolerance (validate.atol)", type=float)
+    )
+    rtol: float = compare_default(
+        "rtol", StepFlag("--rtol", "validation relative tolerance (validate.rtol)", type=float)
+    )
+    seed: int = field(
+        default=0,
+        metadata=prepare_flag(
+            StepFlag("--seed", "seed of the random validation inputs (validate.seed)", type=int)
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_tolerances(self.atol, self.rtol)
@@ -111,18 +115,16 @@ class ValidateOptions:
 class BuildOptions:
     """Build a TensorRT engine (full TensorRT; TensorRT-RTX AOT when a compute capability is given)."""
 
-    #: ``gskit prepare``'s flag for the recipe's build steps
-    step_flags: ClassVar[tuple[StepFlag, ...]] = (
-        StepFlag(
-            "compute_capability",
-            "--compute-capability",
-            "build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
-            option="compute_capability",
-            metavar="X.Y",
+    compute_capability: str | None = field(
+        default=None,
+        metadata=prepare_flag(
+            StepFlag(
+                "--compute-capability",
+                "build a TensorRT-RTX engine ahead of time for this GPU, e.g. 8.9 (build.compute_capability)",
+                metavar="X.Y",
+            )
         ),
     )
-
-    compute_capability: str | None = None
     shapes: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     timing_cache: str | None = field(default=None, metadata=FILE_PATH)
     required: bool = False
@@ -216,7 +218,11 @@ class CheckTrt(GraphPass[CheckTrtOptions]):
         from gskit.backends.trt_check import NEEDS_PLUGIN, NOT_CHECKED, check_trt
 
         report = check_trt(
-            context.saved(model), plugins=context.plugin_dirs, backend=options.backend, target=context.target
+            context.saved(model),
+            plugins=context.plugin_dirs,
+            backend=options.backend,
+            target=context.target,
+            registry=context.plugins if isinstance(context.plugins, PluginRegistry) else None,  # loaded once
         )
         bad = len(report.rejected)
         if options.fail_on_unsupported and not report.ok:

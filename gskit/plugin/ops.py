@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import onnx
@@ -34,8 +36,6 @@ DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 ONNX_DOMAINS = DEFAULT_DOMAINS | {"ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}
 #: Domains onnxruntime's CPU provider implements itself (ONNX's and its contrib ops).
 ORT_DOMAINS = ONNX_DOMAINS | {"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc"}
-#: Op types of the ONNX standard (any version, any ONNX domain).
-ONNX_OP_TYPES = frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
 #: Attribute that names the TensorRT plugin namespace; a node carrying it is a plugin node.
 NAMESPACE_ATTR = "plugin_namespace"
 #: Attribute that holds the plugin version (TensorRT's default when absent: "1").
@@ -45,6 +45,25 @@ DEFAULT_VERSION = "1"
 #: ``(domain, name, version)``: a plugin's identity (``PluginSpec.key``, :func:`node_key`).
 PluginKey = tuple[str, str, str]
 Node = gs.Node | onnx.NodeProto
+
+
+@cache
+def onnx_op_types() -> frozenset[str]:
+    """Op types of the ONNX standard (any version, any ONNX domain); also ``ONNX_OP_TYPES``.
+
+    Made on first use: onnx's list of every schema takes about 70 ms, which every command paid on import.
+    ``gskit.passes.plugin_schemas`` asks for it before it adds plugin schemas to onnx's registry, and only
+    schemas of ONNX's domains count.
+    """
+    schemas = onnx.defs.get_all_schemas_with_history()
+    return frozenset(schema.name for schema in schemas if schema.domain in ONNX_DOMAINS)
+
+
+def __getattr__(name: str) -> Any:
+    """``ONNX_OP_TYPES``: :func:`onnx_op_types`, for the code that imports it by that name."""
+    if name == "ONNX_OP_TYPES":
+        return onnx_op_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_default_domain(domain: str | None) -> bool:
@@ -60,6 +79,22 @@ def canonical_domain(domain: str | None) -> str:
 def op_label(domain: str | None, op_type: str) -> str:
     """How reports name an op: ``Relu`` for the default set, ``domain::Op`` otherwise."""
     return op_type if is_default_domain(domain) else f"{domain}::{op_type}"
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """A node as reports list it and pictures draw it: name, op label, input and output tensor names (an
+    absent optional input stays ``""``)."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto, op: str) -> NodeSummary:
+        """``node`` under the label ``op`` (the caller's form: :func:`op_label`, ``domain::op_type``)."""
+        return cls(node.name, op, tuple(node.input), tuple(node.output))
 
 
 def is_onnx_op(domain: str | None, op_type: str) -> bool:
@@ -87,7 +122,7 @@ def similar_onnx_ops(op_type: str, limit: int = 3) -> list[str]:
     """ONNX op types spelled like ``op_type`` (``tanh`` -> ``Tanh``), for "did you mean" hints."""
     import difflib
 
-    lower = {name.lower(): name for name in ONNX_OP_TYPES}
+    lower = {name.lower(): name for name in onnx_op_types()}
     exact = lower.get(op_type.lower())
     if exact is not None:
         return [exact]

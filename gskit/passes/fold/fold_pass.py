@@ -132,9 +132,12 @@ def _fold(
         spill = Spill(spill_dir)
 
     state = _signature(graph)
+    # onnxruntime's symbolic inference is asked once per unknown tensor: a later pass leaves what it could not
+    # work out unknown again, and it costs more than the rest of a pass on a model that needs it.
+    symbolic_asked: set[str] = set()
     for index in range(max_passes):
         report.passes = index + 1
-        infer_tensor_types(graph, odd_types)
+        infer_tensor_types(graph, odd_types, symbolic_asked=symbolic_asked)
         _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, spill, report)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         new_state = _signature(graph)

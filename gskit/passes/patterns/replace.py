@@ -25,7 +25,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import onnx
@@ -204,6 +204,12 @@ class ReplaceOptions:
         help="use only these plugins (spec names; all known plugins by default)",
         metavar="NAME",
         nargs="+",
+        step_flag=StepFlag(
+            "--only",
+            "replace only these plugins' patterns (repeatable; replace.only)",
+            kind="append",
+            metavar="PLUGIN",
+        ),
     )
     keep_function: bool = option(
         False,
@@ -218,18 +224,6 @@ class ReplaceOptions:
         "TensorRT, else the newest gskit knows)",
         flag="--tensorrt",
         metavar="VERSION",
-    )
-
-    #: ``gskit prepare``'s flag for the recipe's replace steps
-    step_flags: ClassVar[tuple[StepFlag, ...]] = (
-        StepFlag(
-            "only",
-            "--only",
-            "replace only these plugins' patterns (repeatable; replace.only)",
-            option="only",
-            kind="append",
-            metavar="PLUGIN",
-        ),
     )
 
     def __post_init__(self) -> None:
