@@ -133,7 +133,12 @@ def _session(
         proto = model
         if _has_disk_weights(proto) or proto.ByteSize() > gsmodel.EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory(prefix="gskit-ort-") as tmp:
-                path = gsmodel.save(proto, Path(tmp) / "model.onnx", external_data=True, check=False)
+                # weights still on disk are linked, not copied (a model over 2 GB with plugin nodes)
+                path = (
+                    gsmodel.save_linked(proto, Path(tmp) / "model.onnx")
+                    if _has_disk_weights(proto)
+                    else gsmodel.save(proto, Path(tmp) / "model.onnx", external_data=True, check=False)
+                )
                 return _interruptible(ort.InferenceSession(str(path), options, providers=providers))
         with gsmodel._ir_version_for_onnxruntime(proto):
             payload = proto.SerializeToString()
