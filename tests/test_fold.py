@@ -458,3 +458,30 @@ def test_constant_nodes_in_scalar_and_list_forms_keep_their_dtype(form, value, d
     got = gsort.run(written, {"x": x})["y"]
     np.testing.assert_array_equal(got, expected)
     assert got.dtype == dtype
+
+
+def test_graphs_with_nothing_to_evaluate_are_not_handed_to_graphsurgeon(monkeypatch):
+    """A body whose nodes all read a computed tensor has nothing to fold: graphsurgeon's copy and export of it
+    are skipped (most If/Loop bodies after the first pass), a body with a foldable node is still folded."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x, bool c) => (float[2] y) {
+          y = If (c) <then_branch = t () => (float[2] a) { a = Relu(x) },
+                      else_branch = e () => (float[2] b) {
+                        one = Constant <value = float[1] {1}> ()
+                        two = Add(one, one)
+                        b = Mul(x, two)
+                      }>
+        }
+        """
+    )
+    folded_graphs = []
+    real = gs.Graph.fold_constants
+    monkeypatch.setattr(
+        gs.Graph, "fold_constants", lambda g, **kw: folded_graphs.append(g.name) or real(g, **kw)
+    )
+    folded, _ = fold(model)
+    assert folded_graphs == ["e"]  # the main graph and the then branch read only computed tensors
+    else_ops = [n.op_type for n in folded.graph.node[0].attribute[1].g.node]
+    assert else_ops == ["Mul"]

@@ -19,7 +19,7 @@ map value types; ``TYPE_PROTO`` attributes such as ``Optional``'s ``type``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -324,7 +324,7 @@ def infer_tensor_types(
     *,
     dtypes_only: bool = False,
     symbolic: bool = True,
-    symbolic_asked: set[str] | None = None,
+    symbolic_memo: SymbolicMemo | None = None,
 ) -> None:
     """Fill missing dtypes, shapes and value kinds of graph tensors from onnx shape inference (best effort).
 
@@ -332,8 +332,8 @@ def infer_tensor_types(
     not raised: callers use the result as extra information only. ``dtypes_only`` leaves shapes as they are
     (pattern matching needs dtypes only and should not add shapes to the model it writes). ``symbolic`` asks
     onnxruntime's symbolic shape inference where onnx leaves the input of a ``Shape`` unknown (slower).
-    ``symbolic_asked``: the tensors it was already asked about (a fold's earlier passes); it is asked again
-    only when another tensor read by a ``Shape`` is unknown, and the set grows by those it was asked about.
+    ``symbolic_memo``: what it said in earlier calls on the same graph (a fold's passes): it is asked again
+    only when another tensor read by a ``Shape`` is unknown; otherwise its earlier answers are applied again.
     """
     odd_types = odd_types or GsLosses()
     try:
@@ -355,11 +355,23 @@ def infer_tensor_types(
             _apply_value_info(tensor, info, dtypes_only)
     if not symbolic or dtypes_only:
         return
+    memo = SymbolicMemo() if symbolic_memo is None else symbolic_memo
     unknown = _unknown_shape_inputs(graph)
-    asked = set() if symbolic_asked is None else symbolic_asked
-    if unknown - asked:
-        _infer_symbolic_shapes(graph, inferred)
-        asked |= unknown
+    if unknown - memo.asked:
+        memo.infos = _symbolic_shapes(inferred)
+        memo.asked |= unknown
+    if unknown:
+        _apply_symbolic_shapes(graph, memo.infos)
+
+
+@dataclass
+class SymbolicMemo:
+    """onnxruntime's symbolic shape inference in a fold's earlier passes: the tensors read by a ``Shape``
+    it was asked about, and its answers (by tensor name). Folding keeps the shapes of the tensors it leaves,
+    and each pass's onnx inference forgets the fixed sizes only this inference works out."""
+
+    asked: set[str] = field(default_factory=set)
+    infos: dict[str, onnx.ValueInfoProto] = field(default_factory=dict)
 
 
 def _unknown_shape_inputs(graph: gs.Graph) -> set[str]:
@@ -377,15 +389,15 @@ def _invented_dims(shape: Any) -> bool:
     return any(isinstance(d, str) and d.startswith("unk__") for d in shape)
 
 
-def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
+def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Second opinion: onnxruntime's symbolic shape inference, as Polygraphy uses, on the graph and its
-    subgraphs.
+    subgraphs; its value infos by tensor name ({} where it fails).
 
     onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``, or on every dim of a ``Slice``
     whose starts are computed (in a ``Loop`` body: the iteration number); onnxruntime's inference computes
     such dims as expressions and keeps the dims a slice does not touch, so a ``Shape -> Gather`` of a static
     dim after it folds. Run only when some ``Shape`` still reads a tensor of unknown shape (it is slower);
-    failures are logged, not raised. Only fixed sizes it derives are taken over.
+    failures are logged, not raised.
     """
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
@@ -393,13 +405,21 @@ def _infer_symbolic_shapes(graph: gs.Graph, proto: onnx.ModelProto) -> None:
         inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
-        return
+        return {}
     if inferred is None:
-        return
+        return {}
     infos: dict[str, onnx.ValueInfoProto] = {}
     for proto_graph in gsmodel.graph_protos(inferred.graph):
         for info in proto_graph.value_info:
             infos.setdefault(info.name, info)
+    return infos
+
+
+def _apply_symbolic_shapes(graph: gs.Graph, infos: Mapping[str, onnx.ValueInfoProto]) -> None:
+    """Only the fixed sizes symbolic inference derived are taken over: a shape onnx left unknown, or a dim
+    onnx could only name ``unk__N``."""
+    if not infos:
+        return
     tensors = (t for sub in (graph, *graph.subgraphs(recursive=True)) for t in sub.tensors().values())
     for tensor in tensors:
         info = infos.get(tensor.name)

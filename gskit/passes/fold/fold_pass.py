@@ -20,7 +20,13 @@ from gskit.passes.fold.exclusion import Exclusion, report_key
 from gskit.passes.fold.options import FoldOptions, FoldReport
 from gskit.passes.fold.shape_nodes import fold_shape_nodes
 from gskit.passes.fold.whole_graph import drop_non_tensor_constants, fold_with_graphsurgeon
-from gskit.passes.tensor_types import GsLosses, constant_nbytes, export_graph, infer_tensor_types
+from gskit.passes.tensor_types import (
+    GsLosses,
+    SymbolicMemo,
+    constant_nbytes,
+    export_graph,
+    infer_tensor_types,
+)
 from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, run_pass
 from gskit.plugin.ops import op_counts, plugin_keys
 
@@ -132,12 +138,12 @@ def _fold(
         spill = Spill(spill_dir)
 
     state = _signature(graph)
-    # onnxruntime's symbolic inference is asked once per unknown tensor: a later pass leaves what it could not
-    # work out unknown again, and it costs more than the rest of a pass on a model that needs it.
-    symbolic_asked: set[str] = set()
+    # onnxruntime's symbolic inference is asked once per unknown tensor, its answers reused by later passes:
+    # on a model that needs it, it costs more than the rest of a pass
+    symbolic = SymbolicMemo()
     for index in range(max_passes):
         report.passes = index + 1
-        infer_tensor_types(graph, odd_types, symbolic_asked=symbolic_asked)
+        infer_tensor_types(graph, odd_types, symbolic_memo=symbolic)
         _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, spill, report)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         new_state = _signature(graph)

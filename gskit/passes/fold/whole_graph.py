@@ -33,6 +33,10 @@ def fold_with_graphsurgeon(
         )
 
     exclude.start_batch()
+    if not any(_reads_only_constants(node) for node in graph.nodes):
+        # graphsurgeon would copy and export the graph to find nothing to fold (most If/Loop bodies after
+        # the first pass: a third of silero-vad's fold time)
+        return
     with quiet_graphsurgeon():
         try:
             # graphsurgeon's onnxruntime session cannot be cancelled: a signal still ends the command
@@ -44,6 +48,12 @@ def fold_with_graphsurgeon(
                 f"fold: onnxruntime could not evaluate constant nodes in graph '{graph.name}': {first}; "
                 f"pass allow_partial=True (--allow-partial) to keep those nodes unfolded"
             ) from err
+
+
+def _reads_only_constants(node: gs.Node) -> bool:
+    """What graphsurgeon's fold starts from: a node whose inputs are all constants or omitted (a ``Constant``
+    node too, which it lowers to a constant tensor)."""
+    return all(isinstance(t, gs.Constant) or t.is_empty() for t in node.inputs)
 
 
 def drop_non_tensor_constants(graph: gs.Graph) -> None:
