@@ -8,6 +8,13 @@ then runs each stage in a fresh interpreter and reads that process's peak RSS (`
 * ``gskit load+save``: ``load()`` with weights + ``save``.
 * ``onnx load+save (floor)``: ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``.
 
+Then two whole processes, timed from start to exit (interpreter and imports included), with their peak RSS
+(``wait4``) and peak anonymous memory (``RssAnon``, sampled; see :func:`run_process`):
+
+* ``onnx floor (whole process)``: the floor's stage in an interpreter that imports onnx and nothing else.
+* ``gskit prepare CLI (whole process)``: ``python -m gskit.cli prepare MODEL -o OUT``, the default recipe
+  (validate and check_trt included), as a user runs it.
+
 Usage::
 
     python bench/large_model_memory.py [--size-gb 2.5] [--json results.json] [--dir /big/tmp] [--keep]
@@ -19,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,6 +140,95 @@ def _stage_main(name: str, args: list[str]) -> None:
     print(json.dumps(info))
 
 
+# -- whole processes ---------------------------------------------------------------------------------------
+
+#: How often :func:`run_process` samples the anonymous memory of the process tree.
+SAMPLE_SECONDS = 0.02
+
+
+def floor_command(model: Path, out: Path) -> list[str]:
+    """The I/O floor as a whole process: an interpreter that imports onnx, loads the model with its weights
+    and saves it with external data (:func:`onnx_floor`), nothing else."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+        "from bench.large_model_memory import onnx_floor; onnx_floor(Path(sys.argv[2]), Path(sys.argv[3]))"
+    )
+    return [sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), str(model), str(out)]
+
+
+def prepare_command(model: Path, out_dir: Path) -> list[str]:
+    """``gskit prepare MODEL -o OUT_DIR`` as a user runs it: the default recipe, the command's own process."""
+    return [sys.executable, "-m", "gskit.cli", "prepare", str(model), "-o", str(out_dir)]
+
+
+def run_process(argv: list[str], *, timeout: float | None = None) -> dict:
+    """Run ``argv`` as a whole process (interpreter start and imports included) and measure it.
+
+    Returns ``seconds`` (wall time), ``peak_rss`` (the kernel's high-water mark of resident memory:
+    ``wait4``'s ``ru_maxrss``, the largest of the process and the children it waited for; it counts the
+    pages of files the process maps, such as the external weights onnxruntime maps to run a model),
+    ``peak_anon`` (the largest sum of ``RssAnon`` over the process and its children, sampled every
+    :data:`SAMPLE_SECONDS`: the processes' own memory, not file pages the kernel can drop and read again),
+    ``returncode`` and ``stderr`` (its last 4000 characters). A process still running after ``timeout``
+    seconds is killed (returncode -9).
+    """
+    with tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        peak_anon, status, usage = 0, 0, None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if timeout is not None and time.perf_counter() - start > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            peak_anon = max(peak_anon, sum(_anon_bytes(p) for p in _process_tree(proc.pid)))
+            time.sleep(SAMPLE_SECONDS)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        err.seek(0)
+        stderr = err.read()[-4000:]
+    return {
+        "seconds": seconds,
+        "peak_rss": usage.ru_maxrss * 1024,
+        "peak_anon": peak_anon,
+        "returncode": proc.returncode,
+        "stderr": stderr,
+    }
+
+
+#: The whole processes measured after the stages: label -> (model, output) -> command line.
+PROCESSES = {
+    "onnx floor (whole process)": floor_command,
+    "gskit prepare CLI (whole process)": prepare_command,
+}
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (those that already ended are gone)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
+def _anon_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
+    except OSError:
+        return 0
+
+
 # -- driver ------------------------------------------------------------------------------------------
 
 
@@ -174,6 +272,15 @@ def main(argv: list[str] | None = None) -> int:
             result["output_bytes"] = sum(f.stat().st_size for f in out.parent.iterdir())
             results["stages"][label] = result
             shutil.rmtree(out.parent)  # keep the disk footprint at two copies of the weights
+        for label, command in PROCESSES.items():
+            out = work / "process" / "out"
+            out.parent.mkdir()
+            result = run_process(command(model, out))
+            if result["returncode"] != 0:
+                raise SystemExit(f"{label} failed:\n{result['stderr']}")
+            result["output_bytes"] = sum(f.stat().st_size for f in out.parent.rglob("*") if f.is_file())
+            results["stages"][label] = result
+            shutil.rmtree(out.parent)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -186,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
             label,
             f"{r['seconds']:.1f}",
             f"{r['peak_rss'] / gb:.2f}",
-            f"{(r['peak_rss'] - r['rss_after_imports']) / gb:.2f}",
+            f"{(r['peak_rss'] - r['rss_after_imports']) / gb:.2f}"
+            if "rss_after_imports" in r
+            else f"(anonymous {r['peak_anon'] / gb:.2f})",
             f"{r['output_bytes'] / gb:.2f}",
         )
         for label, r in results["stages"].items()

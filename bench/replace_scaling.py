@@ -1,7 +1,9 @@
 """How `gskit.passes.patterns.replace` scales: transformer-like graphs of decomposed LayerNorms and MatMuls.
 
 Each block is a decomposed LayerNorm (9 nodes), MatMul+Add, Relu, MatMul+Add and a residual Add
-(15 nodes). Run: ``python bench/replace_scaling.py [--nodes 10000 50000 100000] [--json]``.
+(15 nodes). Run: ``python bench/replace_scaling.py [--nodes 10000 50000 100000] [--all-plugins] [--json]``;
+the LayerNorm and RMSNorm plugins' rules by default, every plugin of ``plugins/`` with ``--all-plugins`` (as
+``bench/run.py``'s replace suite). Prints the time of the ``replace`` call per size, t(largest)/t(smallest).
 """
 
 from __future__ import annotations
@@ -55,12 +57,12 @@ def transformer_like(num_nodes: int, width: int = 16) -> gs.Graph:
     return graph
 
 
-def measure(num_nodes: int) -> dict[str, float | int]:
+def measure(num_nodes: int, plugins: list | None = None) -> dict[str, float | int]:
     graph = transformer_like(num_nodes)
     nodes = len(graph.nodes)
     start = time.perf_counter()
     # 8.5: older than every native form, so each instance becomes a plugin node (no opset conversion)
-    report = replace(graph, [LAYER_NORM, RMS_NORM], tensorrt="8.5")
+    report = replace(graph, plugins or [LAYER_NORM, RMS_NORM], tensorrt="8.5")
     seconds = time.perf_counter() - start
     return {
         "nodes": nodes,
@@ -76,9 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes", type=int, nargs="+", default=[2000, 10000], help="graph sizes (default: quick)"
     )
+    parser.add_argument("--all-plugins", action="store_true", help="every plugin's rules (plugins/)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    results = [measure(n) for n in args.nodes]
+    plugins = None
+    if args.all_plugins:
+        from gskit.plugin import load_plugins
+
+        plugins = list(load_plugins())
+    results = [measure(n, plugins) for n in args.nodes]
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -87,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{r['nodes']:>8} {r['instances_replaced']:>9} {r['seconds']:>9.3f} {r['us_per_node']:>9.2f}"
             )
+        if len(results) > 1:
+            lo, hi = min(results, key=lambda r: r["nodes"]), max(results, key=lambda r: r["nodes"])
+            print(f"t({hi['nodes']})/t({lo['nodes']}) = {hi['seconds'] / lo['seconds']:.1f}")
     return 0
 
 

@@ -132,14 +132,23 @@ def _replace_suite(work: Path, quick: bool, timeout: float) -> list[Row]:
     return rows
 
 
+#: Paired runs of the command line and the floor as whole processes on the large model (the disk is shared
+#: and noisy: each pair runs back to back, and the medians are reported).
+LARGE_CLI_RUNS = 2
+
+
 def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tuple[list[Row], dict[str, Any]]:
+    """The large model: ``gskit prepare`` as users run it (the command's whole process, default recipe:
+    validate and check_trt included) against the I/O floor as a whole process, in pairs, then the library
+    path (the transform steps of the default recipe, the floor timed inside its process) and each folding
+    tool."""
     size = 0.2 if quick else size_gb
     path = work / "large" / "big.onnx"
     info = models.large_model(path, int(size * GB))
     label = f"{info['weight_bytes'] / GB:.2f} GB MatMul chain" + (
         " (quick stand-in for >2 GB)" if quick else ""
     )
-    rows = []
+    rows = _large_cli_rows(path, label, work / "out", LARGE_CLI_RUNS, timeout * 3)
     for tool in ("onnx-floor", "gskit-prepare", *FOLD_TOOLS):
         runs = 1
         rows.append(
@@ -156,6 +165,58 @@ def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tup
         )
     shutil.rmtree(path.parent, ignore_errors=True)
     return rows, {"weight_bytes": info["weight_bytes"], "stand_in": quick}
+
+
+#: The rows of the large model's whole processes: the floor, and the command line with the default recipe.
+FLOOR_PROCESS, PREPARE_CLI = "onnx-floor (process)", "gskit prepare (CLI)"
+
+
+def _large_cli_rows(model: Path, label: str, out: Path, runs: int, timeout: float) -> list[Row]:
+    """``gskit prepare MODEL -o OUT`` and the floor, each a whole process, ``runs`` pairs back to back:
+    median wall, the largest peak RSS and peak anonymous memory (``large_model_memory.run_process``); the
+    command's own verdict (its validate step) is the row's match, its steps' times are in ``detail``."""
+    from bench.large_model_memory import floor_command, prepare_command, run_process
+
+    measured: dict[str, list[dict[str, Any]]] = {FLOOR_PROCESS: [], PREPARE_CLI: []}
+    for _ in range(runs):
+        for tool, argv in (
+            (FLOOR_PROCESS, floor_command(model, out / "floor.onnx")),
+            (PREPARE_CLI, prepare_command(model, out / "prepared")),
+        ):
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            result = run_process(argv, timeout=timeout)
+            report = out / "prepared" / "report.json"
+            if report.is_file():
+                result["report"] = json.loads(report.read_text())
+            result["written_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+            measured[tool].append(result)
+            log.info("large %s: %.1f s, rc %s", tool, result["seconds"], result["returncode"])
+    shutil.rmtree(out, ignore_errors=True)
+    rows = []
+    for tool, results in measured.items():
+        row = Row("large", label, tool, runs=len(results))
+        failed = [r for r in results if r["returncode"] != 0]
+        if failed:
+            row.status, row.note = "failed", (failed[0]["stderr"].strip().splitlines() or ["?"])[-1][:200]
+        row.seconds = statistics.median(r["seconds"] for r in results)
+        row.peak_rss = max(r["peak_rss"] for r in results)
+        reports = [r["report"] for r in results if "report" in r]
+        if reports:
+            row.match = all(report.get("passed") is True for report in reports)
+            row.nodes_before = reports[-1]["steps"][0]["nodes_before"]
+            row.nodes_after = reports[-1]["steps"][-1]["nodes_after"]
+        row.detail = {
+            "all_seconds": [round(r["seconds"], 2) for r in results],
+            "peak_anon": max(r["peak_anon"] for r in results),
+            "written_bytes": results[-1]["written_bytes"],
+            "steps": [
+                [(step["name"], round(step["seconds"], 2)) for step in report["steps"]] for report in reports
+            ],
+        }
+        rows.append(row)
+        _DONE.append(row)
+    return rows
 
 
 # -- cli: the command line as users run it -------------------------------------------------------------------
@@ -400,10 +461,10 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
     if len(rep) >= 2:
         lo, hi = rep[0], rep[-1]
         ratio, size_ratio = hi.seconds / lo.seconds, hi.nodes_before / lo.nodes_before
-        limit = 12 * size_ratio / 10
+        limit = 10.5 * size_ratio / 10
         result.append(
             _goal(
-                f"replace t({hi.nodes_before // 1000}k)/t({lo.nodes_before / 1000:.0f}k) <= {limit:.0f}",
+                f"replace t({hi.nodes_before // 1000}k)/t({lo.nodes_before / 1000:.0f}k) <= {limit:.3g}",
                 f"{ratio:.1f} for {size_ratio:.0f}x nodes",
                 ratio <= limit,
             )
@@ -413,9 +474,9 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
         r = four_hundred[0]
         result.append(
             _goal(
-                "400 instances in ~10k nodes < 1 s",
+                "400 instances in ~10k nodes <= 0.5 s",
                 f"{r.seconds:.2f} s" if r.seconds else r.status,
-                bool(r.seconds and r.seconds < 1.0 and r.match is not False),
+                bool(r.seconds and r.seconds <= 0.5 and r.match is not False),
             )
         )
     big = {r.tool: r for r in rows if r.suite == "large"}
@@ -436,14 +497,39 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
             ratio = p.peak_rss / weights if p.peak_rss else None
             result.append(
                 _goal(
-                    f"prepare large{tag}: peak RSS <= 1.3x weights",
+                    f"prepare large{tag} (library, transform steps): peak RSS <= 1.3x weights",
                     f"{ratio:.2f}x" if ratio else p.status,
                     bool(ratio and ratio <= 1.3 and _ok(p)),
                 )
             )
         if p and floor and p.seconds and floor.seconds:
             ratio = p.seconds / floor.seconds
-            result.append(_goal(f"prepare large{tag}: wall <= 2x I/O floor", f"{ratio:.2f}x", ratio <= 2.0))
+            result.append(
+                _goal(
+                    f"prepare large{tag} (library, transform steps): wall <= 2x I/O floor",
+                    f"{ratio:.2f}x",
+                    ratio <= 2.0,
+                )
+            )
+        cli, floor_process = big.get(PREPARE_CLI), big.get(FLOOR_PROCESS)
+        if cli and floor_process and cli.seconds and floor_process.seconds:
+            ratio = cli.seconds / floor_process.seconds
+            result.append(
+                _goal(
+                    f"prepare CLI large{tag} (default recipe, whole process): wall <= 1.5x I/O floor",
+                    f"{ratio:.2f}x ({cli.seconds:.1f} s vs {floor_process.seconds:.1f} s)",
+                    ratio <= 1.5 and _ok(cli),
+                )
+            )
+        if cli and cli.peak_rss:
+            ratio, anon = cli.peak_rss / weights, cli.detail.get("peak_anon", 0) / weights
+            result.append(
+                _goal(
+                    f"prepare CLI large{tag} (default recipe, whole process): peak RSS <= 0.3x weights",
+                    f"{ratio:.2f}x ({anon:.2f}x anonymous; the rest: weight file pages onnxruntime maps)",
+                    ratio <= 0.3 and _ok(cli),
+                )
+            )
     return result + _cli_goals([r for r in rows if r.suite == "cli"])
 
 

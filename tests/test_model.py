@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from gskit.io.model import (
     load,
     resolve_output,
     save,
+    save_linked,
     to_graph,
     to_model,
 )
@@ -526,3 +529,60 @@ def test_cli_debug_prints_the_traceback_and_still_exits_2(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert "Traceback" in err and "GskitError" in err
     assert err.rstrip().splitlines()[-1].startswith("gskit inspect: error: ") and "absent.onnx" in err
+
+
+def _mlp_with_new_weight(tmp_path: Path, rng: np.random.Generator):
+    """The MLP saved with W on disk, loaded weightless, with a second weight made in memory (Y + C, 4 KiB)."""
+    import onnx_graphsurgeon as gs
+
+    path = save(_mlp(rng), tmp_path / "in" / "m.onnx", external_data=True)
+    graph = to_graph(load(path, load_weights=False))
+    added = gs.Constant("C", rng.standard_normal((32, 32)).astype(np.float32))
+    out = gs.Variable("Z", dtype=np.float32, shape=["batch", 32])
+    graph.nodes.append(gs.Node("MatMul", inputs=[graph.outputs[0], added], outputs=[out]))
+    graph.outputs = [out]
+    return path, graph
+
+
+def test_save_linked_links_the_weights_on_disk_and_writes_those_in_memory(tmp_path, rng) -> None:
+    """The snapshot's folder has a hard link to the original's data (nothing of W copied) and a data file of
+    its own for the new weight; gskit and onnxruntime read it and compute what a full save computes."""
+    from gskit.backends import ort as gsort
+
+    path, graph = _mlp_with_new_weight(tmp_path, rng)
+    snapshot = save_linked(graph, tmp_path / "snap" / "model.onnx")
+    data = path.with_name("m.onnx.data")
+    assert (snapshot.parent / "m.onnx.data").samefile(data)
+    assert (snapshot.parent / "model.onnx.data").stat().st_size == 32 * 32 * 4  # only C
+    full = save(graph, tmp_path / "full" / "model.onnx")
+    _assert_bit_identical(_graph_weights(load(snapshot)), _graph_weights(load(full)))
+    feeds = {"X": rng.standard_normal((2, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(gsort.run(snapshot, feeds)["Z"], gsort.run(full, feeds)["Z"])
+
+
+def test_save_linked_copies_the_weights_where_no_link_can_be_made(tmp_path, rng) -> None:
+    """A snapshot on another file system (no hard link across them) gets a copy of the weights instead."""
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another file system")
+    path, graph = _mlp_with_new_weight(tmp_path, rng)
+    folder = Path(tempfile.mkdtemp(dir=other))
+    try:
+        snapshot = save_linked(graph, folder / "model.onnx")
+        assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "model.onnx.data"]
+        assert (folder / "model.onnx.data").stat().st_size >= (64 * 32 + 32 * 32) * 4  # W and C
+        _assert_bit_identical(
+            _graph_weights(load(snapshot)), _graph_weights(load(save(graph, tmp_path / "f.onnx")))
+        )
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_hard_link_gskit_did_not_make_is_still_refused(tmp_path, rng) -> None:
+    """Linking a model's data for a snapshot does not make another name of any other file acceptable."""
+    path, graph = _mlp_with_new_weight(tmp_path, rng)
+    save_linked(graph, tmp_path / "snap" / "model.onnx")
+    other = save(_mlp(rng), tmp_path / "other" / "o.onnx", external_data=True)
+    os.link(other.with_name("o.onnx.data"), tmp_path / "other" / "second-name")
+    with pytest.raises(GskitError, match="hard links"):
+        load(other, load_weights=False)

@@ -173,6 +173,36 @@ def test_plugin_model_from_file_with_external_data(plugins, rng, tmp_path):
     )
 
 
+def test_a_model_with_weights_on_disk_and_plugin_nodes_runs_without_a_copy_of_its_weights(
+    plugins, rng, tmp_path
+):
+    """The session of a rewritten model (plugin nodes as PyOps) reads the weights that stayed on disk from
+    their data file, linked beside it: the 2.4 MB weight is not written again (bytes this process writes,
+    Linux's /proc/self/io)."""
+    io = Path("/proc/self/io")
+    if not io.is_file():
+        pytest.skip("needs Linux's /proc/self/io")
+    model = parse_model(PLUGIN_CHAIN)
+    weight = rng.standard_normal((6, 100_000)).astype(np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
+    model.graph.node.append(onnx.helper.make_node("MatMul", ["y", "w"], ["z"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["N", 100_000]))
+    path = gsmodel.save(model, tmp_path / "m" / "chain.onnx", external_data=True)
+    weightless = gsmodel.load(path, load_weights=False)
+    feeds = {
+        "x": rng.standard_normal((3, 6)).astype(np.float32),
+        "b": rng.standard_normal(6).astype(np.float32),
+    }
+
+    def written() -> int:
+        return next(int(line.split()[1]) for line in io.read_text().splitlines() if line.startswith("wchar:"))
+
+    before = written()
+    got = ort_backend.run(weightless, feeds, plugins=plugins)
+    assert written() - before < weight.nbytes / 8
+    np.testing.assert_array_equal(got["z"], ort_backend.run(model, feeds, plugins=plugins)["z"])
+
+
 def test_reference_error_is_reported(plugins, rng):
     model = parse_model(PLUGIN_CHAIN)
     with pytest.raises(GskitError, match="onnxruntime failed to run"):

@@ -435,6 +435,60 @@ def test_check_steps_see_every_transform(tmp_path: Path, rng: np.random.Generato
     assert {t.data_type for t in onnx.load(str(out / "model.onnx")).graph.initializer} == {fp16}
 
 
+def _bytes_written() -> int:
+    """Bytes this process has written so far (``write`` and ``copy_file_range`` alike: Linux's ``wchar``)."""
+    text = Path("/proc/self/io").read_text()
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("wchar:"))
+
+
+def test_no_step_writes_the_weights_again(tmp_path: Path, rng: np.random.Generator) -> None:
+    """On a model with external data, the default recipe's steps write nothing of its 8 MB of weights (the
+    checks read a snapshot beside a link to the original's data; sanitize, check_trt and validate write no
+    copy): the weights are written once, into the output. Watched per step through the bytes the process
+    writes and the files in the run's work folder."""
+    if not Path("/proc/self/io").is_file():
+        pytest.skip("needs Linux's /proc/self/io")
+    from gskit.pipeline.prepare import prepare
+
+    weights = [rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2)]
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            onnx.helper.make_node("MatMul", ["h", "w2"], ["y"]),
+        ],
+        "two_matmuls",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1024])],
+        [onnx.numpy_helper.from_array(w, f"w{i + 1}") for i, w in enumerate(weights)],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    path = gsmodel.save(model, tmp_path / "in" / "m.onnx", external_data=True)
+    data = path.with_name("m.onnx.data")
+    out = tmp_path / "out"
+    steps: list[tuple[str, int, int]] = []
+
+    class Watch:
+        def started(self, name: str, index: int, total: int) -> None:
+            self.before = _bytes_written()
+
+        def finished(self, result) -> None:
+            files = [f for f in out.glob(".gskit-work-*/**/*") if f.is_file() and not f.samefile(data)]
+            steps.append((result.name, _bytes_written() - self.before, sum(f.stat().st_size for f in files)))
+
+    report = prepare(path, out, listener=Watch())
+    assert report.passed is True
+    assert [name for name, _, _ in steps] == list(DEFAULT_STEPS)
+    weight_bytes = sum(w.nbytes for w in weights)
+    for name, wrote, in_work_folder in steps:
+        assert wrote < weight_bytes / 8, (name, wrote)
+        assert in_work_folder < weight_bytes / 8, (name, in_work_folder)
+    written = onnx.load(str(out / "model.onnx"))  # the output holds the weights, bit for bit
+    assert [onnx.numpy_helper.to_array(t).tobytes() for t in written.graph.initializer] == [
+        w.tobytes() for w in weights
+    ]
+    assert data.stat().st_nlink == 1  # the snapshot's link went with the work folder
+
+
 def test_outdir_name_the_input_reads_is_refused_before_running(tmp_path: Path, capsys) -> None:
     """The input's weights live in OUTDIR/model.onnx.data: saving the result there would destroy them, so
     the run is refused before its steps, and OUTDIR is left as it was."""

@@ -7,8 +7,9 @@ Built-in steps, run in this order (each can be skipped by name):
 ``drop_initializer_inputs``
     Initializers are no longer listed as graph inputs (``gskit.passes.edit.drop_initializer_inputs``).
 ``merge_duplicate_initializers``
-    Initializers with the same dtype, shape and bytes become one (candidates grouped by dtype and shape first,
-    then by a SHA-256 of their bytes, so each tensor is read at most once).
+    Initializers with the same dtype, shape and bytes become one (candidates grouped by dtype and shape first;
+    weights that are the same span of the same data file are equal unread; the others are compared chunk by
+    chunk, growing from 64 KiB, and a tensor that no other matches so far is read no further).
 ``remove_noops``
     ``Identity``, ``Cast`` to the dtype the input already has, and inference ``Dropout`` (no mask used) are
     removed. When the removed node's output is a graph output, the tensor feeding it takes the output's name,
@@ -216,36 +217,92 @@ def _merge_duplicate_initializers(graph: gs.Graph) -> int:
     for group in by_kind.values():
         if len(group) < 2:
             continue
-        keeper_by_digest: dict[str, gs.Constant] = {}
-        for tensor in group:
-            digest = _digest(tensor)
-            keeper = keeper_by_digest.setdefault(digest, tensor)
-            if keeper is tensor:
-                continue
-            for consumer in list(tensor.outputs):
-                for index, inp in enumerate(consumer.inputs):
-                    if inp is tensor:
-                        consumer.inputs[index] = keeper
-            merged += 1
+        for keeper, *duplicates in _equal_bytes(group):
+            for tensor in duplicates:
+                for consumer in list(tensor.outputs):
+                    for index, inp in enumerate(consumer.inputs):
+                        if inp is tensor:
+                            consumer.inputs[index] = keeper
+                merged += 1
     return merged
 
 
-def _digest(tensor: gs.Constant) -> str:
-    """sha256 of a constant's bytes without loading weights that are still on disk into the graph."""
-    sha = hashlib.sha256()
+#: Bytes compared in the first round of :func:`_equal_bytes`; each later round reads four times more, up to
+#: the last size. Weights that differ usually differ in their first bytes: those are read no further.
+_FIRST_CHUNK = 64 * 1024
+_LAST_CHUNK = 64 * 1024 * 1024
+
+
+def _equal_bytes(tensors: list[gs.Constant]) -> list[list[gs.Constant]]:
+    """The groups of two or more tensors (of one dtype and shape) whose bytes are equal, each in the given
+    order.
+
+    Tensors whose data is the same span of the same file are equal unread. The others are compared chunk by
+    chunk (a SHA-256 of each chunk), and a tensor that no other matches so far is read no further: weights
+    on disk are read only as far as they are alike, and only equal ones to the end.
+    """
+    order = {id(t): i for i, t in enumerate(tensors)}
+    same_storage: dict[Any, list[gs.Constant]] = {}
+    for tensor in tensors:
+        same_storage.setdefault(_storage(tensor), []).append(tensor)
+    # Each candidate: (its bytes, the tensors known to hold them); candidates alike so far are compared on.
+    pending = [[(_TensorBytes(alike[0]), alike) for alike in same_storage.values()]]
+    equal: list[list[gs.Constant]] = []
+    start, size = 0, _FIRST_CHUNK
+    while pending:
+        next_round = []
+        for candidates in pending:
+            if len(candidates) == 1:  # unlike every other: equal only to the tensors of its own storage
+                equal.append(candidates[0][1])
+                continue
+            split: dict[tuple[int, bytes], list] = {}
+            for candidate in candidates:
+                chunk = candidate[0].read(start, size)
+                split.setdefault((len(chunk), hashlib.sha256(chunk).digest()), []).append(candidate)
+            for (length, _), alike in split.items():
+                if length == 0:  # read to the end and alike all the way: equal
+                    equal.append([t for _, same in alike for t in same])
+                else:
+                    next_round.append(alike)
+        pending = next_round
+        start, size = start + size, min(size * 4, _LAST_CHUNK)
+    return [sorted(group, key=lambda t: order[id(t)]) for group in equal if len(group) > 1]
+
+
+def _storage(tensor: gs.Constant) -> Any:
+    """What a constant's bytes are stored as: the span of its data file for weights still on disk (two
+    tensors with the same span are equal unread), else the tensor itself."""
     lazy = tensor._values
     if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
-        for chunk in gsmodel.external_chunks(lazy.tensor):
-            sha.update(chunk)
-        return sha.hexdigest()
-    # load() leaves lazy values lazy: the array is dropped after hashing instead of cached on the tensor.
-    values = lazy.load() if isinstance(lazy, gs.ir.tensor.LazyValues) else tensor.values
-    values = np.ascontiguousarray(values)
-    if values.dtype == object:  # strings: no buffer to hash
-        sha.update(repr(values.tolist()).encode())
-    elif values.size:
-        sha.update(values.reshape(-1).view(np.uint8))  # a view: no copy of the bytes
-    return sha.hexdigest()
+        return gsmodel.external_span(lazy.tensor)
+    return id(tensor)
+
+
+class _TensorBytes:
+    """A constant's bytes, read a range at a time: from its data file for weights still on disk (nothing
+    held between reads), else from its values in memory (loaded on the first read, dropped with this)."""
+
+    def __init__(self, tensor: gs.Constant) -> None:
+        self._tensor = tensor
+        self._memory: memoryview | None = None
+
+    def read(self, start: int, size: int) -> bytes:
+        lazy = self._tensor._values
+        if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
+            return gsmodel.external_range(lazy.tensor, start, size)
+        if self._memory is None:
+            self._memory = _memory_bytes(self._tensor)
+        return bytes(self._memory[start : start + size])
+
+
+def _memory_bytes(tensor: gs.Constant) -> memoryview:
+    """The bytes of a constant whose values are in memory, without caching lazy values on the tensor."""
+    lazy = tensor._values
+    # load() leaves lazy values lazy: the array is dropped with the view instead of cached on the tensor.
+    values = np.ascontiguousarray(lazy.load() if isinstance(lazy, gs.ir.tensor.LazyValues) else tensor.values)
+    if values.dtype == object:  # strings: no buffer to compare
+        return memoryview(repr(values.tolist()).encode())
+    return memoryview(values.reshape(-1).view(np.uint8))  # a view: no copy of the bytes
 
 
 def _remove_noops(graph: gs.Graph) -> int:

@@ -169,7 +169,12 @@ class NotRun:
 
 class Snapshots:
     """The run's graph saved as a file, for passes that read files (``PassContext.snapshot``); saved again
-    only after a step changed the graph."""
+    only after a step changed the graph.
+
+    A snapshot writes no weight that is still on disk: their data files are linked beside it
+    (``gsmodel.save_linked``), so a check on a model of any size writes its graph and the weights the steps
+    made, never a copy of the original's.
+    """
 
     def __init__(self, work_dir: Path) -> None:
         self._work_dir = work_dir
@@ -180,7 +185,7 @@ class Snapshots:
         if self._path is None:
             self._taken += 1
             target = self._work_dir / f"step{self._taken}" / "model.onnx"
-            self._path = gsmodel.save(copy_graph(graph), target)
+            self._path = gsmodel.save_linked(copy_graph(graph), target)
         return self._path
 
     def graph_changed(self) -> None:

@@ -101,6 +101,14 @@ class ConstValue:
     capture: str | None = None
     dtype: str | None = None
 
+    @functools.cached_property
+    def literal_key(self) -> tuple[Any, ...]:
+        """What a constant is compared against (value and precision), as a hashable key."""
+        value = self.value
+        if isinstance(value, np.ndarray):
+            return (value.dtype.str, value.shape, value.tobytes(), self.dtype)
+        return (type(value).__name__, value, self.dtype)
+
 
 @dataclass(eq=False)
 class PNode:
@@ -125,6 +133,47 @@ class PNode:
     def orders(self) -> tuple[tuple[Value | None, ...], ...]:
         """The input orders to try: both for a two-input commutative op."""
         return tuple(input_orders(self))
+
+    @functools.cached_property
+    def attribute_inputs(self) -> dict[str, int]:
+        """The op's attributes that may be inputs instead (``ATTRIBUTE_INPUTS``), name -> input index."""
+        return ATTRIBUTE_INPUTS.get((self.domain, self.op_type), {})
+
+    @functools.cached_property
+    def attribute_key(self) -> int:
+        """A number equal for pattern nodes whose attribute checks are the same (op, input count, attributes
+        in order), so a node's attributes are checked once for all of them."""
+        shape = (
+            self.op_type,
+            self.domain,
+            len(self.inputs),
+            tuple((k, _key(v)) for k, v in self.attrs.items()),
+        )
+        return _ATTRIBUTE_KEYS.setdefault(shape, len(_ATTRIBUTE_KEYS))
+
+    @functools.cached_property
+    def input_limit(self) -> int:
+        """Inputs a matching node may have: the pattern's, and those its attributes stand for."""
+        table = self.attribute_inputs
+        return max([len(self.inputs), *(i + 1 for n, i in table.items() if n in self.attrs)])
+
+
+_ATTRIBUTE_KEYS: dict[tuple[Any, ...], int] = {}
+
+
+def _key(value: Any) -> Any:
+    """An attribute's wanted value as a hashable key (equal keys: equal values of the same types)."""
+    if isinstance(value, Capture):
+        return ("capture", value.name)
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_key(v) for v in value))
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", type(value).__name__, repr(value))
+    return (type(value).__name__, value)
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,8 @@ for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the p
 the matcher looks through such a Cast: between two pattern nodes the Cast joins the match (it is replaced
 with the rest and its output must not be used outside), in front of a pattern argument the argument binds
 to the Cast's input. So matching does not depend on a cleanup having run first. A Cast is a no-op only
-when its input's dtype is known; ``gskit.passes.patterns.replace`` infers missing dtypes before matching.
+when its input's dtype is known; ``gskit.passes.patterns.replace`` learns the missing ones it needs first
+(``gskit.passes.patterns.dtypes``).
 
 The other way round, a ``Cast`` the pattern wants may be missing from the model where it would be a no-op (the
 tensor already has the dtype the Cast names; ``sanitize`` removed it, or this exporter never wrote it): the
@@ -20,9 +21,9 @@ export, ``Cast(x, to=float)`` first, also matches where ``x`` is float32 and not
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,6 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.passes.patterns.dsl import (
-    ATTRIBUTE_INPUTS,
     Capture,
     ConstValue,
     NodeOutput,
@@ -41,6 +41,7 @@ from gskit.passes.patterns.dsl import (
     Value,
     Var,
 )
+from gskit.passes.patterns.dtypes import DtypeLearner
 from gskit.passes.tensor_types import elem_type  # the one owner; importable from here for plugin patterns
 from gskit.plugin.ops import canonical_domain
 
@@ -52,7 +53,8 @@ MAX_LITERAL_ELEMENTS = 4096
 
 def op_key(node: gs.Node) -> tuple[str, str]:
     """``(domain, op_type)`` of a node; ``ai.onnx`` and the empty domain are the same."""
-    return (canonical_domain(node.domain), node.op)
+    domain = node.domain
+    return ("" if not domain else canonical_domain(domain), node.op)  # most nodes: no domain
 
 
 @dataclass
@@ -70,12 +72,26 @@ class GraphIndex:
     graph_outputs: frozenset[int]
     used_in_subgraphs: frozenset[str]
     functions: Mapping[tuple[str, str], gs.Function] = field(default_factory=dict)
+    #: where the matcher asks for a tensor's element type (None: the tensor's own ``dtype``)
+    dtypes: DtypeLearner | None = None
+    #: the op-type pre-check's answers, shared by every rule and anchor (see ``Matcher._skeleton``)
+    skeletons: dict[tuple[int, int], bool] = field(default_factory=dict)
+    #: whether a constant holds a pattern's literal, by ``(id(tensor), ConstValue.literal_key)``
+    literals: dict[tuple[int, tuple[Any, ...]], bool] = field(default_factory=dict)
+    #: a node's attributes checked against alike pattern nodes, by ``(PNode.attribute_key, id(node))``
+    attributes: dict[tuple[int, int], Any] = field(default_factory=dict)
+    #: ``through_noop_casts`` of each tensor asked about, by ``id(tensor)``
+    sources: dict[int, gs.Tensor] = field(default_factory=dict)
 
     @classmethod
     def build(
-        cls, graph: gs.Graph, functions: Mapping[tuple[str, str], gs.Function] | None = None
+        cls,
+        graph: gs.Graph,
+        functions: Mapping[tuple[str, str], gs.Function] | None = None,
+        dtypes: DtypeLearner | None = None,
     ) -> GraphIndex:
-        """Index ``graph``; ``functions`` are the model's local functions as ``(domain, name)``."""
+        """Index ``graph``; ``functions`` are the model's local functions as ``(domain, name)``; ``dtypes``
+        learns the element types matching needs (``replace`` gives one learner to every graph it indexes)."""
         by_op: dict[tuple[str, str], list[gs.Node]] = {}
         position: dict[int, int] = {}
         for i, node in enumerate(graph.nodes):
@@ -94,7 +110,12 @@ class GraphIndex:
             frozenset(id(t) for t in graph.outputs),
             frozenset(used),
             dict(functions or {}),
+            dtypes,
         )
+
+    def elem_type(self, tensor: gs.Tensor) -> int | None:
+        """``tensor``'s element type, learnt when unknown (see ``gskit.passes.patterns.dtypes``)."""
+        return elem_type(tensor.dtype) if self.dtypes is None else self.dtypes.elem_type(tensor)
 
     def external_use(self, tensor: gs.Tensor, inside: set[int]) -> str | None:
         """Why ``tensor`` is needed outside the nodes ``inside`` (ids), or None if it is not."""
@@ -185,23 +206,31 @@ class Binding:
     #: pattern Casts the model does not need (its tensor has that dtype already) -> that tensor
     virtual: Mapping[int, gs.Tensor] = field(default_factory=dict)
 
+    def _evolve(self, **changes: Any) -> Binding:
+        # dataclasses.replace re-runs __init__ through the frozen __setattr__; a binding is copied at every
+        # step of every match, so this copies the fields directly (the instance is still never mutated)
+        new = object.__new__(Binding)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
     def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
-        return dataclasses.replace(self, nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
+        return self._evolve(nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
 
     def with_var(self, name: str, tensor: gs.Tensor) -> Binding:
-        return dataclasses.replace(self, vars={**self.vars, name: tensor})
+        return self._evolve(vars={**self.vars, name: tensor})
 
     def with_capture(self, name: str, value: Any) -> Binding:
-        return dataclasses.replace(self, captures={**self.captures, name: value})
+        return self._evolve(captures={**self.captures, name: value})
 
     def with_constant(self, tensor: gs.Tensor) -> Binding:
-        return dataclasses.replace(self, constants=(*self.constants, tensor))
+        return self._evolve(constants=(*self.constants, tensor))
 
     def with_cast(self, node: gs.Node) -> Binding:
-        return dataclasses.replace(self, used=self.used | {id(node)}, casts=(*self.casts, node))
+        return self._evolve(used=self.used | {id(node)}, casts=(*self.casts, node))
 
     def with_virtual(self, pnode: PNode, tensor: gs.Tensor) -> Binding:
-        return dataclasses.replace(self, virtual={**self.virtual, id(pnode): tensor})
+        return self._evolve(virtual={**self.virtual, id(pnode): tensor})
 
 
 def label(node: gs.Node) -> str:
@@ -223,8 +252,8 @@ def elem_type_name(dtype: Any) -> str:
 
 def is_noop_cast(node: gs.Node | None) -> bool:
     """A ``Cast`` to the dtype its input is known to have already."""
-    if node is None or op_key(node) != ("", "Cast") or not node.inputs:
-        return False
+    if node is None or node.op != "Cast" or op_key(node) != ("", "Cast") or not node.inputs:
+        return False  # node.op first: most producers are not Casts, and op_key builds a tuple
     have = elem_type(node.inputs[0].dtype)
     return have is not None and have == node.attrs.get("to")
 
@@ -316,14 +345,28 @@ def _same_value(name: str, want: Any, have: Any, rank: int | None) -> bool:
 class Matcher:
     """Matches one traced pattern against anchors of one graph."""
 
-    def __init__(self, pattern: PatternGraph, tracer: Tracer = NULL_TRACER) -> None:
+    def __init__(
+        self, pattern: PatternGraph, tracer: Tracer = NULL_TRACER, index: GraphIndex | None = None
+    ) -> None:
+        """``index``: the graph's index, whose dtype learner and pre-check answers the matcher uses."""
         self.pattern = pattern
         self.tracer = tracer
         self._outputs = [o.node for o in pattern.outputs]
+        self._dtypes = None if index is None else index.dtypes
+        self._seen: dict[tuple[int, int], bool] = {} if index is None else index.skeletons
+        self._literals: dict[tuple[int, tuple[Any, ...]], bool] = {} if index is None else index.literals
+        self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
+        self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
+        self._keys = skeleton_keys(pattern)
+
+    def could_match(self, anchor: gs.Node) -> bool:
+        """Whether the op types of ``anchor`` and its producers fit the pattern (no attributes, constants or
+        bindings checked): False means :meth:`match` finds nothing there."""
+        return self._skeleton(self.pattern.anchor, anchor, self._seen)
 
     def match(self, anchor: gs.Node) -> Binding | None:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
-        if self.tracer is NULL_TRACER and not self._skeleton(self.pattern.anchor, anchor, {}):
+        if self.tracer is NULL_TRACER and not self.could_match(anchor):
             return None  # op types alone rule it out; the full matcher would fail too, only slower
         for binding in self._node(self.pattern.anchor, anchor, Binding()):
             if all(id(o.node) in binding.nodes for o in self.pattern.outputs):  # outputs are real nodes
@@ -335,39 +378,57 @@ class Matcher:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
         if node.op != pn.op_type or op_key(node) != (pn.domain, pn.op_type):
             return False
-        key = (id(pn), id(node))
-        if key not in seen:
+        key = (self._keys[id(pn)], id(node))  # alike pattern nodes of any rule share the answer
+        fits = seen.get(key)
+        if fits is None:
             seen[key] = True  # provisional: a DAG pattern reaches a node twice
-            seen[key] = any(
-                all(
-                    i < len(node.inputs) and self._skeleton_value(v, node.inputs[i], seen)
-                    for i, v in enumerate(order)
-                )
-                for order in pn.orders
-            )
-        return seen[key]
+            inputs = node.inputs
+            for order in pn.orders:  # loops, not any(all(...)): this runs for every rule at every anchor
+                fits = True
+                for i, v in enumerate(order):
+                    if i >= len(inputs) or not self._skeleton_value(v, inputs[i], seen):
+                        fits = False
+                        break
+                if fits:
+                    break
+            seen[key] = fits = bool(fits)
+        return fits
 
     def _skeleton_value(self, v: Value | None, tensor: gs.Tensor, seen: dict[tuple[int, int], bool]) -> bool:
         if not isinstance(v, NodeOutput):
             return True
-        source = self._source(v, tensor)
-        if source.inputs and self._skeleton(v.node, source.inputs[0], seen):
-            return True
-        # a pattern Cast the model may not need: its input stands where the Cast would be
-        return self._may_be_virtual(v.node, tensor) and self._skeleton_value(v.node.inputs[0], tensor, seen)
+        key = (self._keys[id(v)], id(tensor))
+        fits = seen.get(key)
+        if fits is None:
+            source = self._source(v, tensor)
+            fits = bool(source.inputs and self._skeleton(v.node, source.inputs[0], seen)) or (
+                # a pattern Cast the model may not need: its input stands where the Cast would be
+                self._may_be_virtual(v.node, tensor) and self._skeleton_value(v.node.inputs[0], tensor, seen)
+            )
+            seen[key] = fits
+        return fits
 
     def _may_be_virtual(self, pn: PNode, tensor: gs.Tensor) -> bool:
         """A pattern Cast (not an output) to the dtype ``tensor`` has already: the model needs no node."""
         if pn.op_type != "Cast" or pn.domain or len(pn.inputs) != 1 or pn in self._outputs:
             return False
-        have = elem_type(tensor.dtype)
+        have = self._elem_type(tensor)
         want = pn.attrs.get("to")
         return have is not None and (isinstance(want, Capture) or want == have)
 
-    @staticmethod
-    def _source(pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
+    def _elem_type(self, tensor: gs.Tensor) -> int | None:
+        return elem_type(tensor.dtype) if self._dtypes is None else self._dtypes.elem_type(tensor)
+
+    def _source(self, pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
         """Where the matcher looks for ``pv``'s node: past no-op Casts unless the pattern wants a Cast."""
-        return tensor if pv.node.op_type == "Cast" else through_noop_casts(tensor)
+        return tensor if pv.node.op_type == "Cast" else self._through(tensor)
+
+    def _through(self, tensor: gs.Tensor) -> gs.Tensor:
+        """``through_noop_casts(tensor)``, remembered per graph (every rule asks it of the same tensors)."""
+        source = self._sources.get(id(tensor))
+        if source is None:
+            source = self._sources[id(tensor)] = through_noop_casts(tensor)
+        return source
 
     def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
         self.tracer.fail(len(binding.nodes), node, reason)
@@ -393,85 +454,70 @@ class Matcher:
             )
             return
         b = b.with_node(pn, node)
-        table = ATTRIBUTE_INPUTS.get(key, {})
-        for name, want in pn.attrs.items():
-            idx = table.get(name)
-            if idx is not None and name not in node.attrs and idx >= len(pn.inputs):
-                if not present(node, idx):
-                    self._fail(b, node, f"node '{label(node)}' has no '{name}' (attribute or input {idx})")
-                    return
-                tensor = node.inputs[idx]
-                have = constant_value(tensor)
-                if have is None:
-                    self._fail(
-                        b, node, f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant"
-                    )
-                    return
-                b = b.with_constant(tensor)
-            else:
-                have = node.attrs.get(name, schema_default(key[0], key[1], name))
-                if have is None:
-                    self._fail(b, node, f"node '{label(node)}' has no attribute '{name}'")
-                    return
-            if isinstance(want, Capture):
-                b = b.with_capture(want.name, have)
-            elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
-                self._fail(
-                    b,
-                    node,
-                    f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}",
-                )
-                return
-        for name, idx in table.items():
-            if name not in pn.attrs and idx >= len(pn.inputs) and (name in node.attrs or present(node, idx)):
-                self._fail(b, node, f"node '{label(node)}' sets '{name}', which the pattern leaves unset")
-                return
-        limit = max([len(pn.inputs), *(i + 1 for n, i in table.items() if n in pn.attrs)])
-        for i in range(limit, len(node.inputs)):
-            if present(node, i):
-                self._fail(b, node, f"node '{label(node)}' has an extra input {i} ('{node.inputs[i].name}')")
-                return
-        actual = [node.inputs[i] if present(node, i) else None for i in range(len(pn.inputs))]
+        key = (pn.attribute_key, id(node))
+        checked = self._attributes.get(key)
+        if checked is None:  # alike pattern nodes of other rules check the same node's attributes alike
+            checked = self._attributes[key] = _check_attributes(pn, node)
+        steps, reason, actual = checked
+        for tensor, capture, value in steps:
+            b = b.with_constant(tensor) if tensor is not None else b.with_capture(capture, value)
+        if reason is not None:
+            self._fail(b, node, reason)
+            return
         for order in pn.orders:
             yield from self._inputs(order, actual, b)
 
     def _inputs(
         self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding
     ) -> Iterator[Binding]:
-        if not values:
+        # Leading inputs with at most one way to bind (absent, an argument, a constant) are bound here, in
+        # order, without a generator each; the first node output is where the search may branch.
+        first = 0
+        while first < len(values) and not isinstance(values[first], NodeOutput):
+            bound = self._bind_simple(values[first], tensors[first], b)
+            if bound is None:
+                return
+            b, first = bound, first + 1
+        if first == len(values):
             yield b
-            return
-        for extended in self._value(values[0], tensors[0], b):
-            yield from self._inputs(values[1:], tensors[1:], extended)
+        elif first == len(values) - 1:  # the last input: no generator level for the empty rest
+            yield from self._value(values[first], tensors[first], b)
+        else:
+            for extended in self._value(values[first], tensors[first], b):
+                yield from self._inputs(values[first + 1 :], tensors[first + 1 :], extended)
 
-    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+    def _bind_simple(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Binding | None:
+        """Bind an input that binds one way or not at all (absent, an argument, a constant); None: no way."""
         if pv is None:
             if tensor is None:
-                yield b
-            else:
-                self._fail(
-                    b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
-                )
-            return
+                return b
+            self._fail(
+                b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
+            )
+            return None
         if tensor is None:
             self._fail(b, None, "an input the pattern needs is absent")
-            return
+            return None
         if isinstance(pv, Var):
-            tensor = through_noop_casts(tensor)  # the argument is what the no-op Casts read
+            tensor = self._through(tensor)  # the argument is what the no-op Casts read
             bound = b.vars.get(pv.name)
             if bound is None:
-                yield b.with_var(pv.name, tensor)
-            elif bound is tensor:
-                yield b
-            else:
-                self._fail(
-                    b,
-                    producer(tensor),
-                    f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
-                )
-            return
-        if isinstance(pv, ConstValue):
-            yield from self._constant(pv, tensor, b)
+                return b.with_var(pv.name, tensor)
+            if bound is tensor:
+                return b
+            self._fail(
+                b,
+                producer(tensor),
+                f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
+            )
+            return None
+        return self._constant(pv, tensor, b)  # type: ignore[arg-type]
+
+    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+        if not isinstance(pv, NodeOutput) or tensor is None:
+            bound = self._bind_simple(pv, tensor, b)
+            if bound is not None:
+                yield bound
             return
         virtual = b.virtual.get(id(pv.node))
         if virtual is not None:  # a Cast the model does not need, reached again through another path
@@ -506,7 +552,7 @@ class Matcher:
                 f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})",
             )
             return
-        if not any(out is tensor for out in node.outputs[pv.index : pv.index + 1]):
+        if not (pv.index < len(node.outputs) and node.outputs[pv.index] is tensor):
             self._fail(b, node, f"tensor '{tensor.name}' is not output {pv.index} of node '{label(node)}'")
             return
         bound = b.nodes.get(id(pv.node))
@@ -533,23 +579,116 @@ class Matcher:
         """The pattern Cast ``pn`` is a no-op here: it matches no node, its input is ``tensor`` itself."""
         want = pn.attrs.get("to")
         if isinstance(want, Capture):
-            b = b.with_capture(want.name, elem_type(tensor.dtype))
+            b = b.with_capture(want.name, self._elem_type(tensor))
         yield from self._value(pn.inputs[0], tensor, b.with_virtual(pn, tensor))
 
-    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
+    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Binding | None:
         value = constant_value(tensor)
         if value is None:
             self._fail(b, producer(tensor), f"tensor '{tensor.name}' is not a constant")
-            return
+            return None
         if pv.capture is not None:
-            yield b.with_capture(pv.capture, value).with_constant(tensor)
-            return
-        if not literal_matches(value, pv.value, pv.dtype):
+            return b.with_capture(pv.capture, value).with_constant(tensor)
+        key = (id(tensor), pv.literal_key)
+        holds = self._literals.get(key)
+        if holds is None:  # rules alike in part test the same constant against the same literal
+            holds = self._literals[key] = literal_matches(value, pv.value, pv.dtype)
+        if not holds:
             shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
             want = pv.value.tolist() if isinstance(pv.value, np.ndarray) else pv.value
             self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {want}")
-            return
-        yield b.with_constant(tensor)
+            return None
+        return b.with_constant(tensor)
+
+
+#: One small number per distinct pattern-node structure, as the op-type pre-check sees it (see skeleton_keys).
+_SKELETON_KEYS: dict[tuple[Any, ...], int] = {}
+_PATTERN_KEYS: weakref.WeakKeyDictionary[PatternGraph, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+def skeleton_keys(pattern: PatternGraph) -> dict[int, int]:
+    """``id(pattern node)`` -> a number equal for two pattern nodes (of any patterns) on which
+    ``Matcher._skeleton`` gives the same answer at every graph node; the same for each node output the
+    pattern reads (``Matcher._skeleton_value``, at every tensor).
+
+    The pre-check reads a pattern node's op and, per input order, for each input that is a node output: that
+    node's own key, and whether it is a Cast the model may leave out (its ``to``). So rules that share a tail
+    (the variance of 30 LayerNorm variants) check it once per graph node, not once per rule.
+    """
+    keys = _PATTERN_KEYS.get(pattern)
+    if keys is not None:
+        return keys
+    outputs = [o.node for o in pattern.outputs]
+    keys = {}
+
+    def key(pn: PNode) -> int:
+        if id(pn) not in keys:
+            orders = tuple(tuple(value(v) for v in order) for order in pn.orders)
+            keys[id(pn)] = _SKELETON_KEYS.setdefault((pn.op_type, pn.domain, orders), len(_SKELETON_KEYS))
+        return keys[id(pn)]
+
+    def value(v: Value | None) -> int | None:
+        if not isinstance(v, NodeOutput):
+            return None
+        if id(v) not in keys:
+            pn = v.node
+            virtual = pn.op_type == "Cast" and not pn.domain and len(pn.inputs) == 1 and pn not in outputs
+            to = pn.attrs.get("to")
+            shape = ("value", key(pn), virtual, "capture" if isinstance(to, Capture) else repr(to))
+            keys[id(v)] = _SKELETON_KEYS.setdefault(shape, len(_SKELETON_KEYS))
+        return keys[id(v)]
+
+    for pn in pattern.nodes:
+        key(pn)
+    _PATTERN_KEYS[pattern] = keys
+    return keys
+
+
+#: What checking a node's attributes against a pattern node gives: in order, each constant input read
+#: ``(tensor, None, None)`` and each capture ``(None, name, value)``; the first failure's reason (None: none);
+#: the node's inputs as the pattern's inputs see them (None: absent).
+_Checked = tuple[list[tuple[Any, Any, Any]], str | None, list[gs.Tensor | None]]
+
+
+def _check_attributes(pn: PNode, node: gs.Node) -> _Checked:
+    """``pn``'s attributes (or the constant inputs that stand for them) and inputs on ``node``, whose op is
+    ``pn``'s. Depends on nothing else, so it is computed once per alike pattern node and graph node."""
+    steps: list[tuple[Any, Any, Any]] = []
+    table = pn.attribute_inputs
+    domain, op = pn.domain, pn.op_type
+    for name, want in pn.attrs.items():
+        idx = table.get(name)
+        if idx is not None and name not in node.attrs and idx >= len(pn.inputs):
+            if not present(node, idx):
+                return steps, f"node '{label(node)}' has no '{name}' (attribute or input {idx})", []
+            tensor = node.inputs[idx]
+            have = constant_value(tensor)
+            if have is None:
+                return (
+                    steps,
+                    f"'{name}' of node '{label(node)}' (input '{tensor.name}') is not a constant",
+                    [],
+                )
+            steps.append((tensor, None, None))
+        else:
+            have = node.attrs.get(name, schema_default(domain, op, name))
+            if have is None:
+                return steps, f"node '{label(node)}' has no attribute '{name}'", []
+        if isinstance(want, Capture):
+            steps.append((None, want.name, have))
+        elif not _same_value(name, want, have, _rank(node.inputs[0]) if node.inputs else None):
+            return (
+                steps,
+                f"'{name}' of node '{label(node)}' is {_plain(have)!r}, pattern wants {_plain(want)!r}",
+                [],
+            )
+    for name, idx in table.items():
+        if name not in pn.attrs and idx >= len(pn.inputs) and (name in node.attrs or present(node, idx)):
+            return steps, f"node '{label(node)}' sets '{name}', which the pattern leaves unset", []
+    for i in range(pn.input_limit, len(node.inputs)):
+        if present(node, i):
+            return steps, f"node '{label(node)}' has an extra input {i} ('{node.inputs[i].name}')", []
+    return steps, None, [node.inputs[i] if present(node, i) else None for i in range(len(pn.inputs))]
 
 
 def _wrong_op(node: gs.Node, want: str) -> str:

@@ -1,0 +1,254 @@
+"""What keeps ``replace`` linear and cheap per rule: rules indexed by anchor, dtypes learnt where needed.
+
+Behaviour tests, not timings: each node of an anchor op is looked at once, not once per rule (counted through
+the matcher's own entry points); the dtypes learnt from producers are those onnx's inference gives, without
+running it where the rules suffice.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+
+from bench.models import transformer_like
+from gskit.io.model import to_graph
+from gskit.passes import patterns
+from gskit.passes.patterns import GraphPattern
+from gskit.passes.patterns.dtypes import DtypeLearner
+from gskit.passes.patterns.match import Matcher
+from gskit.passes.tensor_types import elem_type, infer_tensor_types
+from gskit.plugin import PluginSpec
+from plugins.layer_norm.spec import SPEC as LAYER_NORM
+from plugins.rms_norm.spec import SPEC as RMS_NORM
+from tests.conftest import parse_model
+
+PLUGIN_TARGET = "8.5"  # older than every native form: each region is a plugin node
+
+
+def _chain_of_adds(length: int) -> gs.Graph:
+    """``x -> Relu -> Add(., c) -> Relu -> Add(., c) ...``: ``length`` Add nodes, each fed by a Relu."""
+    text = [
+        '<ir_version: 8, opset_import: ["" : 17]>',
+        "g (float[4] x) => (float[4] y) <float[4] c = {1,2,3,4}>",
+    ]
+    text.append("{")
+    last = "x"
+    for i in range(length):
+        text += [f"  r{i} = Relu ({last})", f"  a{i} = Add (r{i}, c)"]
+        last = f"a{i}"
+    text += [f"  y = Identity ({last})", "}"]
+    return to_graph(parse_model("\n".join(text)))
+
+
+def _spec(rules: list[GraphPattern]) -> PluginSpec:
+    return PluginSpec(name="Probe", namespace="test.probe", patterns=tuple(rules))
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the calls of the matcher's two entry points (the real ones run)."""
+    calls = {"could_match": 0, "match": 0}
+    could_match, match = Matcher.could_match, Matcher.match
+
+    def counted_could_match(self: Matcher, anchor: gs.Node) -> bool:
+        calls["could_match"] += 1
+        return could_match(self, anchor)
+
+    def counted_match(self: Matcher, anchor: gs.Node):
+        calls["match"] += 1
+        return match(self, anchor)
+
+    monkeypatch.setattr(Matcher, "could_match", counted_could_match)
+    monkeypatch.setattr(Matcher, "match", counted_match)
+    return calls
+
+
+def test_each_anchor_node_is_looked_at_once_not_once_per_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """60 rules anchored at Add, none fed like the graph's Adds: no rule's matcher runs at any of the 40 Adds
+    (trying each rule at each Add would be 2400 attempts), and the report still counts 40 anchors per rule."""
+
+    def add_of_mul(op, a, b, c):  # Add(Mul(a, b), c): the graph's Adds read a Relu
+        return op.Add(op.Mul(a, b), c)
+
+    rules = [GraphPattern(add_of_mul, inputs=["a"], name=f"add_of_mul_{i}") for i in range(60)]
+    graph = _chain_of_adds(40)
+    calls = _counting(monkeypatch)
+    report = patterns.replace(graph, [_spec(rules)], tensorrt=PLUGIN_TARGET)
+    assert calls == {"could_match": 0, "match": 0}
+    assert report.replaced == 0 and [r.anchors for r in report.rules] == [40] * 60
+
+
+def test_rules_alike_up_to_a_deep_difference_run_the_matcher_only_where_it_can_match(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rules that fit the anchor's producers but differ deeper are pre-checked per node (answers shared by
+    alike parts), and the full matcher runs only for the rule that matches, once per instance."""
+
+    def relu_add(op, x, c):
+        return op.Add(op.Relu(x), c)
+
+    def relu_of_sigmoid_add(op, x, c):  # the Relu reads a Sigmoid: no node of the graph
+        return op.Add(op.Relu(op.Sigmoid(x)), c)
+
+    rules = [GraphPattern(relu_of_sigmoid_add, inputs=["x"], name=f"deep_{i}") for i in range(30)]
+    rules.append(GraphPattern(relu_add, inputs=["x"], name="relu_add"))
+    graph = _chain_of_adds(40)
+    calls = _counting(monkeypatch)
+    report = patterns.replace(graph, [_spec(rules)], tensorrt=PLUGIN_TARGET)
+    assert report.replaced == 40
+    assert calls["match"] == 40  # the one rule that matches, at its 40 anchors: no failed attempt
+    assert calls["could_match"] == 31 * 40 + 40  # the pre-check per rule and node, then once more in match
+
+
+def test_explain_still_tries_every_rule_at_every_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``explain`` reports each failed attempt, so every rule runs its matcher at every node of its op."""
+
+    def add_of_mul(op, a, b, c):
+        return op.Add(op.Mul(a, b), c)
+
+    rules = [GraphPattern(add_of_mul, inputs=["a"], name=f"add_of_mul_{i}") for i in range(3)]
+    graph = _chain_of_adds(5)
+    calls = _counting(monkeypatch)
+    report = patterns.replace(graph, [_spec(rules)], tensorrt=PLUGIN_TARGET, explain=True)
+    assert calls["match"] == 15
+    assert len(report.explanations) == 15 and all("Relu" in e.reason for e in report.explanations)
+
+
+def _report_rows(report: patterns.ReplaceReport) -> tuple:
+    return (
+        [(r.plugin, r.rule, r.original_nodes, r.inputs, r.outputs) for r in report.regions],
+        [
+            (p.plugin, p.found, p.replaced, [(s.rule, s.anchor, s.reason) for s in p.skipped])
+            for p in report.plugins
+        ],
+        [(r.rule, r.anchors, r.found, r.replaced) for r in report.rules],
+    )
+
+
+def test_indexed_rules_give_the_report_of_trying_every_rule_everywhere() -> None:
+    """The same regions, counts and skip rows as with ``explain`` (which tries every rule at every anchor):
+    LayerNorm and the RMSNorm-shaped tail inside it, on a transformer-like graph."""
+    plain, explained = transformer_like(blocks=3), transformer_like(blocks=3)
+    fast = patterns.replace(plain, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    every = patterns.replace(explained, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET, explain=True)
+    assert fast.replaced == 3
+    assert _report_rows(fast) == _report_rows(every)
+    assert [(n.name, n.op) for n in plain.nodes] == [(n.name, n.op) for n in explained.nodes]
+
+
+# ---- dtypes learnt from producers -------------------------------------------------------------------------
+
+MIXED = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float16[2,3,8] x, int64[2] idx) => (float[2,3,8] y, bool[2,3,8] z)
+{
+    s = Shape (x)
+    g0 = Gather <axis = 0> (s, idx)
+    f = Cast <to = 1> (g0)
+    xf = Cast <to = 1> (x)
+    r = Relu (xf)
+    m = Mul (r, r)
+    half = Cast <to = 10> (m)
+    back = Cast <to = 1> (half)
+    c = Constant <value = float {2.0}> ()
+    k = ConstantOfShape (s)
+    kc = Cast <to = 1> (k)
+    e = Equal (back, c)
+    w = Where (e, back, kc)
+    p1, p2 = Split <axis = 2> (w)
+    q = Concat <axis = 2> (p1, p2)
+    y = Add (q, f)
+    z = Cast <to = 9> (e)
+}
+"""
+
+
+def test_learnt_dtypes_are_those_onnx_inference_gives() -> None:
+    """Every dtype the learner writes is the one onnx's inference writes, and onnx's inference never ran."""
+    graph, reference = to_graph(parse_model(MIXED)), to_graph(parse_model(MIXED))
+    infer_tensor_types(reference, dtypes_only=True, symbolic=False)
+    learner = DtypeLearner.for_graph(graph, [graph])
+    tensors = graph.tensors()
+    learner.learn(tensors.values())
+    assert not learner.inferred
+    want = {n: elem_type(t.dtype) for n, t in reference.tensors().items()}
+    have = {n: elem_type(t.dtype) for n, t in tensors.items()}
+    assert have == want
+    assert have["w"] is not None and have["g0"] is not None  # Where, Gather typed from their inputs
+
+
+def test_only_needed_dtypes_are_learnt() -> None:
+    """Learning a Cast's input walks its producers, not the whole graph: what no Cast reads stays unknown."""
+    graph = to_graph(parse_model(MIXED))
+    DtypeLearner.for_graph(graph, [graph])  # learns the inputs of every Cast whose input dtype is unknown
+    tensors = graph.tensors()
+    assert elem_type(tensors["g0"].dtype) is not None and elem_type(tensors["m"].dtype) is not None
+    assert tensors["w"].dtype is None and tensors["q"].dtype is None  # no Cast reads them
+
+
+def test_op_without_a_rule_falls_back_to_onnx_inference_once() -> None:
+    """A Cast after an op the rules do not know (a custom domain): onnx's inference runs, once."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17, "custom" : 1]>
+    g (float[4] x) => (float[4] y)
+    {
+        a = custom.Thing (x)
+        b = Cast <to = 1> (a)
+        y = Relu (b)
+    }
+    """
+    graph = to_graph(parse_model(text))
+    learner = DtypeLearner.for_graph(graph, [graph])
+    assert learner.inferred
+    assert graph.tensors()["a"].dtype is None  # onnx cannot type a custom op either
+
+
+def test_graph_outputs_and_subgraph_tensors_are_typed_as_onnx_types_them() -> None:
+    """Outputs of unknown dtype of If branches (whose nodes read an outer-scope tensor) get the dtype onnx's
+    inference gives them; the If node's own output (no rule for If) is onnx's to type."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x, bool c) => (float[4] y)
+    {
+        y = If (c) <then_branch = g1 () => (float[4] t) { r1 = Relu (x)
+          t = Cast <to = 1> (r1) }, else_branch = g2 () => (float[4] e) { r2 = Neg (x)
+          e = Cast <to = 1> (r2) }>
+    }
+    """
+    graph, reference = to_graph(parse_model(text)), to_graph(parse_model(text))
+    for g in (graph, reference):
+        for sub in (g, *g.subgraphs(recursive=True)):
+            for t in sub.outputs:
+                t.dtype = None
+    infer_tensor_types(reference, dtypes_only=True, symbolic=False)
+    branches = list(graph.subgraphs(recursive=True))
+    learner = DtypeLearner.for_graph(graph, [graph, *branches])
+    for sub in branches:
+        learner.learn(sub.tensors().values())
+    assert not learner.inferred
+
+    def types(g: gs.Graph) -> list[dict[str, int | None]]:
+        return [{n: elem_type(t.dtype) for n, t in s.tensors().items()} for s in g.subgraphs(recursive=True)]
+
+    assert types(graph) == types(reference)
+    assert types(graph)[0]["t"] == elem_type(np.float32) == types(graph)[1]["e"]
+    learner.learn(graph.outputs)
+    assert learner.inferred and graph.outputs[0].dtype == reference.outputs[0].dtype
+
+
+def test_node_order_after_replace_is_graphsurgeons_toposort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replaced graph's node order is the one graphsurgeon's toposort gives (computed directly when the
+    list is in order), here with nodes of several levels between the regions."""
+    replace_module = importlib.import_module(
+        "gskit.passes.patterns.replace"
+    )  # the package exports the function
+    fast = transformer_like(blocks=4)
+    patterns.replace(fast, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    monkeypatch.setattr(
+        replace_module, "_toposort", lambda g: g.toposort(recurse_subgraphs=False, recurse_functions=False)
+    )
+    reference = transformer_like(blocks=4)
+    patterns.replace(reference, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    assert [n.name for n in fast.nodes] == [n.name for n in reference.nodes]
