@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/run.py [--quick] [--json PATH] [--only fold,replace,large] [--timeout S] [--large-gb GB]
+    python bench/run.py [--quick] [--json PATH] [--only fold,replace,large,cli] [--timeout S] [--large-gb GB]
 
 Suites (each measurement runs in its own child process, see ``bench/peers.py``):
 
