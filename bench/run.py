@@ -502,25 +502,20 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
                     bool(ratio and ratio <= 1.3 and _ok(p)),
                 )
             )
-        if p and floor and p.seconds and floor.seconds:
-            ratio = p.seconds / floor.seconds
-            result.append(
-                _goal(
-                    f"prepare large{tag} (library, transform steps): wall <= 2x I/O floor",
-                    f"{ratio:.2f}x",
-                    ratio <= 2.0,
-                )
-            )
         cli, floor_process = big.get(PREPARE_CLI), big.get(FLOOR_PROCESS)
-        if cli and floor_process and cli.seconds and floor_process.seconds:
-            ratio = cli.seconds / floor_process.seconds
-            result.append(
-                _goal(
-                    f"prepare CLI large{tag} (default recipe, whole process): wall <= 1.5x I/O floor",
-                    f"{ratio:.2f}x ({cli.seconds:.1f} s vs {floor_process.seconds:.1f} s)",
-                    ratio <= 1.5 and _ok(cli),
-                )
-            )
+        for name, row, under, limit in (
+            (f"prepare large{tag} (library, transform steps): wall <= 2x I/O floor", p, floor, 2.0),
+            (
+                f"prepare CLI large{tag} (default recipe, whole process): wall <= 1.5x I/O floor",
+                cli,
+                floor_process,
+                1.5,
+            ),
+        ):
+            if row and under and row.seconds and under.seconds:
+                ratio = row.seconds / under.seconds
+                value = f"{ratio:.2f}x ({row.seconds:.1f} s vs {under.seconds:.1f} s)"
+                result.append(_goal(name, value, ratio <= limit and _ok(row)))
         if cli and cli.peak_rss:
             ratio, anon = cli.peak_rss / weights, cli.detail.get("peak_anon", 0) / weights
             result.append(
