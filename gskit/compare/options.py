@@ -119,7 +119,9 @@ class CompareOptions:
             ``--shape`` takes them).
         dtype_changes: output dtype changes that are expected; any other change fails its output (or
             ``FROM:TO`` texts, as ``--allow-dtype-change`` takes them).
-        feeds: inputs by name, given in memory (they win over ``inputs``).
+        feeds: inputs by name, given in memory (they win over ``inputs``); or a function that makes them from
+            the original model as the comparison loaded it (the validate step draws its inputs so, without
+            loading the original a second time).
         plugins: specs of plugin nodes; on onnxruntime they run through their numpy references. Or a function
             that loads them, called only when one of the compared models has nodes of a custom domain
             (:meth:`plugins_for`): the command line reads the plugin folders only for such models.
@@ -158,7 +160,9 @@ class CompareOptions:
         help="an output dtype change that is intended, e.g. float32:float16 after `gskit convert --fp16 "
         "--no-keep-io-fp32` (repeatable); any other dtype change fails its output",
     )
-    feeds: Mapping[str, np.ndarray] | None = field(default=None, compare=False)
+    feeds: Mapping[str, np.ndarray] | Callable[[onnx.ModelProto], Mapping[str, np.ndarray]] | None = field(
+        default=None, compare=False
+    )
     plugins: PluginRegistry | Callable[[], PluginRegistry] | None = field(default=None, compare=False)
     trt_plugins: Sequence[str | os.PathLike] = ()
 
@@ -220,6 +224,8 @@ class CompareOptions:
         Raises:
             GskitError: the inputs do not fit ``model``, or ``shapes`` are given with them.
         """
+        if callable(self.feeds):
+            return resolve_feeds(model, self.feeds(model), self.shapes, seed=self.seed)
         given = self.feeds if self.feeds is not None else load_feeds(self.inputs) if self.inputs else None
         return resolve_feeds(model, given, self.shapes, seed=self.seed)
 

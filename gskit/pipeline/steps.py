@@ -329,28 +329,38 @@ class Validate(GraphPass[ValidateOptions]):
                     f"validate: {err}; check the file given as inputs ({options.inputs})"
                 ) from err
             return _validated(report, _unsteady_note(original_path, registry, report, feeds))
-        original = gsmodel.load(original_path, load_weights=False)
+        # The comparison draws its inputs from the original as it loads it: the file is read once.
+        loaded: dict[str, Any] = {}
         failures = []
         for default_dim, image_dim in VALIDATION_SIZES:
-            feeds = random_feeds(
-                original,
-                options.shapes or None,
-                seed=options.seed,
-                default_dim=default_dim,
-                image_dim=image_dim,
-            )
-            if failures and describe_feeds(feeds) == failures[-1][0]:
-                continue  # nothing left open to grow: the same inputs would fail the same way
+
+            def draw(original: onnx.ModelProto, dims: tuple[int, int] = (default_dim, image_dim)) -> dict:
+                loaded["original"] = original
+                loaded["feeds"] = random_feeds(
+                    original,
+                    options.shapes or None,
+                    seed=options.seed,
+                    default_dim=dims[0],
+                    image_dim=dims[1],
+                )
+                return loaded["feeds"]
+
+            given: Any = draw
+            if failures:  # a smaller size failed: the same inputs again would fail the same way
+                given = draw(loaded["original"])
+                if describe_feeds(given) == failures[-1][0]:
+                    continue
             try:
-                report = prepared(feeds)
+                report = prepared(given)
             except ReferenceRunError as err:
-                failures.append((describe_feeds(feeds), err.failure))
+                failures.append((describe_feeds(loaded["feeds"]), err.failure))
                 continue
+            feeds = loaded["feeds"]
             note = f" (inputs {_shapes_text(report.input_shapes)}"
             note += f"; {len(failures)} smaller size(s) failed in the original)" if failures else ")"
             return _validated(report, note + _unsteady_note(original_path, registry, report, feeds))
         tried, failure = failures[-1]
-        culprit = failing_node(original, failure)
+        culprit = failing_node(loaded["original"], failure)
         where = f"node {culprit[0]} fails on input(s) {culprit[1]}: " if culprit and culprit[1] else ""
         raise StepError(
             f"validate: the original model cannot run on generated inputs (last tried {tried}, "
