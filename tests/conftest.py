@@ -90,3 +90,17 @@ def _plugin_schemas_of_one_test() -> object:
     from gskit.passes.plugin_schemas import deregister_schemas
 
     deregister_schemas()
+
+
+@pytest.fixture
+def model_reads(monkeypatch) -> list[str]:
+    """The file names ``onnx.load`` reads during the test, in order (every gskit load goes through it)."""
+    reads: list[str] = []
+    real_load = onnx.load
+
+    def counted(f, *args, **kwargs):
+        reads.append(Path(f).name)
+        return real_load(f, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "load", counted)
+    return reads

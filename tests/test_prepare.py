@@ -930,20 +930,12 @@ def test_a_sequence_output_keeps_its_type_and_is_refused_by_name_for_comparison(
     assert onnx.load(tmp_path / "out" / "model.onnx").graph.output[0].type.HasField("sequence_type")
 
 
-def test_validate_reads_the_original_once(tmp_path: Path, monkeypatch) -> None:
+def test_validate_reads_the_original_once(tmp_path: Path, model_reads: list[str]) -> None:
     """The validate step drew its inputs from a load of its own, then compare loaded the original again:
     now compare's load draws them. The original is read twice in a run: prepare's input and validation."""
-    reads: list[str] = []
-    real_load = onnx.load
-
-    def counted(f, *args, **kwargs):
-        reads.append(Path(f).name)
-        return real_load(f, *args, **kwargs)
-
-    monkeypatch.setattr(onnx, "load", counted)
     out = tmp_path / "out"
     assert main(["prepare", str(EXAMPLE), "-o", str(out), "--skip", "build", "--json"]) == 0
-    assert reads.count("example.onnx") == 2, reads
+    assert model_reads.count("example.onnx") == 2, model_reads
     validate = next(
         s for s in json.loads((out / "report.json").read_text())["steps"] if s["name"] == "validate"
     )
