@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import importlib.util
 import io
 import json
 import logging
@@ -44,6 +43,7 @@ from gskit.backends.model_run import ModelRun
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
 from gskit.io import interrupt
 from gskit.io import model as gsmodel
+from gskit.io.code_files import import_file
 from gskit.plugin.ops import ORT_DOMAINS, is_default_domain
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import PluginSpec, attribute_value
@@ -131,12 +131,13 @@ def _session(
         if isinstance(model, (str, os.PathLike)):
             return _interruptible(ort.InferenceSession(str(model), options, providers=providers))
         proto = model
-        if _has_disk_weights(proto) or proto.ByteSize() > gsmodel.EXTERNAL_DATA_THRESHOLD:
+        on_disk = _has_disk_weights(proto)
+        if on_disk or proto.ByteSize() > gsmodel.EXTERNAL_DATA_THRESHOLD:
             with tempfile.TemporaryDirectory(prefix="gskit-ort-") as tmp:
                 # weights still on disk are linked, not copied (a model over 2 GB with plugin nodes)
                 path = (
                     gsmodel.save_linked(proto, Path(tmp) / "model.onnx")
-                    if _has_disk_weights(proto)
+                    if on_disk
                     else gsmodel.save(proto, Path(tmp) / "model.onnx", external_data=True, check=False)
                 )
                 return _interruptible(ort.InferenceSession(str(path), options, providers=providers))
@@ -214,13 +215,9 @@ def _symbolic_shape_infer() -> Any:
     if name in sys.modules:
         return sys.modules[name]
     path = Path(ort.__file__).parent / "tools" / "symbolic_shape_infer.py"
-    spec = importlib.util.spec_from_file_location("gskit._ort_symbolic_shape_infer", path)
-    if not path.is_file() or spec is None or spec.loader is None:  # laid out otherwise: take the package
-        import onnxruntime.tools.symbolic_shape_infer as packaged
-
-        return packaged
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file("gskit._ort_symbolic_shape_infer", path) if path.is_file() else None
+    if module is None:  # an onnxruntime laid out otherwise: its package, torch and all
+        import onnxruntime.tools.symbolic_shape_infer as module
     return module
 
 

@@ -267,9 +267,9 @@ def to_graph(model: onnx.ModelProto) -> gs.Graph:
             # graphsurgeon re-applies data_location on export even after the values were loaded into
             # memory, which would mark in-memory bytes as external.
             tensor.data_location = None
-            lazy = tensor._values
-            if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
-                tensor._values = DiskValues(lazy.tensor)
+            on_disk = disk_tensor(tensor)
+            if on_disk is not None:
+                tensor._values = DiskValues(on_disk)
         for node in sub.nodes:
             for key, value in node.attrs.items():
                 if isinstance(value, gs.Constant) and isinstance(value._values, gs.ir.tensor.LazyValues):
@@ -405,6 +405,15 @@ def tensor_nbytes(tensor: TensorProto) -> int:
         return sum(len(s) for s in tensor.string_data)
     itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+def disk_tensor(constant: gs.Constant) -> TensorProto | None:
+    """The TensorProto whose data file a constant's values are still read from (``load(load_weights=False)``
+    leaves weights there), or None when its values are in memory."""
+    lazy = constant._values
+    if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
+        return lazy.tensor
+    return None
 
 
 def external_span(tensor: TensorProto) -> tuple[Path, int, int]:
@@ -842,6 +851,8 @@ def _copy_external(tensor: TensorProto, data) -> int:
     """
     source, offset, length = external_span(tensor)
     done = _copy_in_kernel(source, offset, length, data)
+    if done == length:
+        return done
     with open(source, "rb") as src:
         src.seek(offset + done)
         while done < length:

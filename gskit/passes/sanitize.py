@@ -38,7 +38,6 @@ from typing import Any, TypeVar
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx.external_data_helper import uses_external_data
 
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
@@ -272,10 +271,8 @@ def _equal_bytes(tensors: list[gs.Constant]) -> list[list[gs.Constant]]:
 def _storage(tensor: gs.Constant) -> Any:
     """What a constant's bytes are stored as: the span of its data file for weights still on disk (two
     tensors with the same span are equal unread), else the tensor itself."""
-    lazy = tensor._values
-    if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
-        return gsmodel.external_span(lazy.tensor)
-    return id(tensor)
+    on_disk = gsmodel.disk_tensor(tensor)
+    return id(tensor) if on_disk is None else gsmodel.external_span(on_disk)
 
 
 class _TensorBytes:
@@ -287,9 +284,9 @@ class _TensorBytes:
         self._memory: memoryview | None = None
 
     def read(self, start: int, size: int) -> bytes:
-        lazy = self._tensor._values
-        if isinstance(lazy, gs.ir.tensor.LazyValues) and uses_external_data(lazy.tensor):
-            return gsmodel.external_range(lazy.tensor, start, size)
+        on_disk = gsmodel.disk_tensor(self._tensor)
+        if on_disk is not None:
+            return gsmodel.external_range(on_disk, start, size)
         if self._memory is None:
             self._memory = _memory_bytes(self._tensor)
         return bytes(self._memory[start : start + size])

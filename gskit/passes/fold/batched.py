@@ -79,10 +79,7 @@ def uses_batches(graph: gs.Graph, constant_bytes: int) -> bool:
 def _has_disk_weights(graph: gs.Graph) -> bool:
     """Some constant still reads its values from a data file (``load_weights=False``)."""
     return any(
-        isinstance(t, gs.Constant)
-        and isinstance(t._values, gs.ir.tensor.LazyValues)
-        and uses_external_data(t._values.tensor)
-        for t in graph.tensors().values()
+        isinstance(t, gs.Constant) and gsmodel.disk_tensor(t) is not None for t in graph.tensors().values()
     )
 
 
