@@ -113,10 +113,6 @@ class GraphIndex:
             dtypes,
         )
 
-    def elem_type(self, tensor: gs.Tensor) -> int | None:
-        """``tensor``'s element type, learnt when unknown (see ``gskit.passes.patterns.dtypes``)."""
-        return elem_type(tensor.dtype) if self.dtypes is None else self.dtypes.elem_type(tensor)
-
     def external_use(self, tensor: gs.Tensor, inside: set[int]) -> str | None:
         """Why ``tensor`` is needed outside the nodes ``inside`` (ids), or None if it is not."""
         if id(tensor) in self.graph_outputs:
