@@ -12,12 +12,11 @@ from gskit.io.report import console, print_json, table
 from gskit.io.shape_args import parse_profile
 
 #: ``--help``: the command's line in ``gskit --help`` and its description.
-HELP = "build a TensorRT engine (TensorRT-RTX: ahead of time for a compute capability) with a sidecar"
 DESCRIPTION = "Build a strongly typed TensorRT engine via Polygraphy; writes ENGINE and ENGINE.json."
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subcommand(subparsers, "build", help=HELP, description=DESCRIPTION)
+    parser = subcommand(subparsers, "build", description=DESCRIPTION)
     add_output(parser, "engine file to write", metavar="ENGINE")
     parser.add_argument(
         "--plugins",

@@ -10,7 +10,6 @@ from gskit.cli.command import add_json, subcommand
 from gskit.io.report import console, print_json, table
 
 #: ``--help``: the command's line in ``gskit --help`` and its description.
-HELP = "report the nodes TensorRT's ONNX parser rejects and the plugins a model needs"
 DESCRIPTION = (
     "Check a model against TensorRT's ONNX parser for a target TensorRT version (full TensorRT, else "
     "TensorRT-RTX, where its parser fits the target, else the target's table of what the parser "
@@ -19,7 +18,7 @@ DESCRIPTION = (
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subcommand(subparsers, "check-trt", help=HELP, description=DESCRIPTION)
+    parser = subcommand(subparsers, "check-trt", description=DESCRIPTION)
     parser.add_argument(
         "--plugins",
         action="append",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gskit.cli import add_plugins_option
+from gskit.cli import COMMANDS, add_plugins_option
 from gskit.cli.options import add_options, options_from_args
 
 if TYPE_CHECKING:  # the helpers load with every command: only a pass command's run loads onnx
@@ -29,11 +29,14 @@ def subcommand(
     subparsers: argparse._SubParsersAction,
     name: str,
     *,
-    help: str,  # noqa: A002 - argparse's word
+    help: str | None = None,  # noqa: A002 - argparse's word
     description: str | None = None,
     model: str | None = MODEL_HELP,
 ) -> argparse.ArgumentParser:
-    """Register command ``name`` and its positional ``model`` argument (``model=None``: none)."""
+    """Register command ``name`` and its positional ``model`` argument (``model=None``: none); ``help``
+    defaults to the command's line in :data:`gskit.cli.COMMANDS` (what ``gskit --help`` lists)."""
+    if help is None:
+        help = COMMANDS[name.replace("-", "_")]  # noqa: A001
     parser = subparsers.add_parser(name, help=help, description=description)
     if model is not None:
         parser.add_argument("model", help=model)
@@ -84,7 +87,6 @@ class PassCommand:
 
     name: str
     graph_pass: GraphPass
-    help: str
     description: str
     #: the help of ``-o``
     output: str
@@ -92,6 +94,8 @@ class PassCommand:
     show: Callable[[Ran], None]
     #: what ``--json`` prints (default: the pass's report)
     report: Callable[[Ran], Any] = _report
+    #: its line in ``gskit --help``; None: the command's line in :data:`gskit.cli.COMMANDS`
+    help: str | None = None
     model: str = MODEL_HELP
     json: str = "print the report as JSON"
     #: the help of ``--plugins``; None: the command takes no plugins

@@ -8,7 +8,7 @@ import dataclasses
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from gskit.cli import add_plugins_option
+from gskit.cli import COMMANDS, add_plugins_option
 from gskit.cli.options import add_options, options_from_args
 from gskit.compare.options import CompareOptions, ComparisonHeader
 from gskit.errors import GskitError
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # each mode imports its own comparison when it runs
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "compare",
-        help="compare two models' outputs on the same inputs (onnxruntime or TensorRT)",
+        help=COMMANDS["compare"],
         description="Run ORIGINAL on onnxruntime and PREPARED on onnxruntime (plugin nodes through their "
         "numpy references) or TensorRT (--backend trt / --engine) with the same inputs, and compare every "
         "output of ORIGINAL by name; --layerwise finds the first tensor that differs, --per-plugin checks "

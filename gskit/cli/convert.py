@@ -43,7 +43,6 @@ def _show(ran: Ran) -> None:
 COMMAND = PassCommand(
     "convert",
     CONVERT,
-    help="convert opset, precision (fp16) or int64 inputs",
     description="Opset conversion, then fp16, then int64 -> int32, as asked.",
     output="where to write the converted model",
     show=_show,

@@ -33,7 +33,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subcommand(
         subparsers,
         "edit",
-        help="edit a model: rename, input shape/dtype, insert/remove nodes, attributes, expose",
         description="Edit an ONNX model and save it (checked, atomic). " + _ORDER,
         model="input .onnx file",
     )

@@ -30,7 +30,6 @@ def _show(ran: Ran) -> None:
 COMMAND = PassCommand(
     "fold",
     FOLD,
-    help="fold constants (shape chains too); never evaluates plugin nodes",
     description="Fold constants to a fixed point, then clean up and sort the graph.",
     output="where to write the folded model",
     show=_show,

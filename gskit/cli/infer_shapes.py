@@ -23,7 +23,6 @@ def _show(ran: Ran) -> None:
 COMMAND = PassCommand(
     "infer-shapes",
     INFER_SHAPES,
-    help="infer dtypes and shapes (plugin nodes use their specs' rules)",
     description="Infer dtypes and shapes of every tensor with onnx's shape inference; plugin nodes get "
     "their output rules from their specs, and symbolic dims are kept.",
     model="input .onnx",

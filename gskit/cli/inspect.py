@@ -23,12 +23,11 @@ MAX_MISSING_ROWS = 20
 
 
 #: ``--help``: the command's line in ``gskit --help`` and its description.
-HELP = "summarize a model: opsets, ops, inputs/outputs, custom nodes, functions, missing shapes"
 DESCRIPTION = "Summarize an ONNX model without reading its weights (works for models over 2 GB)."
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subcommand(subparsers, "inspect", help=HELP, description=DESCRIPTION)
+    parser = subcommand(subparsers, "inspect", description=DESCRIPTION)
     add_json(parser, "print the summary as JSON")
     parser.add_argument(
         "--no-infer",

@@ -42,7 +42,6 @@ def _tensor(tensor: gs.Tensor) -> dict[str, Any]:
 COMMAND = PassCommand(
     "isolate",
     ISOLATE,
-    help="extract the subgraph between named tensors into a new model",
     description=(
         "Extract the subgraph that computes --outputs from --inputs into a new model. Weights are "
         "never loaded into memory: they are streamed from the model's data file to the new one, so "

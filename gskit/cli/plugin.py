@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from gskit.cli import add_plugins_option, plugin_author
+from gskit.cli import COMMANDS, add_plugins_option, plugin_author
 from gskit.cli.command import add_json
 from gskit.io import report
 from gskit.plugin.discovery import LOCAL_PLUGINS, load_plugins, plugin_files
@@ -50,9 +50,7 @@ class PluginRow:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "plugin", help="list, create, check and derive plugins", description=__doc__
-    )
+    parser = subparsers.add_parser("plugin", help=COMMANDS["plugin"], description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="namespace, name, version, attributes and implementations")
     add_plugins_option(listing)

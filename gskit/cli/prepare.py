@@ -8,7 +8,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from gskit.cli import add_plugins_option
+from gskit.cli import COMMANDS, add_plugins_option
 from gskit.errors import GskitError
 from gskit.io import progress
 from gskit.io.report import console, print_json, styled, table
@@ -27,7 +27,7 @@ from gskit.pipeline.recipe import Recipe, load_recipe
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prepare",
-        help="replace plugin patterns, infer shapes, fold, check with TensorRT, validate, build",
+        help=COMMANDS["prepare"],
         description="Run a recipe (default: sanitize, replace, infer_shapes, fold, infer_shapes, check_trt, "
         "validate, build) and write OUTDIR/model.onnx, report.json and report.html. Exit code 0 when "
         "validation passes (or the recipe has no validate step: the run then says 'not validated'), 1 when "

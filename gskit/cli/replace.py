@@ -117,7 +117,6 @@ def explain_table(report: ReplaceReport, title: str = "Rules: matches, and the b
 COMMAND = PassCommand(
     "replace",
     REPLACE,
-    help="replace patterns (multi-node, single op, local function) by plugin nodes",
     description=(
         "Find each plugin's patterns in the model (If/Loop bodies included) and replace every instance "
         "by one plugin node; boundary tensors keep their names. Shapes are inferred afterwards."

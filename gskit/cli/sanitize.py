@@ -23,7 +23,6 @@ def _show(ran: Ran) -> None:
 COMMAND = PassCommand(
     "sanitize",
     SANITIZE,
-    help="tidy a model without changing what it computes",
     description=f"Run the tidy steps: {', '.join(DEFAULT_STEPS)}.",
     output="where to write the sanitized model",
     show=_show,
