@@ -18,7 +18,7 @@ from gskit.io.model import to_graph
 from gskit.passes import patterns
 from gskit.passes.patterns import GraphPattern
 from gskit.passes.patterns.dtypes import DtypeLearner
-from gskit.passes.patterns.match import Matcher
+from gskit.passes.patterns.match import NULL_TRACER, GraphIndex, Matcher, Tracer
 from gskit.passes.tensor_types import elem_type, infer_tensor_types
 from gskit.plugin import PluginSpec
 from plugins.layer_norm.spec import SPEC as LAYER_NORM
@@ -114,6 +114,34 @@ def test_explain_still_tries_every_rule_at_every_anchor(monkeypatch: pytest.Monk
     report = patterns.replace(graph, [_spec(rules)], tensorrt=PLUGIN_TARGET, explain=True)
     assert calls["match"] == 15
     assert len(report.explanations) == 15 and all("Relu" in e.reason for e in report.explanations)
+
+
+def test_a_failed_branch_leaves_nothing_in_the_match() -> None:
+    """The matcher changes one binding in place and takes a failed branch's changes back: the first order of
+    the Add binds ``x``, the capture ``s``, constant ``k3`` and the left Mul, then fails on the literal 3.0
+    against ``k5``; the match found in the other order holds only what that order bound."""
+
+    def scaled_pair(op, x, y):
+        return op.Add(op.Mul(x, op.capture("s")), op.Mul(y, 3.0))
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] a, float[4] b) => (float[4] z) <float k3 = {3.0}, float k5 = {5.0}>
+    { ma = Mul (a, k3)
+      mb = Mul (b, k5)
+      z = Add (ma, mb) }
+    """
+    graph = to_graph(parse_model(text))
+    rule = GraphPattern(scaled_pair, inputs=["x", "y"])
+    index = GraphIndex.build(graph)
+    add = next(n for n in graph.nodes if n.op == "Add")
+    for tracer in (NULL_TRACER, Tracer()):  # the pre-check first, and the full search that explains
+        match = rule.find(add, index, tracer)
+        assert match is not None
+        assert {k: t.name for k, t in match.inputs.items()} == {"x": "b", "y": "a"}
+        assert float(match.captures["s"]) == 5.0 and list(match.captures) == ["s"]
+        assert [t.name for t in match.constants] == ["k3", "k5"]
+        assert sorted(n.outputs[0].name for n in match.nodes) == ["ma", "mb", "z"]
 
 
 def _report_rows(report: patterns.ReplaceReport) -> tuple:

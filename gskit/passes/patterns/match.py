@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,45 +188,82 @@ class _NullTracer(Tracer):
 NULL_TRACER: Tracer = _NullTracer()
 
 
-@dataclass(frozen=True)
+#: Marks a key that was absent before a trail entry set it.
+_ABSENT = object()
+
+
 class Binding:
-    """A partial match: pattern node -> graph node, argument -> tensor, captures. Extended by copy."""
+    """A partial match: pattern node -> graph node, argument -> tensor, captures.
 
-    nodes: Mapping[int, gs.Node] = field(default_factory=dict)
-    used: frozenset[int] = frozenset()
-    vars: Mapping[str, gs.Tensor] = field(default_factory=dict)
-    captures: Mapping[str, Any] = field(default_factory=dict)
-    constants: tuple[gs.Tensor, ...] = ()
-    #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
-    casts: tuple[gs.Node, ...] = ()
-    #: pattern Casts the model does not need (its tensor has that dtype already) -> that tensor
-    virtual: Mapping[int, gs.Tensor] = field(default_factory=dict)
+    One binding per match attempt, changed in place as the search goes deeper; every change is recorded on a
+    trail, and a branch that fails takes its changes back (:meth:`undo`). (A copy per step, the binding being
+    immutable, was most of the matcher's time: the 7 rules that match each LayerNorm of a transformer made
+    about 25 copies each.)
+    """
 
-    def _evolve(self, **changes: Any) -> Binding:
-        # dataclasses.replace re-runs __init__ through the frozen __setattr__; a binding is copied at every
-        # step of every match, so this copies the fields directly (the instance is still never mutated)
-        new = object.__new__(Binding)
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        return new
+    __slots__ = ("nodes", "used", "vars", "captures", "constants", "casts", "virtual", "_trail")
 
-    def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
-        return self._evolve(nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
+    def __init__(self) -> None:
+        self.nodes: dict[int, gs.Node] = {}
+        self.used: set[int] = set()
+        self.vars: dict[str, gs.Tensor] = {}
+        self.captures: dict[str, Any] = {}
+        self.constants: list[gs.Tensor] = []
+        #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
+        self.casts: list[gs.Node] = []
+        #: pattern Casts the model does not need (its tensor has that dtype already) -> that tensor
+        self.virtual: dict[int, gs.Tensor] = {}
+        # (container, key, previous value) for a dict, (container, key, None) for a set, (list, None, None)
+        self._trail: list[tuple[Any, Any, Any]] = []
 
-    def with_var(self, name: str, tensor: gs.Tensor) -> Binding:
-        return self._evolve(vars={**self.vars, name: tensor})
+    def mark(self) -> int:
+        """Where the trail is now: :meth:`undo` with it takes back every later change."""
+        return len(self._trail)
 
-    def with_capture(self, name: str, value: Any) -> Binding:
-        return self._evolve(captures={**self.captures, name: value})
+    def undo(self, mark: int) -> None:
+        trail = self._trail
+        while len(trail) > mark:
+            container, key, previous = trail.pop()
+            if type(container) is list:
+                container.pop()
+            elif type(container) is set:
+                container.discard(key)
+            elif previous is _ABSENT:
+                del container[key]
+            else:
+                container[key] = previous
 
-    def with_constant(self, tensor: gs.Tensor) -> Binding:
-        return self._evolve(constants=(*self.constants, tensor))
+    def _set(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        self._trail.append((mapping, key, mapping.get(key, _ABSENT)))
+        mapping[key] = value
 
-    def with_cast(self, node: gs.Node) -> Binding:
-        return self._evolve(used=self.used | {id(node)}, casts=(*self.casts, node))
+    def _use(self, node: gs.Node) -> None:
+        key = id(node)
+        if key not in self.used:  # set elsewhere: nothing to take back
+            self.used.add(key)
+            self._trail.append((self.used, key, None))
 
-    def with_virtual(self, pnode: PNode, tensor: gs.Tensor) -> Binding:
-        return self._evolve(virtual={**self.virtual, id(pnode): tensor})
+    def add_node(self, pnode: PNode, node: gs.Node) -> None:
+        self._set(self.nodes, id(pnode), node)
+        self._use(node)
+
+    def add_var(self, name: str, tensor: gs.Tensor) -> None:
+        self._set(self.vars, name, tensor)
+
+    def add_capture(self, name: str, value: Any) -> None:
+        self._set(self.captures, name, value)
+
+    def add_constant(self, tensor: gs.Tensor) -> None:
+        self.constants.append(tensor)
+        self._trail.append((self.constants, None, None))
+
+    def add_cast(self, node: gs.Node) -> None:
+        self._use(node)
+        self.casts.append(node)
+        self._trail.append((self.casts, None, None))
+
+    def add_virtual(self, pnode: PNode, tensor: gs.Tensor) -> None:
+        self._set(self.virtual, id(pnode), tensor)
 
 
 def label(node: gs.Node) -> str:
@@ -364,11 +401,15 @@ class Matcher:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
         if self.tracer is NULL_TRACER and not self.could_match(anchor):
             return None  # op types alone rule it out; the full matcher would fail too, only slower
-        for binding in self._node(self.pattern.anchor, anchor, Binding()):
-            if all(id(o.node) in binding.nodes for o in self.pattern.outputs):  # outputs are real nodes
+        outputs = self.pattern.outputs
+
+        def complete(binding: Binding) -> Binding | None:
+            if all(id(o.node) in binding.nodes for o in outputs):  # outputs are real nodes
                 return binding
             self.tracer.fail(len(binding.nodes), anchor, "some pattern outputs are not produced by the match")
-        return None
+            return None
+
+        return self._node(self.pattern.anchor, anchor, Binding(), complete)
 
     def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
@@ -429,7 +470,12 @@ class Matcher:
     def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
         self.tracer.fail(len(binding.nodes), node, reason)
 
-    def _node(self, pn: PNode, node: gs.Node, b: Binding) -> Iterator[Binding]:
+    # The search below is depth first in continuation-passing style: each step gets ``then``, the rest of the
+    # search, and returns the first complete binding or None. A step that returns None has taken back what
+    # it added to the binding, so the caller tries its next branch on the binding it had. (Generators, one
+    # per step, yielded the same bindings in the same order; resuming them was most of the matching time.)
+
+    def _node(self, pn: PNode, node: gs.Node, b: Binding, then: _Then) -> Binding | None:
         key = op_key(node)
         if key != (pn.domain, pn.op_type):
             want = f"{pn.domain}::{pn.op_type}" if pn.domain else pn.op_type
@@ -438,97 +484,118 @@ class Matcher:
                 node,
                 f"node '{label(node)}' is {key[0] + '::' if key[0] else ''}{key[1]}, pattern wants {want}",
             )
-            return
+            return None
         if id(node) in b.used:
             self._fail(b, node, f"node '{label(node)}' would match two pattern nodes")
-            return
+            return None
         if len(node.outputs) < pn.num_outputs:
             self._fail(
                 b,
                 node,
                 f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
             )
-            return
-        b = b.with_node(pn, node)
+            return None
+        mark = b.mark()
+        b.add_node(pn, node)
         key = (pn.attribute_key, id(node))
         checked = self._attributes.get(key)
         if checked is None:  # alike pattern nodes of other rules check the same node's attributes alike
             checked = self._attributes[key] = _check_attributes(pn, node)
         steps, reason, actual = checked
         for tensor, capture, value in steps:
-            b = b.with_constant(tensor) if tensor is not None else b.with_capture(capture, value)
-        if reason is not None:
+            if tensor is not None:
+                b.add_constant(tensor)
+            else:
+                b.add_capture(capture, value)
+        if reason is None:
+            for order in pn.orders:
+                found = self._inputs(order, 0, actual, b, then)
+                if found is not None:
+                    return found
+        else:
             self._fail(b, node, reason)
-            return
-        for order in pn.orders:
-            yield from self._inputs(order, actual, b)
+        b.undo(mark)
+        return None
 
     def _inputs(
-        self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding
-    ) -> Iterator[Binding]:
+        self,
+        values: tuple[Value | None, ...],
+        first: int,
+        tensors: list[gs.Tensor | None],
+        b: Binding,
+        then: _Then,
+    ) -> Binding | None:
+        """Bind ``values[first:]`` to ``tensors[first:]``, then go on with ``then``."""
         # Leading inputs with at most one way to bind (absent, an argument, a constant) are bound here, in
-        # order, without a generator each; the first node output is where the search may branch.
-        first = 0
-        while first < len(values) and not isinstance(values[first], NodeOutput):
-            bound = self._bind_simple(values[first], tensors[first], b)
-            if bound is None:
-                return
-            b, first = bound, first + 1
-        if first == len(values):
-            yield b
-        elif first == len(values) - 1:  # the last input: no generator level for the empty rest
-            yield from self._value(values[first], tensors[first], b)
+        # order; the first node output is where the search may branch.
+        mark = b.mark()
+        last = len(values) - 1
+        while first <= last and not isinstance(values[first], NodeOutput):
+            if not self._bind_simple(values[first], tensors[first], b):
+                b.undo(mark)
+                return None
+            first += 1
+        if first > last:
+            found = then(b)
+        elif first == last:
+            found = self._value(values[first], tensors[first], b, then)
         else:
-            for extended in self._value(values[first], tensors[first], b):
-                yield from self._inputs(values[first + 1 :], tensors[first + 1 :], extended)
+            rest = first + 1
+            found = self._value(
+                values[first], tensors[first], b, lambda b: self._inputs(values, rest, tensors, b, then)
+            )
+        if found is None:
+            b.undo(mark)
+        return found
 
-    def _bind_simple(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Binding | None:
-        """Bind an input that binds one way or not at all (absent, an argument, a constant); None: no way."""
+    def _bind_simple(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> bool:
+        """Bind an input that binds one way or not at all (absent, an argument, a constant); False: no way
+        (``b`` unchanged)."""
         if pv is None:
             if tensor is None:
-                return b
+                return True
             self._fail(
                 b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
             )
-            return None
+            return False
         if tensor is None:
             self._fail(b, None, "an input the pattern needs is absent")
-            return None
+            return False
         if isinstance(pv, Var):
             tensor = self._through(tensor)  # the argument is what the no-op Casts read
             bound = b.vars.get(pv.name)
             if bound is None:
-                return b.with_var(pv.name, tensor)
+                b.add_var(pv.name, tensor)
+                return True
             if bound is tensor:
-                return b
+                return True
             self._fail(
                 b,
                 producer(tensor),
                 f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
             )
-            return None
+            return False
         return self._constant(pv, tensor, b)  # type: ignore[arg-type]
 
-    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding, then: _Then) -> Binding | None:
+        mark = b.mark()
         if not isinstance(pv, NodeOutput) or tensor is None:
-            bound = self._bind_simple(pv, tensor, b)
-            if bound is not None:
-                yield bound
-            return
+            if not self._bind_simple(pv, tensor, b):
+                return None
+            found = then(b)
+            if found is None:
+                b.undo(mark)
+            return found
         virtual = b.virtual.get(id(pv.node))
         if virtual is not None:  # a Cast the model does not need, reached again through another path
             if virtual is tensor:
-                yield b
-            else:
-                self._fail(
-                    b, producer(tensor), f"'{tensor.name}' and '{virtual.name}' would be one Cast's input"
-                )
-            return
+                return then(b)
+            self._fail(b, producer(tensor), f"'{tensor.name}' and '{virtual.name}' would be one Cast's input")
+            return None
         if self._may_be_virtual(pv.node, tensor) and not (
             tensor.inputs and op_key(tensor.inputs[0]) == ("", "Cast")
         ):
-            yield from self._virtual_cast(pv.node, tensor, b)  # no Cast there: it would be a no-op
-            return
+            return self._virtual_cast(pv.node, tensor, b, then)  # no Cast there: it would be a no-op
         source = self._source(pv, tensor)
         while tensor is not source:  # no-op Casts between two pattern nodes join the match
             cast = producer(tensor)
@@ -537,9 +604,18 @@ class Matcher:
                 continue
             if id(cast) in b.used:
                 self._fail(b, cast, f"node '{label(cast)}' would match two pattern nodes")
-                return
-            b = b.with_cast(cast)
+                b.undo(mark)
+                return None
+            b.add_cast(cast)
             tensor = cast.inputs[0]
+        found = self._value_node(pv, tensor, b, then)
+        if found is None:
+            b.undo(mark)
+        return found
+
+    def _value_node(self, pv: NodeOutput, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:
+        """``pv``'s node as the producer of ``tensor`` (no-op Casts already passed), then, where the pattern
+        node is a Cast the model may not need, none."""
         node = producer(tensor)
         if node is None:
             self._fail(
@@ -547,44 +623,50 @@ class Matcher:
                 None,
                 f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})",
             )
-            return
+            return None
         if not (pv.index < len(node.outputs) and node.outputs[pv.index] is tensor):
             self._fail(b, node, f"tensor '{tensor.name}' is not output {pv.index} of node '{label(node)}'")
-            return
+            return None
         bound = b.nodes.get(id(pv.node))
         if bound is not None:
             if bound is node:
-                yield b
-            else:
-                self._fail(
-                    b,
-                    node,
-                    f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
-                )
-            return
-        if node.op != pv.node.op_type:  # cheap rejection before the generator of _node
+                return then(b)
+            self._fail(
+                b,
+                node,
+                f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
+            )
+            return None
+        if node.op != pv.node.op_type:  # cheap rejection before the checks of _node
             self._fail(b, node, _wrong_op(node, pv.node.op_type))
-            return
-        yield from self._node(pv.node, node, b)
-        if self._may_be_virtual(
-            pv.node, tensor
-        ):  # the model's Cast, or none: its output is already that dtype
-            yield from self._virtual_cast(pv.node, tensor, b)
+            return None
+        found = self._node(pv.node, node, b, then)
+        if found is None and self._may_be_virtual(pv.node, tensor):
+            # the model's Cast, or none: its output is already that dtype
+            found = self._virtual_cast(pv.node, tensor, b, then)
+        return found
 
-    def _virtual_cast(self, pn: PNode, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
+    def _virtual_cast(self, pn: PNode, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:
         """The pattern Cast ``pn`` is a no-op here: it matches no node, its input is ``tensor`` itself."""
+        mark = b.mark()
         want = pn.attrs.get("to")
         if isinstance(want, Capture):
-            b = b.with_capture(want.name, self._elem_type(tensor))
-        yield from self._value(pn.inputs[0], tensor, b.with_virtual(pn, tensor))
+            b.add_capture(want.name, self._elem_type(tensor))
+        b.add_virtual(pn, tensor)
+        found = self._value(pn.inputs[0], tensor, b, then)
+        if found is None:
+            b.undo(mark)
+        return found
 
-    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Binding | None:
+    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> bool:
         value = constant_value(tensor)
         if value is None:
             self._fail(b, producer(tensor), f"tensor '{tensor.name}' is not a constant")
-            return None
+            return False
         if pv.capture is not None:
-            return b.with_capture(pv.capture, value).with_constant(tensor)
+            b.add_capture(pv.capture, value)
+            b.add_constant(tensor)
+            return True
         key = (id(tensor), pv.literal_key)
         holds = self._literals.get(key)
         if holds is None:  # rules alike in part test the same constant against the same literal
@@ -593,8 +675,13 @@ class Matcher:
             shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
             want = pv.value.tolist() if isinstance(pv.value, np.ndarray) else pv.value
             self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {want}")
-            return None
-        return b.with_constant(tensor)
+            return False
+        b.add_constant(tensor)
+        return True
+
+
+#: The rest of a search: given the binding so far, the first complete binding, or None (``b`` as it was).
+_Then = Callable[[Binding], "Binding | None"]
 
 
 #: One small number per distinct pattern-node structure, as the op-type pre-check sees it (see skeleton_keys).

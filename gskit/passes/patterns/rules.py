@@ -226,7 +226,7 @@ class GraphPattern(Rule):
             dict(binding.vars),
             outputs,
             dict(binding.captures),
-            binding.constants,
+            tuple(binding.constants),
         )
 
     def rewrite(self, match: Match) -> Rewrite:
