@@ -8,6 +8,7 @@ running it where the rules suffice.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -142,6 +143,34 @@ def test_a_failed_branch_leaves_nothing_in_the_match() -> None:
         assert float(match.captures["s"]) == 5.0 and list(match.captures) == ["s"]
         assert [t.name for t in match.constants] == ["k3", "k5"]
         assert sorted(n.outputs[0].name for n in match.nodes) == ["ma", "mb", "z"]
+
+
+def test_a_pattern_of_hundreds_of_nodes_matches() -> None:
+    """The search nests a few Python frames per pattern node: a 300-node chain still matches (the recursion
+    limit is raised for it while it runs, and put back)."""
+    pairs = 150
+
+    def long_chain(op, x):
+        for _ in range(pairs):
+            x = op.Add(op.Relu(x), 1.0)
+        return x
+
+    text = [
+        '<ir_version: 8, opset_import: ["" : 17]>',
+        "g (float[4] x) => (float[4] y) <float one = {1.0}>",
+        "{",
+    ]
+    last = "x"
+    for i in range(pairs):
+        text += [f"  r{i} = Relu ({last})", f"  a{i} = Add (r{i}, one)"]
+        last = f"a{i}"
+    text += [f"  y = Identity ({last})", "}"]
+    graph = to_graph(parse_model("\n".join(text)))
+    rule = GraphPattern(long_chain, inputs=["x"])
+    limit = sys.getrecursionlimit()
+    match = rule.find(graph.nodes[-2], GraphIndex.build(graph))
+    assert match is not None and len(match.nodes) == 2 * pairs and match.inputs["x"].name == "x"
+    assert sys.getrecursionlimit() == limit
 
 
 def _report_rows(report: patterns.ReplaceReport) -> tuple:

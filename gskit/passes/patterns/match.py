@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ from gskit.passes.tensor_types import elem_type  # the one owner; importable fro
 from gskit.plugin.ops import canonical_domain
 
 log = logging.getLogger(__name__)
+
+#: Python frames the matcher's search may nest per pattern node (4.4 measured on a chain; room to spare).
+_FRAMES_PER_PATTERN_NODE = 8
 
 #: Constants larger than this are never compared element by element against a literal.
 MAX_LITERAL_ELEMENTS = 4096
@@ -409,7 +413,17 @@ class Matcher:
             self.tracer.fail(len(binding.nodes), anchor, "some pattern outputs are not produced by the match")
             return None
 
-        return self._node(self.pattern.anchor, anchor, Binding(), complete)
+        need = _FRAMES_PER_PATTERN_NODE * len(self.pattern.nodes) + sys.getrecursionlimit() // 2
+        if need <= sys.getrecursionlimit():
+            return self._node(self.pattern.anchor, anchor, Binding(), complete)
+        # the search nests a few frames per pattern node (a continuation runs inside the step before it): a
+        # pattern of hundreds of nodes gets the room it needs (Python-to-Python calls use no C stack)
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(need)
+        try:
+            return self._node(self.pattern.anchor, anchor, Binding(), complete)
+        finally:
+            sys.setrecursionlimit(limit)
 
     def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
