@@ -7,6 +7,7 @@ running it where the rules suffice.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -15,6 +16,7 @@ import onnx_graphsurgeon as gs
 import pytest
 
 from bench.models import transformer_like
+from gskit.errors import GskitError
 from gskit.io.model import to_graph
 from gskit.passes import patterns
 from gskit.passes.patterns import GraphPattern
@@ -171,6 +173,32 @@ def test_a_pattern_of_hundreds_of_nodes_matches() -> None:
     match = rule.find(graph.nodes[-2], GraphIndex.build(graph))
     assert match is not None and len(match.nodes) == 2 * pairs and match.inputs["x"].name == "x"
     assert sys.getrecursionlimit() == limit
+
+
+def test_the_cycle_collector_is_paused_while_matching_and_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matching runs with Python's cycle collector paused; afterwards it is as it was (enabled, or disabled
+    by the caller), also when replace fails."""
+    enabled_while_matching = []
+    match = Matcher.match
+
+    def probe(self: Matcher, anchor: gs.Node):
+        enabled_while_matching.append(gc.isenabled())
+        return match(self, anchor)
+
+    monkeypatch.setattr(Matcher, "match", probe)
+    assert gc.isenabled()
+    report = patterns.replace(transformer_like(blocks=2), [LAYER_NORM], tensorrt=PLUGIN_TARGET)
+    assert report.replaced == 2 and enabled_while_matching and not any(enabled_while_matching)
+    assert gc.isenabled()
+    with pytest.raises(GskitError, match="no such plugin"):
+        patterns.replace(transformer_like(blocks=2), [LAYER_NORM], only=["Nope"], tensorrt=PLUGIN_TARGET)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        patterns.replace(transformer_like(blocks=2), [LAYER_NORM], tensorrt=PLUGIN_TARGET)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def _report_rows(report: patterns.ReplaceReport) -> tuple:

@@ -23,9 +23,11 @@ as it is and reported as kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,7 +358,30 @@ def summarize(report: ReplaceReport) -> str:
     return summary
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while replace runs, as it was before after.
+
+    Matching allocates many small objects that die young and hold no cycles (a binding's trail, the search's
+    continuations, keys of the shared caches), and each allocation count past the collector's threshold made
+    it walk young objects, and now and then every object of the graph: 10-15% of replace's time on a 10k-node
+    graph. What replace leaves cyclic (the nodes it removed) is collected once the collector runs again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOptions) -> ReplaceReport:
+    with _collector_paused():
+        return _replace_all(graph, plugins, options)
+
+
+def _replace_all(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOptions) -> ReplaceReport:
     only, keep_function, explain = options.only, options.keep_function, options.explain
     target = resolve_target(options.tensorrt)
     specs = list(plugins)
