@@ -394,7 +394,7 @@ class Matcher:
         self._literals: dict[tuple[int, tuple[Any, ...]], bool] = {} if index is None else index.literals
         self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
         self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
-        self._keys = skeleton_keys(pattern)
+        self._plans = _pre_check_plans(pattern)
 
     def could_match(self, anchor: gs.Node) -> bool:
         """Whether the op types of ``anchor`` and its producers fit the pattern (no attributes, constants or
@@ -427,34 +427,45 @@ class Matcher:
 
     def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
-        if node.op != pn.op_type or op_key(node) != (pn.domain, pn.op_type):
+        if node.op != pn.op_type:
             return False
-        key = (self._keys[id(pn)], id(node))  # alike pattern nodes of any rule share the answer
+        domain = node.domain
+        if (canonical_domain(domain) if domain else "") != pn.domain:
+            return False
+        number, orders = self._plans[id(pn)]
+        key = (number, id(node))  # alike pattern nodes of any rule share the answer
         fits = seen.get(key)
         if fits is None:
             seen[key] = True  # provisional: a DAG pattern reaches a node twice
             inputs = node.inputs
-            for order in pn.orders:  # loops, not any(all(...)): this runs for every rule at every anchor
-                fits = True
-                for i, v in enumerate(order):
-                    if i >= len(inputs) or not self._skeleton_value(v, inputs[i], seen):
-                        fits = False
+            fits = False
+            for needed, checks in orders:  # loops, not any(all(...)): this runs for every rule and anchor
+                if needed > len(inputs):
+                    continue
+                for i, v in checks:
+                    if not self._skeleton_value(v, inputs[i], seen):
                         break
-                if fits:
+                else:
+                    fits = True
                     break
-            seen[key] = fits = bool(fits)
+            seen[key] = fits
         return fits
 
-    def _skeleton_value(self, v: Value | None, tensor: gs.Tensor, seen: dict[tuple[int, int], bool]) -> bool:
-        if not isinstance(v, NodeOutput):
-            return True
-        key = (self._keys[id(v)], id(tensor))
+    def _skeleton_value(self, v: NodeOutput, tensor: gs.Tensor, seen: dict[tuple[int, int], bool]) -> bool:
+        number, castlike = self._plans[id(v)]
+        key = (number, id(tensor))
         fits = seen.get(key)
         if fits is None:
-            source = self._source(v, tensor)
-            fits = bool(source.inputs and self._skeleton(v.node, source.inputs[0], seen)) or (
+            pn = v.node
+            source = tensor if pn.op_type == "Cast" else self._through(tensor)
+            fits = bool(source.inputs and self._skeleton(pn, source.inputs[0], seen)) or (
                 # a pattern Cast the model may not need: its input stands where the Cast would be
-                self._may_be_virtual(v.node, tensor) and self._skeleton_value(v.node.inputs[0], tensor, seen)
+                castlike
+                and self._may_be_virtual(pn, tensor)
+                and (
+                    not isinstance(pn.inputs[0], NodeOutput)
+                    or self._skeleton_value(pn.inputs[0], tensor, seen)
+                )
             )
             seen[key] = fits
         return fits
@@ -739,6 +750,40 @@ def skeleton_keys(pattern: PatternGraph) -> dict[int, int]:
         key(pn)
     _PATTERN_KEYS[pattern] = keys
     return keys
+
+
+_PATTERN_PLANS: weakref.WeakKeyDictionary[PatternGraph, dict[int, Any]] = weakref.WeakKeyDictionary()
+
+
+def _pre_check_plans(pattern: PatternGraph) -> dict[int, Any]:
+    """What the op-type pre-check reads of each pattern node and node output, worked out once per pattern.
+
+    ``id(pattern node)`` -> its skeleton key and, per input order, the inputs a node needs and the node
+    outputs among them to check (by input position); ``id(node output)`` -> its skeleton key and whether its
+    node is a Cast the model may leave out (the part of that question that does not depend on the graph).
+    """
+    plans = _PATTERN_PLANS.get(pattern)
+    if plans is not None:
+        return plans
+    keys = skeleton_keys(pattern)
+    outputs = [o.node for o in pattern.outputs]
+    plans = {}
+    for pn in pattern.nodes:
+        plans[id(pn)] = (
+            keys[id(pn)],
+            tuple(
+                (len(order), tuple((i, v) for i, v in enumerate(order) if isinstance(v, NodeOutput)))
+                for order in pn.orders
+            ),
+        )
+        for order in pn.orders:
+            for v in order:
+                if isinstance(v, NodeOutput):
+                    node = v.node
+                    castlike = node.op_type == "Cast" and not node.domain and len(node.inputs) == 1
+                    plans[id(v)] = (keys[id(v)], castlike and node not in outputs)
+    _PATTERN_PLANS[pattern] = plans
+    return plans
 
 
 #: What checking a node's attributes against a pattern node gives: in order, each constant input read
