@@ -201,6 +201,27 @@ def test_the_cycle_collector_is_paused_while_matching_and_put_back(monkeypatch: 
         gc.enable()
 
 
+def test_one_matcher_per_pattern_and_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without explain, each pattern's matcher is made once per graph and serves the pre-check and every
+    attempt (it keeps nothing between matches): 3 instances of LayerNorm, the same regions either way."""
+    made = []
+    init = Matcher.__init__
+
+    def counted(self: Matcher, pattern, tracer=NULL_TRACER, index=None) -> None:
+        made.append(pattern)
+        init(self, pattern, tracer, index)
+
+    monkeypatch.setattr(Matcher, "__init__", counted)
+    graph = transformer_like(blocks=3)
+    report = patterns.replace(graph, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    assert report.replaced == 3
+    assert made and len(made) == len({id(p) for p in made})  # no pattern's matcher made twice
+    monkeypatch.setattr(Matcher, "__init__", init)
+    explained = transformer_like(blocks=3)
+    patterns.replace(explained, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET, explain=True)
+    assert [(n.name, n.op) for n in graph.nodes] == [(n.name, n.op) for n in explained.nodes]
+
+
 def _report_rows(report: patterns.ReplaceReport) -> tuple:
     return (
         [(r.plugin, r.rule, r.original_nodes, r.inputs, r.outputs) for r in report.regions],

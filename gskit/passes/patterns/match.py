@@ -86,6 +86,8 @@ class GraphIndex:
     attributes: dict[tuple[int, int], Any] = field(default_factory=dict)
     #: ``through_noop_casts`` of each tensor asked about, by ``id(tensor)``
     sources: dict[int, gs.Tensor] = field(default_factory=dict)
+    #: one matcher per pattern for the attempts that explain nothing (``Matcher.on``)
+    matchers: dict[PatternGraph, Matcher] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -248,8 +250,14 @@ class Binding:
             self._trail.append((self.used, key, None))
 
     def add_node(self, pnode: PNode, node: gs.Node) -> None:
-        self._set(self.nodes, id(pnode), node)
-        self._use(node)
+        # _set and _use written out: this runs for every pattern node of every attempt
+        nodes, key, trail = self.nodes, id(pnode), self._trail
+        trail.append((nodes, key, nodes.get(key, _ABSENT)))
+        nodes[key] = node
+        key = id(node)
+        if key not in self.used:
+            self.used.add(key)
+            trail.append((self.used, key, None))
 
     def add_var(self, name: str, tensor: gs.Tensor) -> None:
         self._set(self.vars, name, tensor)
@@ -396,6 +404,15 @@ class Matcher:
         self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
         self._plans = _pre_check_plans(pattern)
 
+    @classmethod
+    def on(cls, pattern: PatternGraph, index: GraphIndex) -> Matcher:
+        """The matcher of ``pattern`` on ``index``'s graph without a tracer, made once per pattern and graph
+        (it keeps nothing between matches)."""
+        matcher = index.matchers.get(pattern)
+        if matcher is None:
+            matcher = index.matchers[pattern] = cls(pattern, index=index)
+        return matcher
+
     def could_match(self, anchor: gs.Node) -> bool:
         """Whether the op types of ``anchor`` and its producers fit the pattern (no attributes, constants or
         bindings checked): False means :meth:`match` finds nothing there."""
@@ -480,10 +497,6 @@ class Matcher:
 
     def _elem_type(self, tensor: gs.Tensor) -> int | None:
         return elem_type(tensor.dtype) if self._dtypes is None else self._dtypes.elem_type(tensor)
-
-    def _source(self, pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
-        """Where the matcher looks for ``pv``'s node: past no-op Casts unless the pattern wants a Cast."""
-        return tensor if pv.node.op_type == "Cast" else self._through(tensor)
 
     def _through(self, tensor: gs.Tensor) -> gs.Tensor:
         """``through_noop_casts(tensor)``, remembered per graph (every rule asks it of the same tensors)."""
@@ -617,11 +630,15 @@ class Matcher:
                 return then(b)
             self._fail(b, producer(tensor), f"'{tensor.name}' and '{virtual.name}' would be one Cast's input")
             return None
-        if self._may_be_virtual(pv.node, tensor) and not (
-            tensor.inputs and op_key(tensor.inputs[0]) == ("", "Cast")
+        cast_wanted = pv.node.op_type == "Cast"
+        if (
+            cast_wanted
+            and self._may_be_virtual(pv.node, tensor)
+            and not (tensor.inputs and op_key(tensor.inputs[0]) == ("", "Cast"))
         ):
             return self._virtual_cast(pv.node, tensor, b, then)  # no Cast there: it would be a no-op
-        source = self._source(pv, tensor)
+        # where to look for the node: past no-op Casts unless the pattern wants a Cast
+        source = tensor if cast_wanted else self._through(tensor)
         while tensor is not source:  # no-op Casts between two pattern nodes join the match
             cast = producer(tensor)
             if any(c is cast for c in b.casts):  # reached again through another pattern path
@@ -666,7 +683,7 @@ class Matcher:
             self._fail(b, node, _wrong_op(node, pv.node.op_type))
             return None
         found = self._node(pv.node, node, b, then)
-        if found is None and self._may_be_virtual(pv.node, tensor):
+        if found is None and pv.node.op_type == "Cast" and self._may_be_virtual(pv.node, tensor):
             # the model's Cast, or none: its output is already that dtype
             found = self._virtual_cast(pv.node, tensor, b, then)
         return found
