@@ -21,7 +21,7 @@ from gskit.io.model import to_graph
 from gskit.passes import patterns
 from gskit.passes.patterns import GraphPattern
 from gskit.passes.patterns.dtypes import DtypeLearner
-from gskit.passes.patterns.match import NULL_TRACER, GraphIndex, Matcher, Tracer
+from gskit.passes.patterns.match import NULL_TRACER, GraphIndex, Matcher, Tracer, graphs_of
 from gskit.passes.tensor_types import elem_type, infer_tensor_types
 from gskit.plugin import PluginSpec
 from plugins.layer_norm.spec import SPEC as LAYER_NORM
@@ -342,6 +342,46 @@ def test_graph_outputs_and_subgraph_tensors_are_typed_as_onnx_types_them() -> No
     assert types(graph)[0]["t"] == elem_type(np.float32) == types(graph)[1]["e"]
     learner.learn(graph.outputs)
     assert learner.inferred and graph.outputs[0].dtype == reference.outputs[0].dtype
+
+
+def test_learning_around_nodes_learns_once_what_learning_each_tensor_learns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``learn_nodes`` gives the inputs and outputs of the nodes the dtypes ``learn`` gives them, and asking
+    about the same nodes again (the next rule matching the same instance) walks nothing."""
+    graph, reference = to_graph(parse_model(MIXED)), to_graph(parse_model(MIXED))
+    learner = DtypeLearner.for_graph(graph, [graph])
+    reference_learner = DtypeLearner.for_graph(reference, [reference])
+    learner.learn_nodes(graph.nodes)
+    reference_learner.learn(t for n in reference.nodes for t in (*n.inputs, *n.outputs))
+    have = {n: elem_type(t.dtype) for n, t in graph.tensors().items()}
+    assert have == {n: elem_type(t.dtype) for n, t in reference.tensors().items()}
+    assert have["w"] is not None and not learner.inferred
+    walks = []
+    monkeypatch.setattr(DtypeLearner, "_walk", lambda self, tensor: walks.append(tensor))
+    learner.learn_nodes(graph.nodes)
+    assert walks == []
+
+
+def test_graphs_of_lists_the_graphs_graphsurgeon_lists() -> None:
+    """The main graph, then every If branch, nested ones included, in graphsurgeon's order."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x, bool c) => (float[4] y, float[4] z)
+    {
+        r = Relu (x)
+        y = If (c) <then_branch = g1 () => (float[4] t) {
+          t = If (c) <then_branch = g3 () => (float[4] u) { u = Neg (r) },
+                      else_branch = g4 () => (float[4] v) { v = Abs (r) }> },
+          else_branch = g2 () => (float[4] e) { e = Sigmoid (x) }>
+        z = If (c) <then_branch = g5 () => (float[4] p) { p = Relu (r) },
+                    else_branch = g6 () => (float[4] q) { q = Tanh (r) }>
+    }
+    """
+    graph = to_graph(parse_model(text))
+    want = [graph, *graph.subgraphs(recursive=True)]
+    assert len(want) == 7
+    assert [id(g) for g in graphs_of(graph)] == [id(g) for g in want]
 
 
 def test_node_order_after_replace_is_graphsurgeons_toposort(monkeypatch: pytest.MonkeyPatch) -> None:

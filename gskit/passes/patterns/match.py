@@ -131,6 +131,17 @@ class GraphIndex:
         return None
 
 
+def graphs_of(root: gs.Graph) -> list[gs.Graph]:
+    """``[root, *root.subgraphs(recursive=True)]``, in that order, asking graphsurgeon only about the nodes
+    that hold a graph (its walk sets up a queue and a set at every node: a tenth of a 10k-node replace, which
+    needs the list three times)."""
+    graphs = [root]
+    for node in root.nodes:
+        if node.attrs and any(isinstance(a, gs.Graph) for a in node.attrs.values()):
+            graphs.extend(node.subgraphs(recursive=True))
+    return graphs
+
+
 def _names_read(graph: gs.Graph) -> set[str]:
     names = {t.name for node in graph.nodes for t in node.inputs}
     names.update(t.name for t in graph.outputs)
