@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import sys
 
 import numpy as np
@@ -398,3 +399,14 @@ def test_node_order_after_replace_is_graphsurgeons_toposort(monkeypatch: pytest.
     reference = transformer_like(blocks=4)
     patterns.replace(reference, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
     assert [n.name for n in fast.nodes] == [n.name for n in reference.nodes]
+
+
+def test_scaling_bench_takes_runs_and_the_goal_graph(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench/replace_scaling.py --blocks ... --runs N``: bench/run.py's graph (one LayerNorm per 26-node
+    block), each size N times, the median reported with every run's time."""
+    from bench import replace_scaling
+
+    assert replace_scaling.main(["--blocks", "2", "3", "--runs", "3", "--all-plugins", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["nodes"], r["instances_replaced"]) for r in rows] == [(52, 2), (78, 3)]
+    assert all(len(r["all"]) == 3 and r["seconds"] == sorted(r["all"])[1] for r in rows)
