@@ -1,9 +1,12 @@
 """Finding pattern instances in one graph: the graph index, the backtracking matcher and the tracer.
 
 The matcher starts at an anchor node (a node whose ``(domain, op_type)`` is the pattern's last node)
-and walks the pattern backwards through producers. Every choice (the two orders of a commutative op)
-is a generator branch, so a failed branch backtracks. When tracing is on, each failure is recorded
-with the number of pattern nodes matched so far; the deepest one is what ``--explain`` reports.
+and walks the pattern backwards through producers, depth first. Every choice (the two orders of a
+commutative op, a Cast the model may leave out) is a branch: each step is handed the rest of the search
+and returns its first complete binding, and a branch that fails takes back what it bound (one binding per
+attempt, changed in place, with a trail of its changes), so the next branch starts from the same binding.
+When tracing is on, each failure is recorded with the number of pattern nodes matched so far; the deepest
+one is what ``--explain`` reports.
 
 Exporters leave no-op ``Cast`` nodes (a Cast to the dtype its input already has; TorchScript writes one
 for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the pattern wants another op,
