@@ -106,6 +106,23 @@ def test_rules_alike_up_to_a_deep_difference_run_the_matcher_only_where_it_can_m
     assert calls["could_match"] == 31 * 40 + 40  # the pre-check per rule and node, then once more in match
 
 
+def test_pre_check_answers_are_kept_per_skeleton_key_and_node() -> None:
+    """Rules alike in op types share one table of pre-check answers per pattern-node structure, keyed by the
+    graph node: 30 copies of one rule on 40 Adds keep 40 answers for their anchor, not 1200."""
+
+    def relu_add(op, x, c):
+        return op.Add(op.Relu(x), c)
+
+    rules = [GraphPattern(relu_add, inputs=["x"], name=f"relu_add_{i}") for i in range(30)]
+    graph = _chain_of_adds(40)
+    index = GraphIndex.build(graph)
+    adds = [n for n in graph.nodes if n.op == "Add"]
+    assert all(Matcher.on(rule.graph, index).could_match(add) for rule in rules for add in adds)
+    tables = [answers for answers in index.skeletons.values() if answers]
+    assert sorted(len(answers) for answers in tables) == [40, 40, 40]  # Add, its Relu input, that Relu
+    assert all(all(answers.values()) for answers in tables)
+
+
 def test_explain_still_tries_every_rule_at_every_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
     """``explain`` reports each failed attempt, so every rule runs its matcher at every node of its op."""
 

@@ -81,8 +81,9 @@ class GraphIndex:
     functions: Mapping[tuple[str, str], gs.Function] = field(default_factory=dict)
     #: where the matcher asks for a tensor's element type (None: the tensor's own ``dtype``)
     dtypes: DtypeLearner | None = None
-    #: the op-type pre-check's answers, shared by every rule and anchor (see ``Matcher._skeleton``)
-    skeletons: dict[tuple[int, int], bool] = field(default_factory=dict)
+    #: the op-type pre-check's answers, shared by every rule and anchor (see ``Matcher._skeleton``): per
+    #: skeleton key, by ``id`` of the graph node or tensor (a dict per key: no key tuple per question)
+    skeletons: dict[int, dict[int, bool]] = field(default_factory=dict)
     #: whether a constant holds a pattern's literal, by ``(id(tensor), ConstValue.literal_key)``
     literals: dict[tuple[int, tuple[Any, ...]], bool] = field(default_factory=dict)
     #: a node's attributes checked against alike pattern nodes, by ``(PNode.attribute_key, id(node))``
@@ -412,11 +413,12 @@ class Matcher:
         self.tracer = tracer
         self._outputs = [o.node for o in pattern.outputs]
         self._dtypes = None if index is None else index.dtypes
-        self._seen: dict[tuple[int, int], bool] = {} if index is None else index.skeletons
         self._literals: dict[tuple[int, tuple[Any, ...]], bool] = {} if index is None else index.literals
         self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
         self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
-        self._plans = _pre_check_plans(pattern)
+        self._answers: dict[int, dict[int, bool]] = {} if index is None else index.skeletons
+        #: the pre-check's plan with each skeleton key replaced by its answers (made at the first pre-check)
+        self._plans: dict[int, Any] = {}
 
     @classmethod
     def on(cls, pattern: PatternGraph, index: GraphIndex) -> Matcher:
@@ -430,7 +432,13 @@ class Matcher:
     def could_match(self, anchor: gs.Node) -> bool:
         """Whether the op types of ``anchor`` and its producers fit the pattern (no attributes, constants or
         bindings checked): False means :meth:`match` finds nothing there."""
-        return self._skeleton(self.pattern.anchor, anchor, self._seen)
+        if not self._plans:
+            answers = self._answers
+            self._plans = {
+                key: (answers.setdefault(number, {}), then)
+                for key, (number, then) in _pre_check_plans(self.pattern).items()
+            }
+        return self._skeleton(self.pattern.anchor, anchor)
 
     def match(self, anchor: gs.Node) -> Binding | None:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
@@ -456,49 +464,44 @@ class Matcher:
         finally:
             sys.setrecursionlimit(limit)
 
-    def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
+    def _skeleton(self, pn: PNode, node: gs.Node) -> bool:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
         if node.op != pn.op_type:
             return False
         domain = node.domain
         if (canonical_domain(domain) if domain else "") != pn.domain:
             return False
-        number, orders = self._plans[id(pn)]
-        key = (number, id(node))  # alike pattern nodes of any rule share the answer
-        fits = seen.get(key)
+        answers, orders = self._plans[id(pn)]  # alike pattern nodes of any rule share the answers
+        fits = answers.get(id(node))
         if fits is None:
-            seen[key] = True  # provisional: a DAG pattern reaches a node twice
+            answers[id(node)] = True  # provisional: a DAG pattern reaches a node twice
             inputs = node.inputs
             fits = False
             for needed, checks in orders:  # loops, not any(all(...)): this runs for every rule and anchor
                 if needed > len(inputs):
                     continue
                 for i, v in checks:
-                    if not self._skeleton_value(v, inputs[i], seen):
+                    if not self._skeleton_value(v, inputs[i]):
                         break
                 else:
                     fits = True
                     break
-            seen[key] = fits
+            answers[id(node)] = fits
         return fits
 
-    def _skeleton_value(self, v: NodeOutput, tensor: gs.Tensor, seen: dict[tuple[int, int], bool]) -> bool:
-        number, castlike = self._plans[id(v)]
-        key = (number, id(tensor))
-        fits = seen.get(key)
+    def _skeleton_value(self, v: NodeOutput, tensor: gs.Tensor) -> bool:
+        answers, castlike = self._plans[id(v)]
+        fits = answers.get(id(tensor))
         if fits is None:
             pn = v.node
             source = tensor if pn.op_type == "Cast" else self._through(tensor)
-            fits = bool(source.inputs and self._skeleton(pn, source.inputs[0], seen)) or (
+            fits = bool(source.inputs and self._skeleton(pn, source.inputs[0])) or (
                 # a pattern Cast the model may not need: its input stands where the Cast would be
                 castlike
                 and self._may_be_virtual(pn, tensor)
-                and (
-                    not isinstance(pn.inputs[0], NodeOutput)
-                    or self._skeleton_value(pn.inputs[0], tensor, seen)
-                )
+                and (not isinstance(pn.inputs[0], NodeOutput) or self._skeleton_value(pn.inputs[0], tensor))
             )
-            seen[key] = fits
+            answers[id(tensor)] = fits
         return fits
 
     def _may_be_virtual(self, pn: PNode, tensor: gs.Tensor) -> bool:
