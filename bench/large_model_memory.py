@@ -15,6 +15,10 @@ Then two whole processes, timed from start to exit (interpreter and imports incl
 * ``gskit prepare CLI (whole process)``: ``python -m gskit.cli prepare MODEL -o OUT``, the default recipe
   (validate and check_trt included), as a user runs it.
 
+``run_in_group`` runs such a process in a cgroup-v1 memory group, capped or not, from a cold page cache
+(``MemoryGroup``): what the command needs when memory is short, as opposed to the file pages the kernel counts
+in its RSS; ``bench/run.py --only large --large-cap 0.3`` uses it.
+
 Usage::
 
     python bench/large_model_memory.py [--size-gb 2.5] [--json results.json] [--dir /big/tmp] [--keep]

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import uses_external_data
+from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
 from gskit.io import model as gsmodel
 
@@ -65,7 +65,7 @@ def plan(model: onnx.ModelProto, *, over: int | None = None, budget: int | None 
     if graph.sparse_initializer:
         return []
     sizes = {t.name: gsmodel.tensor_nbytes(t) for t in graph.initializer}
-    on_disk = sum(gsmodel.tensor_nbytes(t) for t in graph.initializer if uses_external_data(t))
+    on_disk = sum(gsmodel.tensor_nbytes(t) for t in _get_all_tensors(model) if uses_external_data(t))
     if on_disk <= over:
         return []
     reads = [_reads(node) for node in graph.node]
@@ -95,8 +95,9 @@ def plan(model: onnx.ModelProto, *, over: int | None = None, budget: int | None 
 def _group(
     graph: onnx.GraphProto, reads: list[list[str]], sizes: Mapping[str, int], budget: int
 ) -> list[list[int]] | None:
-    """Node indices in consecutive groups of at most ``budget`` bytes of initializers; None where a node reads
-    a value that no earlier node, graph input or initializer gives (a graph out of topological order)."""
+    """Node indices in consecutive groups of at most ``budget`` bytes of initializers (those the nodes read,
+    and those their subgraphs hold); None where a node reads a value that no earlier node, graph input or
+    initializer gives (a graph out of topological order)."""
     known = {i.name for i in graph.input} | set(sizes)
     groups: list[list[int]] = [[]]
     held: set[str] = set()
@@ -104,13 +105,14 @@ def _group(
     for index, node in enumerate(graph.node):
         if any(name not in known for name in reads[index]):
             return None
+        inside = sum(gsmodel.tensor_nbytes(t) for sub in _subgraphs(node) for t in _initializers_in(sub))
         new = {name for name in reads[index] if name in sizes and name not in held}
-        added = sum(sizes[name] for name in new)
+        added = inside + sum(sizes[name] for name in new)
         if weight and added and weight + added > budget:  # a node that adds no weight stays with its group
             groups.append([])
             held, weight = set(), 0
             new = {name for name in reads[index] if name in sizes}
-            added = sum(sizes[name] for name in new)
+            added = inside + sum(sizes[name] for name in new)
         groups[-1].append(index)
         held |= new
         weight += added
@@ -135,6 +137,11 @@ def _outer_reads(graph: onnx.GraphProto) -> list[str]:
         found.extend(name for name in _reads(node) if name not in defined)
         defined.update(node.output)
     return found
+
+
+def _initializers_in(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
+    for inner in gsmodel.graph_protos(graph):
+        yield from inner.initializer
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
