@@ -127,9 +127,8 @@ def _runner_session(
     segments = ort_segments.plan(proto) if proto is not None else []
     if not segments:
         return session(model, plugins=plugins, loaded=known)
-    log.info(
-        "%s: %d segments of at most %d MiB of weights", name, len(segments), ort_segments.SEGMENT_BYTES >> 20
-    )
+    mib = ort_segments.SEGMENT_BYTES / 2**20
+    log.info("%s: %d segments of at most %g MiB of weights", name, len(segments), mib)
     return _NotedSegments(
         name,
         proto,

@@ -39,9 +39,8 @@ log = logging.getLogger(__name__)
 
 #: Models with more bytes of weights on disk than this are run in segments.
 SEGMENTED_OVER = 1 << 30
-#: The most MiB of weights a segment holds (a larger weight is a segment of its own).
-SEGMENT_MIB = 256
-SEGMENT_BYTES = SEGMENT_MIB << 20
+#: The most bytes of weights a segment holds (a larger weight is a segment of its own).
+SEGMENT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)

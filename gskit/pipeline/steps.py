@@ -400,16 +400,17 @@ def _validated(report: Any, note: str) -> PassResult:
 def _segments_note() -> str:
     """Which models the comparison ran in segments (``gskit.backends.ort_segments``: weights over 1 GiB on
     disk), so that the summary says the verdict came from chained sessions over the same files."""
+    from gskit.backends import ort_segments
     from gskit.backends.ort import take_segmented_runs
-    from gskit.backends.ort_segments import SEGMENT_MIB
 
     runs = dict(take_segmented_runs())
     if not runs:
         return ""
     each = ", ".join(f"{name} {count}" for name, count in runs.items())
+    mib = ort_segments.SEGMENT_BYTES / 2**20
     return (
-        f"; run in consecutive segments of at most {SEGMENT_MIB} MiB of weights, one onnxruntime session "
-        f"at a time over the same files (segments: {each})"
+        f"; run in consecutive segments of at most {mib:g} MiB of weights, one onnxruntime session at a time "
+        f"over the same files (segments: {each})"
     )
 
 
