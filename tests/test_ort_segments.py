@@ -34,7 +34,8 @@ def small_segments(monkeypatch) -> None:
 def _chain(path: Path) -> Path:
     """A model whose values cross segments in every way the split must keep: a skip connection into the
     next segment, a graph output that later nodes also read, an input read only at the end, an ``If`` whose
-    branches read a weight and a value from the outer scope, and a model-local function."""
+    branches read a weight and a value from the outer scope, and a model-local function; with the value_info
+    of onnx's shape inference."""
     rng = np.random.default_rng(3)
     weights = [(rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32) for _ in range(4)]
     branch = helper.make_graph(
@@ -85,6 +86,8 @@ def _chain(path: Path) -> Path:
         functions=[twice],
     )
     model.ir_version = 10
+    model = onnx.shape_inference.infer_shapes(model)  # value_info for every value, as prepare writes it
+    assert len(model.graph.value_info) >= 8
     return gsmodel.save(model, path, external_data=True)
 
 

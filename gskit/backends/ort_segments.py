@@ -177,8 +177,8 @@ def segment_model(model: onnx.ModelProto, segment: Segment, fed: Mapping[str, np
             part.graph.input.append(onnx.helper.make_tensor_value_info(name, elem, value.shape))
     for name in segment.outputs:
         part.graph.output.append(declared.get(name, onnx.ValueInfoProto(name=name)))
-    wanted = set(segment.outputs)
-    part.graph.value_info.extend(v for v in graph.value_info if v.name not in wanted)
+    inside = {out for i in segment.nodes for out in graph.node[i].output} - set(segment.outputs)
+    part.graph.value_info.extend(v for v in graph.value_info if v.name in inside)
     return part
 
 
