@@ -229,6 +229,10 @@ def _large_cli_rows(model: Path, label: str, out: Path, runs: int, timeout: floa
     return rows
 
 
+#: The smallest cap worth running: a process with onnx, onnxruntime and numpy imported holds about this much.
+MIN_CAP_BYTES = 256 << 20
+
+
 def _large_capped(
     model: Path, label: str, out: Path, cap: float, weights: int, timeout: float
 ) -> dict[str, Any]:
@@ -244,6 +248,10 @@ def _large_capped(
     )
 
     why = memory_groups_unavailable()
+    if not why and cap * weights < MIN_CAP_BYTES:
+        # The quick stand-in's weights are small enough that the cap falls below what the interpreter and its
+        # libraries need on their own: an out-of-memory there would say nothing about the weights.
+        why = f"{cap} x the weights is under {MIN_CAP_BYTES >> 20} MiB, less than the interpreter alone needs"
     if why:
         log.warning("large: memory cap skipped: %s", why)
         return {"rows": [], "memory_cap": {"fraction": cap, "skipped": why}}

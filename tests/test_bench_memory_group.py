@@ -55,3 +55,12 @@ def test_the_capped_goal_reads_the_capped_run_against_the_uncapped_one() -> None
         goal["value"].startswith("ok, 9.0 s vs 8.0 s uncapped")
         and "floor capped: out of memory" in goal["value"]
     )
+
+
+def test_a_cap_below_what_the_interpreter_needs_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    from bench.run import MIN_CAP_BYTES, _large_capped
+
+    weights = 200 * MB  # the quick stand-in: 0.3x of it is under what the interpreter alone holds
+    assert 0.3 * weights < MIN_CAP_BYTES
+    capped = _large_capped(tmp_path / "absent.onnx", "m", tmp_path, 0.3, weights, timeout=1)
+    assert capped["rows"] == [] and "interpreter" in capped["memory_cap"]["skipped"]
