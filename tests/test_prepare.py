@@ -940,3 +940,30 @@ def test_validate_reads_the_original_once(tmp_path: Path, model_reads: list[str]
         s for s in json.loads((out / "report.json").read_text())["steps"] if s["name"] == "validate"
     )
     assert validate["status"] == "ok" and "inputs x:" in validate["summary"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+def test_the_check_trt_parser_starts_with_the_run_and_its_step_uses_it(tmp_path: Path) -> None:
+    """The TensorRT-RTX worker loads while the steps before check_trt run; check_trt hands it the model."""
+    from gskit.backends import trt
+    from gskit.pipeline.prepare import default_recipe, prepare, recipe_with_overrides
+
+    waiting: dict[str, bool] = {}
+
+    class Listener:
+        def started(self, name: str, index: int, total: int) -> None:
+            waiting.setdefault(name, "tensorrt_rtx" in trt._WAITING)
+
+        def finished(self, result: object) -> None:
+            pass
+
+    recipe = recipe_with_overrides(default_recipe(), skip=["build"])
+    report = prepare(EXAMPLE, tmp_path / "out", recipe=recipe, listener=Listener())
+    assert waiting["sanitize"] and waiting["check_trt"] and not waiting["validate"]  # check_trt took it
+    assert (
+        not trt._WAITING and report.tensorrt is not None and report.tensorrt.source.startswith("tensorrt_rtx")
+    )
+    unused = recipe_with_overrides(default_recipe(), skip=["build", "check_trt"])
+    waiting.clear()
+    prepare(EXAMPLE, tmp_path / "out2", recipe=unused, listener=Listener())
+    assert not any(waiting.values())  # no check_trt step: no worker
