@@ -391,7 +391,7 @@ def _stage(
     report: PrepareReport, original: onnx.ModelProto, state: _Run, recipe: Recipe, staged: Path
 ) -> None:
     """Write the prepared model and the reports of a run whose steps all ran into ``staged``."""
-    gsmodel.save(state.graph, staged / MODEL_NAME)
+    _save_model(state, staged / MODEL_NAME)
     out_dir = Path(report.output_dir)
     report.prepared_model = str(output_entry(out_dir / MODEL_NAME))
     if state.engine is not None:
@@ -402,6 +402,20 @@ def _stage(
         }
     report.validated, report.passed = _verdict(report, state)
     _write_reports(report, original, state, staged, recipe)
+
+
+def _save_model(state: _Run, target: Path) -> None:
+    """Save the run's graph as ``target``; a snapshot of it that is one file (no data file, no linked
+    weights) is that file already, written by the same ``gsmodel.save``: it takes a second name instead of
+    the graph being serialized and checked again."""
+    snapshot = state.snapshots.current()
+    if snapshot is not None and [p.name for p in snapshot.parent.iterdir()] == [snapshot.name]:
+        try:
+            os.link(snapshot, target)
+            return
+        except OSError:  # no hard links on this file system: saved as usual
+            pass
+    gsmodel.save(state.graph, target)
 
 
 def _stage_failure(
