@@ -196,9 +196,7 @@ class _Worker:
 
     def start(self) -> None:
         """Start the child; with ``--wait FLAVOUR`` it loads TensorRT, then waits for its stdin to close."""
-        from gskit.backends.trt_worker import (
-            TRACEBACK_ENV,
-        )  # the worker's module imports the standard library
+        from gskit.backends.trt_worker import TRACEBACK_ENV
 
         env = _worker_env()
         env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if self.flavour == "tensorrt_rtx" else "0"
