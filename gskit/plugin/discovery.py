@@ -196,14 +196,14 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
         del sys.modules[name]  # a reload must see the files as they are now
     # No bytecode written by the import: a timestamp-checked .pyc would be stale after two edits of a file
     # within a second (the same size). The files it imported get hash-checked ones instead, below.
-    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    no_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         module = import_file(module_name, path, PLUGIN_CODE_FAILURES)
     except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
         raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
     finally:
-        sys.dont_write_bytecode = write_bytecode
-    if not write_bytecode:
+        sys.dont_write_bytecode = no_bytecode
+    if not no_bytecode:  # the process may write bytecode (no PYTHONDONTWRITEBYTECODE, no -B)
         _hash_checked_bytecode(_imported_files(module_name, path.parent))
     if module is None:
         raise PluginError(f"{path}: cannot be imported as a Python module")
