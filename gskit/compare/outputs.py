@@ -192,7 +192,7 @@ def compare(
     # At gskit's debug level both sides run as Polygraphy runners, whose lines say what ran and how.
     direct = not log.isEnabledFor(logging.DEBUG)
     reference = (
-        partial(_session_outputs, original, original_proto, options.plugins)
+        partial(_session_outputs, "original", original, original_proto, options.plugins)
         if direct
         else partial(
             _runner_outputs, ort_backend.runner(original, options.plugins, "original", original_proto)
@@ -225,7 +225,13 @@ def compare(
         # of a small model.
         return compared(
             UNDER_TEST_NAMES[options.under_test_backend],
-            partial(_session_outputs, prepared, prepared_proto, options.plugins),
+            partial(
+                _session_outputs,
+                UNDER_TEST_NAMES[options.under_test_backend],
+                prepared,
+                prepared_proto,
+                options.plugins,
+            ),
         )
     under_test = ModelRun(
         engine if engine is not None else prepared,
@@ -480,6 +486,7 @@ def _runner_outputs(runner: Any, feeds: Mapping[str, np.ndarray]) -> Mapping[str
 
 
 def _session_outputs(
+    name: str,
     model: ModelSource,
     loaded: onnx.ModelProto | None,
     plugins: PluginRegistry | None,
@@ -488,17 +495,16 @@ def _session_outputs(
     """The outputs of ``model`` run once on onnxruntime (``ort_backend.session``; plugin nodes through their
     references), as Polygraphy's ``OnnxrtRunner`` gives them: every output, by name, in the session's order.
 
-    Inputs that fit the session as they are (its input names, dtypes and dims) are fed as they are; others
-    go through Polygraphy's runner, which casts, reshapes or refuses them with its own message.
+    Inputs that fit the session (its input names and dims) are fed as they are, cast to the input's dtype
+    where it differs, as Polygraphy does; others go through Polygraphy's runner, which matches names loosely,
+    reshapes or refuses them with its own message.
     """
     # a plugin reference's 0/0 stays quiet, as inside Polygraphy's runner (``quiet_polygraphy``)
     with np.errstate(divide="ignore", invalid="ignore"):
         session = ort_backend.session(model, plugins=plugins, loaded=loaded)
         fitted = _fitted_feeds(session, feeds)
-        if fitted is None:
-            from polygraphy.backend.onnxrt import OnnxrtRunner
-
-            return dict(_runner_outputs(OnnxrtRunner(session), feeds))
+        if fitted is None:  # a session of its own for the runner: a rare case, not worth a second interface
+            return dict(_runner_outputs(ort_backend.runner(model, plugins, name, loaded), feeds))
         values = session.run(None, fitted)
     return {o.name: value for o, value in zip(session.get_outputs(), values, strict=True)}
 
