@@ -486,16 +486,17 @@ def test_the_tolerance_rule_gives_polygraphys_verdicts() -> None:
     assert 0 < checked < len(cases) * 6  # both verdicts occur
 
 
-def test_a_plain_compare_imports_no_polygraphy_or_graph_drawing() -> None:
+def test_a_plain_compare_imports_neither_polygraphy_nor_rich() -> None:
     """Two models on onnxruntime are run and judged without Polygraphy (its import and its per-run
-    bookkeeping were a third of a small model's compare); --debug still shows Polygraphy's lines."""
+    bookkeeping were a third of a small model's compare), and printed to a pipe without rich (no progress
+    bars there; the table as rich draws it); --debug still shows Polygraphy's lines."""
     import subprocess
     import sys
 
     example = str(Path(gsmodel.__file__).parents[1] / "data" / "example.onnx")
     code = (
         "import sys; from gskit.cli import main; code = main(sys.argv[1:]); "
-        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'polygraphy', 'torch'}))"
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'polygraphy', 'rich', 'torch'}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, "compare", example, example], capture_output=True, text=True, timeout=300
