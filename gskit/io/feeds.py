@@ -143,24 +143,18 @@ def _has_op(graph: onnx.GraphProto, op_type: str) -> bool:
     return False
 
 
-#: ONNX element types with a numpy dtype, as graphsurgeon maps them (bfloat16 and the float8 types: none).
-_NUMPY_ELEM_TYPES: dict[int, np.dtype] = {
-    t: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t))
-    for t in (
-        onnx.TensorProto.FLOAT,
-        onnx.TensorProto.DOUBLE,
-        onnx.TensorProto.FLOAT16,
-        onnx.TensorProto.INT8,
-        onnx.TensorProto.INT16,
-        onnx.TensorProto.INT32,
-        onnx.TensorProto.INT64,
-        onnx.TensorProto.UINT8,
-        onnx.TensorProto.UINT16,
-        onnx.TensorProto.UINT32,
-        onnx.TensorProto.UINT64,
-        onnx.TensorProto.BOOL,
-    )
-}
+def _numpy_elem_types() -> dict[int, np.dtype]:
+    """ONNX element types whose numpy dtype is numpy's own bool, integer or float (graphsurgeon maps them the
+    same way); bfloat16, the float8 and 4-bit types (ml_dtypes' types) are left to its import."""
+    found = {}
+    for elem_type in onnx.helper.get_all_tensor_dtypes():
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        if dtype.kind in "biuf" and dtype.isbuiltin == 1:
+            found[elem_type] = dtype
+    return found
+
+
+_NUMPY_ELEM_TYPES = _numpy_elem_types()
 
 
 def check_seed(seed: int) -> None:
