@@ -492,8 +492,9 @@ def _session_outputs(
     plugins: PluginRegistry | None,
     feeds: Mapping[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """The outputs of ``model`` run once on onnxruntime (``ort_backend.session``; plugin nodes through their
-    references), as Polygraphy's ``OnnxrtRunner`` gives them: every output, by name, in the session's order.
+    """The outputs of ``model`` run once on onnxruntime in the session its runner would use
+    (``ort_backend.runner_session``: plugin nodes through their references, a model with weights over 1 GiB in
+    segments), as Polygraphy's ``OnnxrtRunner`` gives them: every output, by name, in the session's order.
 
     Inputs that fit the session (its input names and dims) are fed as they are, cast to the input's dtype
     where it differs, as Polygraphy does; others go through Polygraphy's runner, which matches names loosely,
@@ -501,7 +502,7 @@ def _session_outputs(
     """
     # a plugin reference's 0/0 stays quiet, as inside Polygraphy's runner (``quiet_polygraphy``)
     with np.errstate(divide="ignore", invalid="ignore"):
-        session = ort_backend.session(model, plugins=plugins, loaded=loaded)
+        session = ort_backend.runner_session(model, plugins, name, loaded)
         fitted = _fitted_feeds(session, feeds)
         if fitted is None:  # a session of its own for the runner: a rare case, not worth a second interface
             return dict(_runner_outputs(ort_backend.runner(model, plugins, name, loaded), feeds))
