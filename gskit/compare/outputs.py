@@ -199,7 +199,7 @@ def compare(
         )
     )
 
-    def compared(name: str, under_test: Callable[[], Mapping[str, np.ndarray]]) -> CompareReport:
+    def compared(name: str, under_test: Callable[[Mapping[str, np.ndarray]], Any]) -> CompareReport:
         try:
             return _compare_sides(
                 ("original", reference),
