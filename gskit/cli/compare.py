@@ -8,9 +8,8 @@ import dataclasses
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gskit.cli import COMMANDS, add_plugins_option
 from gskit.cli.options import add_options, options_from_args
@@ -121,8 +120,7 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     _show(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows, below)
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """A table cell: a green "pass" or a red "FAIL" (``gskit.io.report.verdict``)."""
 
     passed: bool

@@ -6,8 +6,8 @@ import os
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -86,8 +86,7 @@ def random_feeds(
     return feeds
 
 
-@dataclass(frozen=True)
-class _Input:
+class _Input(NamedTuple):
     """A graph input as ``gs.import_onnx`` shows it: name, numpy dtype, dims (int, symbol or None; None:
     unknown rank)."""
 
