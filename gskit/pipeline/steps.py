@@ -188,6 +188,10 @@ class Snapshots:
             self._path = gsmodel.save_linked(copy_graph(graph), target)
         return self._path
 
+    def current(self) -> Path | None:
+        """The snapshot of the graph as it is now, when one was saved after the last change."""
+        return self._path
+
     def graph_changed(self) -> None:
         """Called after every step that modified the graph: the next check must see the graph as it is now."""
         self._path = None
