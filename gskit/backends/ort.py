@@ -108,18 +108,19 @@ def runner(
     from gskit.backends.polygraphy_torch import use_without_torch
 
     use_without_torch()
-    return OnnxrtRunner(lambda: _runner_session(model, plugins, name, loaded), name=name)
+    return OnnxrtRunner(lambda: runner_session(model, plugins, name, loaded), name=name)
 
 
-def _runner_session(
+def runner_session(
     model: onnx.ModelProto | str | os.PathLike,
     plugins: PluginRegistry | None,
     name: str,
     loaded: onnx.ModelProto | None,
 ) -> Any:
-    """The session a runner uses: a model with more weights on disk than ``ort_segments.SEGMENTED_OVER`` runs
-    in segments (one session at a time maps part of its weights; see ``gskit.backends.ort_segments``), any
-    other as one :func:`session`. The runs in segments are noted for :func:`take_segmented_runs`."""
+    """The session a runner uses (and ``gskit.compare``, where it runs a model without a runner): a model
+    with more weights on disk than ``ort_segments.SEGMENTED_OVER`` runs in segments (one session at a time
+    maps part of its weights; see ``gskit.backends.ort_segments``), any other as one :func:`session`. The
+    runs in segments are noted for :func:`take_segmented_runs`."""
     known = loaded if loaded is not None and isinstance(model, (str, os.PathLike)) else None
     proto = known if known is not None else model if isinstance(model, onnx.ModelProto) else None
     if proto is None and Path(model).is_file():

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from gskit.errors import GskitError, describe_os_error
 from gskit.io import interrupt
 from gskit.io.interrupt import Terminated
-from gskit.io.text import is_utf8, visible
+from gskit.io.text import is_terminal, is_utf8, visible
 
 #: Every command: its module in this package and its line in ``gskit --help``, in the order listed there. Each
 #: module defines ``add_parser(subparsers)``, which registers its parser (with that line as its help) and
@@ -231,6 +231,16 @@ def main(argv: list[str] | None = None) -> int:
         return _run(words, own_process=argv is None)
 
 
+def _progress_display(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """``gskit.io.report.progress_display``: bars on stderr where it is a terminal; elsewhere it draws
+    nothing, and rich is not imported for it."""
+    if not is_terminal(sys.stderr):
+        return contextlib.nullcontext()
+    from gskit.io.report import progress_display
+
+    return progress_display(enabled=enabled)
+
+
 @contextlib.contextmanager
 def _imported_uncollected() -> Iterator[None]:
     """Import without the cycle collector, then keep what was imported out of its later scans.
@@ -270,10 +280,11 @@ def _run(words: list[str], *, own_process: bool = False) -> int:
             logging.basicConfig(level=level, handlers=[handler])
             _quiet_onnxruntime(level, args.command)
             from gskit.io.outputs import guarding_inputs
-            from gskit.io.report import progress_display
+
+            display = _progress_display(enabled=not getattr(args, "json", False))  # imports rich if it draws
 
         # Whatever the command loads is its input: no output of it may replace one of those files.
-        with guarding_inputs(), progress_display(enabled=not getattr(args, "json", False)):
+        with guarding_inputs(), display:
             return int(args.func(args) or 0)
     except GskitError as err:
         if interrupt.arrived():
