@@ -428,3 +428,43 @@ def test_check_trt_reads_versions_and_plugins_once(tmp_path, monkeypatch) -> Non
     assert [i.op_type for i in report.issues] == ["Swish"]  # my.ns::Swish: no spec of it among the plugins
     assert installed_version("onnx") == importlib.metadata.version("onnx")
     assert installed_version("no_such_module_anywhere") is None
+
+
+@rtx
+def test_a_started_worker_takes_the_next_task_of_its_flavour_and_answers_like_a_new_one():
+    from gskit.backends import trt
+
+    ops = ["Relu", "DeformConv", "NoSuchOp"]
+    fresh = run_worker("ops", "tensorrt_rtx", {"ops": ops})
+    with trt.started_worker("tensorrt_rtx"):
+        waiting = trt._WAITING["tensorrt_rtx"]
+        assert waiting.process is not None and waiting.process.poll() is None  # loading, then waiting
+        assert run_worker("ops", "tensorrt_rtx", {"ops": ops}) == fresh
+        assert waiting.process.returncode == 0 and "tensorrt_rtx" not in trt._WAITING  # it ran the task
+        assert run_worker("ops", "tensorrt_rtx", {"ops": ops}) == fresh  # the next one: a new worker
+
+
+@rtx
+def test_a_started_worker_no_task_took_is_stopped_on_the_way_out():
+    from gskit.backends import trt
+
+    with trt.started_worker("tensorrt_rtx"):
+        process = trt._WAITING["tensorrt_rtx"].process
+        with trt.started_worker("tensorrt_rtx"):  # one waits already: no second one
+            assert trt._WAITING["tensorrt_rtx"].process is process
+        assert "tensorrt_rtx" in trt._WAITING  # the inner block did not stop the outer one's worker
+    assert process is not None and process.returncode is not None and "tensorrt_rtx" not in trt._WAITING
+    with trt.started_worker("static"):  # no parser: nothing started
+        assert "static" not in trt._WAITING
+
+
+@rtx
+def test_check_trt_through_a_worker_started_before_it_reports_as_without(tmp_path):
+    from gskit.backends import trt
+
+    path = _save(tmp_path, PLUGIN_AND_UNIQUE)
+    alone = check_trt(path, plugins=[])
+    with trt.started_worker("tensorrt_rtx"):
+        waiting = trt._WAITING["tensorrt_rtx"]
+        assert check_trt(path, plugins=[]) == alone
+        assert waiting.process is not None and waiting.process.returncode == 0

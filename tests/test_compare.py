@@ -431,3 +431,94 @@ def test_each_model_file_is_read_once(plugin_dir, tmp_path: Path, model_reads: l
     model_reads.clear()
     assert compare(original, prepared, plugins=plugins, shapes={"x": (2, 8)}).passed
     assert sorted(model_reads) == ["original.onnx", "prepared.onnx"]
+
+
+def _polygraphy_verdict(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float) -> bool:
+    """Polygraphy's ``SimpleCompareFunc`` on one output (what compare judged with before its own rule)."""
+    from polygraphy.comparator import SimpleCompareFunc
+    from polygraphy.comparator.struct import IterationResult
+
+    from gskit.compare.outputs import quiet_polygraphy
+
+    with quiet_polygraphy(), np.errstate(over="ignore"):  # its statistics square values near float max
+        verdicts = SimpleCompareFunc(atol=atol, rtol=rtol, check_shapes=True)(
+            IterationResult({"y": expected}, runner_name="a"), IterationResult({"y": actual}, runner_name="b")
+        )
+    return bool(verdicts["y"])
+
+
+def test_the_tolerance_rule_gives_polygraphys_verdicts() -> None:
+    """compare judges outputs with its own numpy rule (no Polygraphy import on the plain path): the same
+    verdict as Polygraphy's SimpleCompareFunc on borderline, zero, NaN, inf, float16, mixed-dtype, integer and
+    bool outputs, for several tolerances."""
+    from gskit.compare.outputs import within_tolerance
+
+    rng = np.random.default_rng(7)
+    base = rng.uniform(-2, 2, 64).astype(np.float32)
+    base[:6] = [0, 0, 1e-30, -1e-30, 1e5, -1e5]
+    cases = []
+    for scale in (0, 1e-7, 1e-6, 9e-6, 1e-5, 1.1e-5, 1e-4, 1e-2, 1):
+        noise = rng.standard_normal(64).astype(np.float32) * np.float32(scale)
+        cases.append((base, base + noise))
+        cases.append((base, base * (1 + noise)))
+        with np.errstate(over="ignore"):  # 1e5 is inf in float16: a case of its own
+            cases.append((base.astype(np.float16), (base + noise).astype(np.float16)))
+            cases.append((base, (base + noise).astype(np.float16)))
+        cases.append((base.astype(np.float64), base.astype(np.float64) + noise))
+    special = base.copy()
+    special[[7, 8, 9]] = [np.nan, np.inf, -np.inf]
+    cases += [(special, special), (special, base), (base, special), (base, np.zeros_like(base))]
+    cases += [
+        (np.zeros(4, np.float32), np.zeros(4, np.float32)),
+        (np.zeros(4, np.float32), np.ones(4, np.float32)),
+    ]
+    ints = rng.integers(-5, 5, 32)
+    for dtype in (np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32):
+        cases.append((ints.astype(dtype), (ints + (ints > 3)).astype(dtype)))
+    cases.append((ints > 0, ints > 1))
+    cases.append((base, base[:32]))  # shapes differ
+    checked = 0
+    for expected, actual in cases:
+        for atol, rtol in ((1e-5, 1e-5), (0.0, 1e-5), (1e-5, 0.0), (4e-3, 4e-3), (0.0, 0.0), (1e-2, 1e-3)):
+            ours = within_tolerance(expected, actual, atol, rtol)
+            assert ours == _polygraphy_verdict(expected, actual, atol, rtol), (expected, actual, atol, rtol)
+            checked += ours
+    assert 0 < checked < len(cases) * 6  # both verdicts occur
+
+
+def test_a_plain_compare_imports_neither_polygraphy_nor_rich() -> None:
+    """Two models on onnxruntime are run and judged without Polygraphy (its import and its per-run
+    bookkeeping were a third of a small model's compare), and printed to a pipe without rich (no progress
+    bars there; the table as rich draws it); --debug still shows Polygraphy's lines."""
+    import subprocess
+    import sys
+
+    example = str(Path(gsmodel.__file__).parents[1] / "data" / "example.onnx")
+    code = (
+        "import sys; from gskit.cli import main; code = main(sys.argv[1:]); "
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'polygraphy', 'rich', 'torch'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "compare", example, example], capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stderr[-500:]
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--debug", "compare", example, example],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "0 ['polygraphy']", done.stderr[-500:]
+    assert "Polygraphy: [V]" in done.stderr
+
+
+def test_inputs_that_need_reshaping_still_go_through_polygraphy(tmp_path) -> None:
+    """Inputs that do not fit the session as they are (another shape) are handed to Polygraphy's runner as
+    before, which refuses them with its own message; another dtype is cast to the input's, as it did."""
+    path = tmp_path / "m.onnx"
+    gsmodel.save(parse_model(ORIGINAL), path)
+    with pytest.raises(GskitError, match="the original model cannot run on the inputs .*incompatible shape"):
+        compare(path, path, feeds={"x": np.zeros((2, 3, 5), np.float32)})
+    wide = np.random.default_rng(0).uniform(-1, 1, (2, 8)).astype(np.float64)
+    cast = compare(path, path, feeds={"x": wide})
+    assert cast.passed and cast.input_shapes == {"x": (2, 8)}

@@ -326,3 +326,42 @@ def test_layerwise_on_an_fp16_model_feeds_and_reads_like_plain_compare(registry)
     assert last.max_abs_err == pytest.approx(plain.outputs[0].max_abs_err, rel=0.5)
     strict = compare_layerwise(EXAMPLE, half, shapes=EXAMPLE_SHAPES, plugins=registry)
     assert not strict.passed  # float32 tolerances: fp16 rounding shows at the first tensor it touches
+
+
+def test_the_cli_prints_its_tables_as_rich_does(prepared_example, registry, capsys, monkeypatch) -> None:
+    """gskit compare writes its tables to a pipe without rich (gskit.io.text.plain_table): the same text as
+    rich's, for the output, layerwise and per-plugin reports, passing and failing."""
+    import gskit.cli.compare as cli_compare
+    from gskit.compare.outputs import compare
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    broken = _plant(prepared_example, prepared_example.graph.initializer[0].name, 0, 0.5)
+    common = dict(shapes=EXAMPLE_SHAPES, plugins=registry)
+    printed = [
+        (cli_compare.print_report, compare(EXAMPLE, prepared_example, **common)),
+        (cli_compare.print_report, compare(EXAMPLE, broken, **common, atol=0.0, rtol=0.0)),
+        (cli_compare.print_layerwise, compare_layerwise(EXAMPLE, prepared_example, **common)),
+        (cli_compare.print_layerwise, compare_layerwise(EXAMPLE, broken, **common)),
+        (cli_compare.print_plugins, compare_plugins(EXAMPLE, prepared_example, **common)),
+        (cli_compare.print_plugins, compare_plugins(EXAMPLE, broken, **common, atol=0.0, rtol=0.0)),
+    ]
+    plain, through_rich, answered = [], [], []
+    written_plain = cli_compare._plain
+
+    def recorded(*args):
+        answered.append(written_plain(*args))
+        return answered[-1]
+
+    monkeypatch.setattr(cli_compare, "_plain", recorded)
+    for show, result in printed:
+        capsys.readouterr()
+        show(result, as_json=False)
+        plain.append(capsys.readouterr().out)
+    monkeypatch.setattr(cli_compare, "_plain", lambda *args: None)
+    for show, result in printed:
+        show(result, as_json=False)
+        through_rich.append(capsys.readouterr().out)
+    assert None not in answered and len(answered) == len(printed)
+    assert plain == through_rich
+    assert any("FAIL" in text for text in plain) and all("┏" in text for text in plain)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 import gskit
 from gskit.compare.plugins import compare_plugins
-from gskit.io.html_report import dot_source, environment_rows
+from gskit.io.html_report import dot_source, environment_rows, render_svg, render_svgs
 from gskit.pipeline.prepare import prepare
 from gskit.pipeline.recipe import make_recipe
 from gskit.plugin import load_plugins
@@ -163,6 +164,40 @@ def test_region_node_counts_agree_with_compare_per_plugin(prepared):
 def test_environment_lists_tensorrt_or_says_it_is_missing():
     names = [name for name, _ in environment_rows()]
     assert any(name.startswith("tensorrt") for name in names)
+
+
+def test_environment_lists_the_tensorrt_distributions_that_every_installed_one_names():
+    """Only the metadata folders named tensorrt* are read: the same rows as reading every distribution's."""
+    from importlib.metadata import distributions
+
+    every = {
+        d.metadata["Name"]: d.version
+        for d in distributions()
+        if (d.metadata["Name"] or "").lower().replace("-", "_").startswith("tensorrt")
+        and not (d.metadata["Name"] or "").lower().endswith(("libs", "bindings"))
+    }
+    rows = environment_rows()
+    assert rows[len(("gskit", "onnx", "onnxruntime", "onnx_graphsurgeon", "polygraphy")) : -1] == (
+        sorted(every.items()) or [("tensorrt", "not installed")]
+    )
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz (scripts/install-system-deps.sh)")
+def test_drawings_from_one_graphviz_run_are_those_drawn_one_by_one():
+    sources = [
+        dot_source(
+            [NodeSummary(f"n{j}", f'Op"{j} </svg>', (f"t{j}",), (f"t{j + 1}",)) for j in range(count)],
+            ["t0"],
+            [f"t{count}"],
+            title=f"region {count}",
+        )
+        for count in (1, 2, 3)
+    ]
+    alone = [render_svg(source) for source in sources]
+    assert all(svg and svg.startswith("<svg") for svg in alone)
+    assert render_svgs(sources) == alone
+    # One source dot cannot read: that drawing is missing, the others are drawn as before.
+    assert render_svgs([sources[0], "digraph {", sources[1]]) == [alone[0], None, alone[1]]
 
 
 def test_input_size_counts_its_external_data_file(tmp_path):

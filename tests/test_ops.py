@@ -109,3 +109,16 @@ def test_fold_excludes_a_known_plugin_only_at_its_version() -> None:
     assert [n.op_type for n in folded.graph.node] == ["Gelu", "Add"]
     assert list(report.excluded.values()) == ["plugin node (com.microsoft::Gelu)"]
     assert gsmodel.count_nodes(gsmodel.to_graph(folded)) == 2
+
+
+def test_is_onnx_op_answers_as_onnx_does_in_every_domain():
+    """ONNX's domains are answered from its schema list (onnx.defs.has cost 50 us a call); the answers are
+    onnx's own, for every op type it knows, in every ONNX domain, and for names that are none."""
+    from gskit.plugin.ops import ONNX_DOMAINS, is_onnx_op
+
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history()} | {"relu", "Foo", ""}
+    for domain in (*sorted(ONNX_DOMAINS), None, "com.microsoft", "my.ns"):
+        canonical = "" if domain in (None, "ai.onnx") else domain
+        assert {n for n in names if is_onnx_op(domain, n)} == {
+            n for n in names if onnx.defs.has(n, canonical)
+        }

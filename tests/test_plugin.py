@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -337,3 +338,40 @@ def test_plugin_list_shows_implementations(tmp_path, capsys):
     assert "ScaledTanh" in capsys.readouterr().out
     write_plugin(tmp_path, "broken", spec="SPEC = (\n")
     assert _cli("plugin", "list", "--plugins", str(tmp_path)) == 2
+
+
+def test_plugin_files_are_compiled_once_and_an_edit_of_the_same_size_and_time_is_seen(tmp_path, monkeypatch):
+    """A plugin's files get hash-checked bytecode: a second load compiles none of them, and a file edited
+    without changing its size or modification time (a stale timestamp-checked .pyc) loads as edited."""
+    import builtins
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "pycache"))
+    folder = write_plugin(tmp_path / "plugins")
+    compiled: list[str] = []
+    real_compile = builtins.compile
+
+    def counting(source, filename, *args, **kwargs):
+        compiled.append(str(filename))
+        return real_compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "compile", counting)
+    load_plugins([tmp_path / "plugins"], entry_points=False)
+    ours = [f for f in compiled if f.startswith(str(folder.resolve()))]
+    assert sorted(Path(f).name for f in set(ours)) == ["reference.py", "spec.py"]
+    compiled.clear()
+    registry = load_plugins([tmp_path / "plugins"], entry_points=False)
+    assert not [f for f in compiled if f.startswith(str(folder.resolve()))]  # read from the cache
+    assert registry.get("test.gskit", "ScaledTanh").attributes[0].default == 1.0
+    spec_file = folder / "spec.py"
+    before = spec_file.stat()
+    spec_file.write_text(spec_file.read_text().replace("1.0, ", "2.0, "))  # same size
+    os.utime(spec_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert spec_file.stat().st_size == before.st_size
+    assert (
+        load_plugins([tmp_path / "plugins"], entry_points=False)
+        .get("test.gskit", "ScaledTanh")
+        .attributes[0]
+        .default
+        == 2.0
+    )

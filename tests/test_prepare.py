@@ -940,3 +940,62 @@ def test_validate_reads_the_original_once(tmp_path: Path, model_reads: list[str]
         s for s in json.loads((out / "report.json").read_text())["steps"] if s["name"] == "validate"
     )
     assert validate["status"] == "ok" and "inputs x:" in validate["summary"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+def test_the_check_trt_parser_starts_with_the_run_and_its_step_uses_it(tmp_path: Path) -> None:
+    """The TensorRT-RTX worker loads while the steps before check_trt run; check_trt hands it the model."""
+    from gskit.backends import trt
+    from gskit.pipeline.prepare import default_recipe, prepare, recipe_with_overrides
+
+    waiting: dict[str, bool] = {}
+
+    class Listener:
+        def started(self, name: str, index: int, total: int) -> None:
+            waiting.setdefault(name, "tensorrt_rtx" in trt._WAITING)
+
+        def finished(self, result: object) -> None:
+            pass
+
+    recipe = recipe_with_overrides(default_recipe(), skip=["build"])
+    report = prepare(EXAMPLE, tmp_path / "out", recipe=recipe, listener=Listener())
+    assert waiting["sanitize"] and waiting["check_trt"] and not waiting["validate"]  # check_trt took it
+    assert (
+        not trt._WAITING and report.tensorrt is not None and report.tensorrt.source.startswith("tensorrt_rtx")
+    )
+    unused = recipe_with_overrides(default_recipe(), skip=["build", "check_trt"])
+    waiting.clear()
+    prepare(EXAMPLE, tmp_path / "out2", recipe=unused, listener=Listener())
+    assert not any(waiting.values())  # no check_trt step: no worker
+
+
+def test_the_snapshot_of_the_final_graph_is_the_model_written(tmp_path: Path, monkeypatch) -> None:
+    """A run whose last snapshot (check_trt's, validate's) shows the final graph writes that file instead of
+    saving the graph again; the model is byte for byte the one a run without a snapshot writes, and a snapshot
+    taken before the graph changed is not used."""
+    from gskit.pipeline.prepare import prepare
+    from gskit.pipeline.recipe import make_recipe
+
+    saves: list[str] = []
+    real_save = gsmodel.save
+
+    def counting(model, path, **kwargs):
+        saves.append(Path(path).parent.name)
+        return real_save(model, path, **kwargs)
+
+    monkeypatch.setattr(gsmodel, "save", counting)
+    written = {}
+    for label, steps in (
+        ("plain", ["sanitize", "replace", "fold"]),
+        ("snapshot", ["sanitize", "replace", "fold", "validate"]),
+        ("stale", ["sanitize", "replace", "check_trt", "fold"]),
+    ):
+        saves.clear()
+        options = {"check_trt": {"backend": "static"}}  # no TensorRT worker: the snapshot is what counts here
+        prepare(EXAMPLE, tmp_path / label, recipe=make_recipe([(s, options.get(s, {})) for s in steps]))
+        written[label] = ((tmp_path / label / "model.onnx").read_bytes(), list(saves))
+    assert written["snapshot"][0] == written["plain"][0] == written["stale"][0]
+    assert written["plain"][1] == ["outputs"]  # the final save, into the run's staging folder
+    assert written["snapshot"][1] == ["step1"]  # validate's snapshot only: the final model is that file
+    assert written["stale"][1] == ["step1", "outputs"]  # fold changed the graph after the snapshot
+    assert b"gskit scripts/make_example_model.py" in written["snapshot"][0]  # the producer kept

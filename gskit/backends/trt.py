@@ -145,38 +145,117 @@ def run_worker(
 ) -> dict:
     """Run one task of ``gskit.backends.trt_worker`` in a child interpreter and return its JSON answer.
 
+    The worker that :func:`started_worker` started for ``flavour`` takes the task, when one waits; else a
+    new one is started.
+
     Raises:
         GskitError: the child crashed, failed or timed out (the message quotes the end of its log).
     """
-    from gskit.backends.trt_worker import TRACEBACK_ENV
-
-    env = _worker_env()
-    env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if flavour == "tensorrt_rtx" else "0"
-    env[TRACEBACK_ENV] = "1" if log.isEnabledFor(logging.DEBUG) else "0"  # in the debug log
+    waiting = _WAITING.pop(flavour, None)
+    if waiting is not None and waiting.traceback == _traceback_flag():
+        return waiting.run(task, request, timeout_s)
+    if waiting is not None:  # started under another log level: its failures would be told differently
+        waiting.stop()
     with private_temp_folder("gskit-trt-") as tmp:
-        request_path, response_path = Path(tmp) / "request.json", Path(tmp) / "response.json"
-        request_path.write_text(json.dumps({**request, "task": task, "flavour": flavour}))
-        command = [sys.executable, *_SAFE_PATH_FLAG, "-m", "gskit.backends.trt_worker"]
-        command += [str(request_path), str(response_path), str(os.getpid())]
+        worker = _Worker(flavour, tmp, _worker_command(tmp))
+        return worker.run(task, request, timeout_s)
+
+
+@contextmanager
+def started_worker(flavour: str) -> Iterator[None]:
+    """Start the worker of ``flavour`` now, waiting for its task: its interpreter and TensorRT load while the
+    caller goes on (0.1-0.4 s), and the next :func:`run_worker` of that flavour hands its task to it.
+
+    Nothing is started when ``flavour`` is no parser (``static``) or a worker of it already waits. On the way
+    out a worker that no task took is stopped.
+    """
+    from gskit.backends.trt_worker import FLAVOURS, WAIT_FLAG
+
+    if flavour not in FLAVOURS or flavour in _WAITING:
+        yield
+        return
+    with private_temp_folder("gskit-trt-") as tmp:
+        worker = _Worker(flavour, tmp, [*_worker_command(tmp), WAIT_FLAG, flavour])
+        worker.start()
+        _WAITING[flavour] = worker
         try:
-            # cwd is the private request folder: the caller's folder may hold modules named like the ones
-            # the worker imports (json.py), which Python would otherwise run first.
-            done = subprocess.run(
-                command, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout_s
-            )
+            yield
+        finally:
+            if _WAITING.get(flavour) is worker:
+                del _WAITING[flavour]
+                worker.stop()
+
+
+class _Worker:
+    """One child interpreter running ``gskit.backends.trt_worker`` in its private folder ``folder``."""
+
+    def __init__(self, flavour: str, folder: Path, command: list[str]) -> None:
+        self.flavour, self.folder, self.command = flavour, folder, command
+        self.traceback = _traceback_flag()
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        """Start the child; with ``--wait FLAVOUR`` it loads TensorRT, then waits for its stdin to close."""
+        from gskit.backends.trt_worker import TRACEBACK_ENV
+
+        env = _worker_env()
+        env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if self.flavour == "tensorrt_rtx" else "0"
+        env[TRACEBACK_ENV] = self.traceback  # in the debug log
+        # cwd is the private request folder: the caller's folder may hold modules named like the ones the
+        # worker imports (json.py), which Python would otherwise run first.
+        self.process = subprocess.Popen(
+            self.command,
+            env=env,
+            cwd=self.folder,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, task: str, request: Mapping[str, Any], timeout_s: int) -> dict:
+        """Hand the child its task (started now unless it waits) and return its answer."""
+        request_path, response_path = self.folder / REQUEST_NAME, self.folder / RESPONSE_NAME
+        request_path.write_text(json.dumps({**request, "task": task, "flavour": self.flavour}))
+        if self.process is None:
+            self.start()
+        assert self.process is not None
+        try:
+            _, stderr = self.process.communicate(input="", timeout=timeout_s)
         except subprocess.TimeoutExpired as err:
+            self.stop()
             raise GskitError(
-                f"{flavour} {task} did not finish in {timeout_s} s; check the model size"
+                f"{self.flavour} {task} did not finish in {timeout_s} s; check the model size"
             ) from err
-        log.debug("%s %s worker log:\n%s", flavour, task, done.stderr)
-        if done.returncode != 0 or not response_path.is_file():
-            how = (
-                f"crashed (signal {-done.returncode})"
-                if done.returncode < 0
-                else f"failed (exit {done.returncode})"
-            )
-            raise GskitError(f"{flavour} {task} {how}: {_tail(done.stderr)}")
+        log.debug("%s %s worker log:\n%s", self.flavour, task, stderr)
+        code = self.process.returncode
+        if code != 0 or not response_path.is_file():
+            how = f"crashed (signal {-code})" if code < 0 else f"failed (exit {code})"
+            raise GskitError(f"{self.flavour} {task} {how}: {_tail(stderr)}")
         return json.loads(response_path.read_text())
+
+    def stop(self) -> None:
+        """Stop the child if it still runs, and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.communicate()
+
+
+#: The worker :func:`started_worker` started, by flavour, until a task takes it.
+_WAITING: dict[str, _Worker] = {}
+#: The files of a task in the worker's folder (the worker's arguments name them).
+REQUEST_NAME, RESPONSE_NAME = "request.json", "response.json"
+
+
+def _worker_command(folder: Path) -> list[str]:
+    command = [sys.executable, *_SAFE_PATH_FLAG, "-m", "gskit.backends.trt_worker"]
+    return command + [str(folder / REQUEST_NAME), str(folder / RESPONSE_NAME), str(os.getpid())]
+
+
+def _traceback_flag() -> str:
+    """The worker's ``TRACEBACK_ENV``: "1" under --debug (its traceback goes to the debug log)."""
+    return "1" if log.isEnabledFor(logging.DEBUG) else "0"
 
 
 @contextmanager

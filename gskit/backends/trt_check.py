@@ -48,7 +48,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import AttributeProto
 
-from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, source_label
+from gskit.backends.trt import find_plugin_files, resolve_backend, run_worker, source_label, started_worker
 from gskit.backends.trt_support import (
     RESTRICTED,
     UNSUPPORTED,
@@ -213,6 +213,30 @@ def check_trt(
     goal = resolve_target(target)
     table = parser_table(goal)
     flavour, notes = _answering(backend, goal)
+    with started_worker(flavour):  # the parser loads while the plugins load and plugin nodes are cut
+        return _check_trt(path, model, plugins, flavour, notes, goal, table, registry)
+
+
+def answering_flavour(backend: str, target: TensorRTTarget) -> str:
+    """What :func:`check_trt` of ``backend`` will ask for ``target``: ``tensorrt``, ``tensorrt_rtx`` or
+    ``static``.
+
+    Raises:
+        GskitError: an unknown backend name, or the named one is not installed.
+    """
+    return _answering(backend, target)[0]
+
+
+def _check_trt(
+    path: Path,
+    model: onnx.ModelProto,
+    plugins: Sequence[str | os.PathLike] | None,
+    flavour: str,
+    notes: list[str],
+    goal: TensorRTTarget,
+    table: ParserTable,
+    registry: PluginRegistry | None,
+) -> TrtSupportReport:
     missing = [str(p) for p in plugins or () if not Path(p).exists()]
     if missing:
         raise GskitError(f"--plugins: no such file or folder: {', '.join(missing)}")

@@ -1,5 +1,9 @@
 """The child side of gskit's TensorRT calls: ``python -P -m gskit.backends.trt_worker REQUEST RESPONSE PID``.
 
+With ``--wait FLAVOUR`` after them the worker imports TensorRT (``tensorrt`` or ``tensorrt_rtx``) first and
+then waits until its stdin is closed: the parent starts it before it knows the task
+(``gskit.backends.trt.started_worker``), writes REQUEST, and closes the pipe to say "go".
+
 TensorRT-RTX aborts the process on some plugin nodes, Polygraphy picks TensorRT or TensorRT-RTX once at
 import time (``POLYGRAPHY_USE_TENSORRT_RTX``), and a builder can crash on a bad plugin: so every parse
 and build runs here, in a fresh interpreter, and the parent (``gskit.backends.trt``) turns a crash into a
@@ -29,9 +33,13 @@ from typing import Any
 from gskit.io.code_files import import_file
 
 FLAVOURS = ("tensorrt", "tensorrt_rtx")
+#: After the three arguments: import this flavour, then wait for stdin to close before reading REQUEST.
+WAIT_FLAG = "--wait"
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[3] == WAIT_FLAG:
+        return _wait_then_run(argv[:3], argv[4])
     request_path, response_path, parent = argv
     _die_with_parent(int(parent))
     request = json.loads(Path(request_path).read_text())
@@ -54,6 +62,18 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown task {task!r}")
     Path(response_path).write_text(json.dumps(result))
     return 0
+
+
+def _wait_then_run(argv: list[str], flavour: str) -> int:
+    """Load TensorRT, wait for the parent to close stdin, then run the task it wrote (none: it gave up)."""
+    _die_with_parent(int(argv[2]))
+    if flavour not in FLAVOURS:
+        raise SystemExit(f"unknown TensorRT flavour {flavour!r}")
+    importlib.import_module(flavour)  # the slow part, while the parent still works
+    sys.stdin.read()
+    if not Path(argv[0]).is_file():
+        return 0
+    return main(argv)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gskit.cli import COMMANDS, add_plugins_option
 from gskit.cli.options import add_options, options_from_args
 from gskit.compare.options import CompareOptions, ComparisonHeader
 from gskit.errors import GskitError
-from gskit.io import report
 from gskit.io.shape_args import format_shape
+from gskit.io.text import PLAIN_WIDTH, is_terminal, plain_line, plain_table
 from gskit.plugin.discovery import implementation_paths, load_plugins
 
 if TYPE_CHECKING:  # each mode imports its own comparison when it runs
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def print_report(result: CompareReport, *, as_json: bool) -> None:
     """The report as a table per output (or JSON); shared by compare variants."""
     if as_json:
-        report.print_json(result)
+        _print_json(result)
         return
     rows = [
         (
@@ -105,22 +108,85 @@ def print_report(result: CompareReport, *, as_json: bool) -> None:
     }
     floors = "".join(f"; {dtype} outputs: atol={a:g}, rtol={r:g}" for dtype, (a, r) in raised.items())
     title = _title("", result.reference, result, floors)
-    out = report.console()
-    out.print(report.table(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows))
-    for o in result.outputs:
-        if o.note:
-            out.print(report.styled((f"output '{o.name}': {o.note}", "" if o.passed else "red")))
+    below: list[Line] = [
+        ((f"output '{o.name}': {o.note}", "" if o.passed else "red"),) for o in result.outputs if o.note
+    ]
     verdict = (
         "all outputs match"
         if result.passed
         else f"{len(result.failed)} of {len(result.outputs)} outputs differ"
     )
-    out.print(report.styled((verdict, "green" if result.passed else "red")))
+    below.append(((verdict, "green" if result.passed else "red"),))
+    _show(title, ("output", "shape", "dtype", "max abs err", "max rel err", "result"), rows, below)
 
 
-def _errors(compared: OutputComparison | PluginCheck) -> tuple[str, str, Any]:
+class Verdict(NamedTuple):
+    """A table cell: a green "pass" or a red "FAIL" (``gskit.io.report.verdict``)."""
+
+    passed: bool
+
+
+#: A line printed under a table: parts as ``gskit.io.report.styled`` takes them (text, or (text, style)).
+Line = tuple[str | tuple[str, str], ...]
+
+
+def _show(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], below: Sequence[Line]) -> None:
+    """A table and the lines under it on stdout, as ``gskit.io.report`` prints them with rich.
+
+    Where rich would write no escapes (stdout a pipe or a file) the same text is written directly
+    (``gskit.io.text.plain_table``), so that a plain run does not import rich for it.
+    """
+    plain = _plain(title, columns, rows, below)
+    if plain is not None:
+        sys.stdout.write(plain)
+        return
+    from gskit.io import report
+
+    out = report.console()
+    cells = [[report.verdict(c.passed) if isinstance(c, Verdict) else c for c in row] for row in rows]
+    out.print(report.table(title, columns, cells))
+    for line in below:
+        out.print(report.styled(*line))
+
+
+def _plain(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], below: Sequence[Line]
+) -> str | None:
+    """The text rich would print for :func:`_show`, where it prints no escapes and this text can say it;
+    else None."""
+    environ = os.environ
+    if is_terminal(sys.stdout) or "FORCE_COLOR" in environ or "TTY_COMPATIBLE" in environ:
+        return None  # rich writes escapes (colours, bold) or may: it draws for a terminal
+    if not (getattr(sys.stdout, "encoding", None) or "utf-8").lower().startswith("utf") or os.name == "nt":
+        return None  # rich draws the box in ASCII, or for Windows' console
+    cells = [
+        [("pass" if c.passed else "FAIL") if isinstance(c, Verdict) else str(c) for c in row] for row in rows
+    ]
+    table = plain_table(title, columns, cells, PLAIN_WIDTH)
+    lines = [
+        plain_line("".join(p if isinstance(p, str) else p[0] for p in line), PLAIN_WIDTH) for line in below
+    ]
+    if table is None or None in lines:
+        return None
+    return table + "".join(line for line in lines if line is not None)
+
+
+def _cell_text(cell: Any) -> str:
+    """A cell as its text (``gskit.io.report.data``; a verdict: its word)."""
+    if isinstance(cell, Verdict):
+        return "pass" if cell.passed else "FAIL"
+    return "" if cell is None else str(cell)
+
+
+def _print_json(result: object) -> None:
+    from gskit.io import report
+
+    report.print_json(result)
+
+
+def _errors(compared: OutputComparison | PluginCheck) -> tuple[str, str, Verdict]:
     """The columns ``max abs err``, ``max rel err`` and ``result`` of a row."""
-    return f"{compared.max_abs_err:.3g}", f"{compared.max_rel_err:.3g}", report.verdict(compared.passed)
+    return f"{compared.max_abs_err:.3g}", f"{compared.max_rel_err:.3g}", Verdict(compared.passed)
 
 
 def _title(kind: str, reference: str, header: ComparisonHeader, floors: str = "") -> str:
@@ -136,7 +202,7 @@ def _title(kind: str, reference: str, header: ComparisonHeader, floors: str = ""
 def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
     """The tensors checked up to the first failure, and the verdict (or JSON)."""
     if as_json:
-        report.print_json(result)
+        _print_json(result)
         return
     rows = [
         (
@@ -160,31 +226,26 @@ def print_layerwise(result: LayerwiseReport, *, as_json: bool) -> None:
         "prepared node",
     )
     title = _title("Layerwise", result.reference, result)
-    out = report.console()
-    out.print(report.table(title, columns, rows))
     first = result.first_failure
     if first is None:
-        out.print(
-            report.styled(
-                (f"all {result.candidates} shared tensors match", "green"),
-                f" ({result.runs} run(s) of up to {result.chunk})",
-            )
+        below: Line = (
+            (f"all {result.candidates} shared tensors match", "green"),
+            f" ({result.runs} run(s) of up to {result.chunk})",
         )
-        return
-    out.print(
-        report.styled(
+    else:
+        below = (
             (f"first mismatch: tensor '{first.tensor.name}'", "red"),
             f", made by '{first.prepared_node.name}' ({first.prepared_node.op}) in the prepared model and "
             f"'{first.original_node.name}' ({first.original_node.op}) in the original; "
             f"{len(result.checked)} of {result.candidates} tensors checked",
         )
-    )
+    _show(title, columns, rows, [below])
 
 
 def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
     """One row per plugin node and the verdict (or JSON)."""
     if as_json:
-        report.print_json(result)
+        _print_json(result)
         return
     rows = [
         (
@@ -208,16 +269,9 @@ def print_plugins(result: PluginCompareReport, *, as_json: bool) -> None:
         "note",
     )
     title = _title("Per plugin", "original region", result)
-    out = report.console()
-    out.print(report.table(title, columns, rows))
     if result.passed:
-        out.print(
-            report.styled((f"all {len(result.plugins)} replaced nodes match their original regions", "green"))
-        )
-        return
-    names = ", ".join(f"'{p.node}' ({p.op})" for p in result.failed)
-    out.print(
-        report.styled(
-            (f"{len(result.failed)} of {len(result.plugins)} replaced nodes differ: {names}", "red")
-        )
-    )
+        below: Line = ((f"all {len(result.plugins)} replaced nodes match their original regions", "green"),)
+    else:
+        names = ", ".join(f"'{p.node}' ({p.op})" for p in result.failed)
+        below = ((f"{len(result.failed)} of {len(result.plugins)} replaced nodes differ: {names}", "red"),)
+    _show(title, columns, rows, [below])

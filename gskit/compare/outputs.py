@@ -1,11 +1,16 @@
 """Compare two models (or two runs) output by output on the same inputs.
 
-Built on Polygraphy's ``Comparator``: each side is a Polygraphy runner, so any backend Polygraphy can
-run plugs in (``gskit.backends.ort.runner`` gives an ``OnnxrtRunner`` whose session runs plugin nodes
-through their numpy references; ``gskit.backends.trt.trt_runner`` a TensorRT runner). Runners come from
-``gskit.backends``; this module only compares. Polygraphy's ``SimpleCompareFunc``
-decides pass/fail per output: an element matches when its absolute error is at most ``atol`` **or** its
-relative error (to the reference side) is at most ``rtol``; shapes must be equal.
+The original runs on onnxruntime (``gskit.backends.ort.session``: plugin nodes through their numpy
+references). When the model under test runs there too, both sessions are run here directly; on another
+backend (``gskit.backends.trt``: a TensorRT runner) the model under test runs as the Polygraphy runner the
+backend gives, through Polygraphy's ``Comparator``. Inputs that do not fit a session as they are (another
+shape, a loosely matching name) go through Polygraphy's ``OnnxrtRunner``, which reshapes or refuses them. At
+gskit's debug level both sides run as Polygraphy runners, for their lines.
+
+Pass/fail per output is Polygraphy's ``SimpleCompareFunc`` rule, computed by :func:`within_tolerance` (the
+same verdicts, tested against it, without importing Polygraphy): an element matches when its absolute error
+is at most ``atol`` **or** its relative error (to the run under test) is at most ``rtol``; shapes must be
+equal.
 
 Tolerances follow each output's dtype: the given ``atol``/``rtol`` (``DEFAULT_TOLERANCE``) are what float32
 outputs get, and lower-precision outputs get at least the floor of :data:`DTYPE_TOLERANCE` (float16: 4e-3,
@@ -32,9 +37,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -182,20 +189,21 @@ def compare(
         check_same_inputs(original_proto, prepared_proto, source_label(original), source_label(prepared))
     feeds = options.feeds_for(original_proto)
     # Each file is read once: the sessions get the models loaded above (see ``ort_backend.session``).
-    reference = ort_backend.runner(original, options.plugins, "original", loaded=original_proto)
-    under_test = ModelRun(
-        engine if engine is not None else prepared,
-        feeds,
-        UNDER_TEST_NAMES[options.under_test_backend],
-        options.plugins,
-        options.trt_plugins,
-        loaded=prepared_proto if engine is None else None,
+    # At gskit's debug level both sides run as Polygraphy runners, whose lines say what ran and how.
+    direct = not log.isEnabledFor(logging.DEBUG)
+    reference = (
+        partial(_session_outputs, "original", original, original_proto, options.plugins)
+        if direct
+        else partial(
+            _runner_outputs, ort_backend.runner(original, options.plugins, "original", original_proto)
+        )
     )
-    with backend.comparison_runner(under_test) as runner:
+
+    def compared(name: str, under_test: Callable[[Mapping[str, np.ndarray]], Any]) -> CompareReport:
         try:
-            return compare_runners(
-                reference,
-                runner,
+            return _compare_sides(
+                ("original", reference),
+                (name, under_test),
                 feeds,
                 outputs=expected,
                 atol=options.atol,
@@ -210,6 +218,31 @@ def compare(
                 err.failure,
                 err.input_shapes,
             ) from err
+
+    if backend is ort_backend and direct:
+        # The model under test runs where the reference runs: both are plain onnxruntime sessions, run
+        # here; a Polygraphy runner (its import, its per-run bookkeeping) costs more than the two runs
+        # of a small model.
+        return compared(
+            UNDER_TEST_NAMES[options.under_test_backend],
+            partial(
+                _session_outputs,
+                UNDER_TEST_NAMES[options.under_test_backend],
+                prepared,
+                prepared_proto,
+                options.plugins,
+            ),
+        )
+    under_test = ModelRun(
+        engine if engine is not None else prepared,
+        feeds,
+        UNDER_TEST_NAMES[options.under_test_backend],
+        options.plugins,
+        options.trt_plugins,
+        loaded=prepared_proto if engine is None else None,
+    )
+    with backend.comparison_runner(under_test) as runner:
+        return compared(runner.name, partial(_runner_outputs, runner))
 
 
 #: The name of the run under test in :class:`CompareReport` (``under_test``), by backend.
@@ -329,34 +362,52 @@ def compare_runners(
     Raises:
         GskitError: a runner fails, or the runner under test lacks one of the outputs.
     """
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
-    from polygraphy.comparator.struct import RunResults
-    from polygraphy.exception import PolygraphyException
+    return _compare_sides(
+        (reference.name, partial(_runner_outputs, reference)),
+        (under_test.name, partial(_runner_outputs, under_test)),
+        feeds,
+        outputs=outputs,
+        atol=atol,
+        rtol=rtol,
+        dtype_changes=dtype_changes,
+    )
 
+
+#: One side of a comparison: its name in reports, and what runs it on the inputs and gives its outputs.
+Side = tuple[str, Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]]
+
+
+def _compare_sides(
+    reference: Side,
+    under_test: Side,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    outputs: Sequence[str] | None,
+    atol: float,
+    rtol: float,
+    dtype_changes: Sequence[DtypeChange] | None,
+) -> CompareReport:
+    """Run both sides on ``feeds`` (the reference first) and compare their outputs: :func:`compare_runners`.
+
+    Raises:
+        GskitError: a side fails to run, or the side under test lacks one of the outputs.
+    """
     check_tolerances(atol, rtol)
 
     feeds = {name: np.asarray(value) for name, value in feeds.items()}
-    # One runner at a time, so a failure names the side that failed: the reference failing means the inputs
+    (ref_name, run_ref), (test_name, run_test) = reference, under_test
+    # One side at a time, so a failure names the side that failed: the reference failing means the inputs
     # do not fit the model, which is a different finding (and fix) from the model under test failing.
-    results = RunResults()
-    results.extend(_run_side(reference, feeds, ReferenceRunError))
-    results.extend(_run_side(under_test, feeds, GskitError))
-    try:
-        with quiet_polygraphy():
-            atols, rtols = _per_output(results[0][1][0], atol, rtol, results[1][1][0], dtype_changes)
-            compare_func = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)
-            accuracy = Comparator.compare_accuracy(_comparable(results), compare_func=compare_func)
-    except PolygraphyException as err:
-        raise GskitError(f"comparison failed to run: {_first_line(err)}") from err
-    ref_out = results[0][1][0]
-    test_out = results[1][1][0]
+    ref_out = _run_side(ref_name, run_ref, feeds, ReferenceRunError)
+    test_out = _run_side(test_name, run_test, feeds, GskitError)
+    atols, rtols = _per_output(ref_out, atol, rtol, test_out, dtype_changes)
+    verdicts = _verdicts(ref_out, test_out, atols, rtols)
+    if log.isEnabledFor(logging.DEBUG):
+        _log_polygraphy_comparison((ref_name, ref_out), (test_name, test_out), atols, rtols)
     names = list(outputs) if outputs is not None else list(ref_out.keys())
     missing = [n for n in names if n not in test_out]
     if missing:
-        raise GskitError(
-            f"{under_test.name} did not produce output(s) {missing}; outputs are matched by name"
-        )
-    verdicts = _verdicts(accuracy)
+        raise GskitError(f"{test_name} did not produce output(s) {missing}; outputs are matched by name")
     rows = [_row(name, ref_out[name], test_out[name], verdicts.get(name), atols, rtols) for name in names]
     if dtype_changes is not None:
         rows = [_judge_dtype(row, dtype_changes) for row in rows]
@@ -366,8 +417,8 @@ def compare_runners(
         input_shapes=feed_shapes(feeds),
         atol=atol,
         rtol=rtol,
-        reference=reference.name,
-        under_test=under_test.name,
+        reference=ref_name,
+        under_test=test_name,
     )
 
 
@@ -387,19 +438,20 @@ class ReferenceRunError(GskitError):
         self.input_shapes = dict(input_shapes or {})
 
 
-def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitError]) -> Any:
-    """Polygraphy's results of one runner on ``feeds``; any failure becomes ``error`` naming the runner."""
-    from polygraphy.comparator import Comparator
-    from polygraphy.exception import PolygraphyException
-
+def _run_side(
+    name: str,
+    run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    feeds: Mapping[str, np.ndarray],
+    error: type[GskitError],
+) -> Mapping[str, np.ndarray]:
+    """The outputs of one side on ``feeds``; any failure becomes ``error`` naming the side."""
     try:
-        with quiet_polygraphy():
-            return Comparator.run([runner], data_loader=[feeds])
+        return run(feeds)
     except ModelLoadError as err:
         # Said once: other inputs or shapes cannot make a model load, so this is never a ReferenceRunError.
         detail = str(err).removeprefix("onnxruntime cannot load the model: ")
         raise ModelLoadError(
-            f"the {runner.name} model does not load on onnxruntime, so no input can run it: {detail}"
+            f"the {name} model does not load on onnxruntime, so no input can run it: {detail}"
         ) from err
     except PluginError:
         raise  # plugin code failed (it names the plugin and the node); other inputs would not help
@@ -407,18 +459,88 @@ def _run_side(runner: Any, feeds: Mapping[str, np.ndarray], error: type[GskitErr
         if error is GskitError or isinstance(err, error):
             raise
         failure = str(err)
-    except PolygraphyException as err:
-        failure = _first_line(err)
     except Exception as err:  # onnxruntime's pybind errors (and a plugin reference's) arrive unwrapped
-        failure = ort_backend.short_error(err)
+        failure = _first_line(err) if _is_polygraphy_error(err) else ort_backend.short_error(err)
     shapes = feed_shapes(feeds)
     if error is ReferenceRunError:
         raise ReferenceRunError(
-            f"the {runner.name} model cannot run on the inputs {describe_feeds(feeds)}: {failure}",
+            f"the {name} model cannot run on the inputs {describe_feeds(feeds)}: {failure}",
             failure,
             shapes,
         )
-    raise error(f"the {runner.name} model failed to run on {describe_feeds(feeds)}: {failure}")
+    raise error(f"the {name} model failed to run on {describe_feeds(feeds)}: {failure}")
+
+
+def _is_polygraphy_error(err: Exception) -> bool:
+    """Whether ``err`` is Polygraphy's (a run that never imported Polygraphy cannot have raised one)."""
+    module = sys.modules.get("polygraphy.exception")
+    return module is not None and isinstance(err, module.PolygraphyException)
+
+
+def _runner_outputs(runner: Any, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """The outputs of a Polygraphy runner run once on ``feeds`` (activated, run and deactivated)."""
+    from polygraphy.comparator import Comparator
+
+    with quiet_polygraphy():
+        return Comparator.run([runner], data_loader=[feeds])[0][1][0]
+
+
+def _session_outputs(
+    name: str,
+    model: ModelSource,
+    loaded: onnx.ModelProto | None,
+    plugins: PluginRegistry | None,
+    feeds: Mapping[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """The outputs of ``model`` run once on onnxruntime in the session its runner would use
+    (``ort_backend.runner_session``: plugin nodes through their references, a model with weights over 1 GiB in
+    segments), as Polygraphy's ``OnnxrtRunner`` gives them: every output, by name, in the session's order.
+
+    Inputs that fit the session (its input names and dims) are fed as they are, cast to the input's dtype
+    where it differs, as Polygraphy does; others go through Polygraphy's runner, which matches names loosely,
+    reshapes or refuses them with its own message.
+    """
+    # a plugin reference's 0/0 stays quiet, as inside Polygraphy's runner (``quiet_polygraphy``)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        session = ort_backend.runner_session(model, plugins, name, loaded)
+        fitted = _fitted_feeds(session, feeds)
+        if fitted is None:  # a session of its own for the runner: a rare case, not worth a second interface
+            return dict(_runner_outputs(ort_backend.runner(model, plugins, name, loaded), feeds))
+        values = session.run(None, fitted)
+    return {o.name: value for o, value in zip(session.get_outputs(), values, strict=True)}
+
+
+#: onnxruntime's tensor types that inputs are fed as without Polygraphy: numpy's own dtypes.
+_ORT_NUMPY_TYPES = {
+    f"tensor({name})": np.dtype(dtype)
+    for name, dtype in {
+        "double": "float64",
+        "float": "float32",
+        "float16": "float16",
+        **{t: t for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")},
+    }.items()
+}
+
+
+def _fitted_feeds(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """``feeds`` for ``session``'s inputs when Polygraphy's runner would feed them unchanged or only cast them
+    to the input's dtype (``astype``, as it does); None when it would do more (match a name loosely, reshape,
+    refuse): the caller then lets Polygraphy do it. An input the session does not take (an initializer fed
+    to override it) is left out, as Polygraphy leaves it out."""
+    fitted = {}
+    for value in session.get_inputs():
+        dtype = _ORT_NUMPY_TYPES.get(value.type)
+        given = feeds.get(value.name)
+        if dtype is None or given is None or given.dtype.kind not in "biuf":
+            return None
+        shape = value.shape
+        dims_fit = len(shape) == given.ndim and all(
+            d == n or not isinstance(d, int) or d < 0 for d, n in zip(shape, given.shape, strict=True)
+        )
+        if not dims_fit:
+            return None
+        fitted[value.name] = given if given.dtype == dtype else np.array(given.astype(dtype))
+    return fitted
 
 
 def unsteady_outputs(
@@ -510,9 +632,6 @@ def compare_arrays(
     Raises:
         GskitError: a name is missing from one side.
     """
-    from polygraphy.comparator import SimpleCompareFunc
-    from polygraphy.comparator.struct import IterationResult
-
     check_tolerances(atol, rtol)
 
     for side, values in (("reference", reference), ("run under test", under_test)):
@@ -522,12 +641,10 @@ def compare_arrays(
     ref = {n: np.asarray(reference[n]) for n in names}
     test = {n: np.asarray(under_test[n]) for n in names}
     atols, rtols = _per_output(ref, atol, rtol)
-    judged = {n: same_non_finite_cleared(ref[n], test[n]) for n in names}
-    with quiet_polygraphy():
-        verdicts = SimpleCompareFunc(atol=atols, rtol=rtols, check_shapes=True)(
-            IterationResult({n: pair[0] for n, pair in judged.items()}, runner_name="reference"),
-            IterationResult({n: pair[1] for n, pair in judged.items()}, runner_name="under test"),
-        )
+    verdicts = {}
+    for n in names:
+        cleared = same_non_finite_cleared(ref[n], test[n])
+        verdicts[n] = within_tolerance(*cleared, atols.get(n, atols[""]), rtols.get(n, rtols[""]))
     return [_row(n, ref[n], test[n], verdicts.get(n), atols, rtols) for n in names]
 
 
@@ -550,13 +667,12 @@ def backend_for(options: CompareOptions) -> ModuleType:
     return backend
 
 
-def _comparable(results: Any) -> Any:
-    """The two runs' results as Polygraphy should judge them: without non-numeric outputs (strings), which it
-    cannot subtract (``_row`` compares those for equality), and with the elements where both runs hold the
-    same non-finite value cleared (:func:`same_non_finite_cleared`)."""
-    from polygraphy.comparator.struct import IterationResult, RunResults
-
-    (ref_name, (ref,)), (test_name, (test,)) = results[0], results[1]
+def _comparable(
+    ref: Mapping[str, Any], test: Mapping[str, Any]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The two runs' outputs as the tolerance rule should judge them: without non-numeric outputs (strings),
+    which cannot be subtracted (``_row`` compares those for equality), and with the elements where both runs
+    hold the same non-finite value cleared (:func:`same_non_finite_cleared`)."""
     ref_out: dict[str, np.ndarray] = {}
     test_out: dict[str, np.ndarray] = {}
     for name, value in test.items():
@@ -568,10 +684,7 @@ def _comparable(results: Any) -> Any:
         ref_out[name] = np.asarray(value)
         if name in test_out:
             ref_out[name], test_out[name] = same_non_finite_cleared(ref_out[name], test_out[name])
-    comparable = RunResults()
-    comparable.append((ref_name, [IterationResult(ref_out, runner_name=ref.runner_name)]))
-    comparable.append((test_name, [IterationResult(test_out, runner_name=test.runner_name)]))
-    return comparable
+    return ref_out, test_out
 
 
 def same_non_finite_cleared(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -592,12 +705,106 @@ def _same_non_finite(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
         return (np.isnan(expected) & np.isnan(actual)) | (np.isinf(expected) & (expected == actual))
 
 
-def _verdicts(accuracy: Any) -> dict[str, Any]:
-    """Per-output results of the one comparison and iteration (Polygraphy wraps them in a list of dicts)."""
-    for result in getattr(accuracy, "lst", [accuracy]):
-        for iterations in result.values():
-            return dict(iterations[0]) if iterations else {}
-    return {}
+def _verdicts(
+    ref: Mapping[str, Any],
+    test: Mapping[str, Any],
+    atols: Mapping[str, float],
+    rtols: Mapping[str, float],
+) -> dict[str, bool]:
+    """Per output (by name) whether the two runs match (:func:`within_tolerance`), for the outputs both
+    runs have as numbers (:func:`_comparable`).
+
+    Raises:
+        GskitError: the reference has numeric outputs and none of them has a counterpart under test, or
+            the other way round: Polygraphy's comparator refused that ("All outputs were skipped"), and the
+            report said so.
+    """
+    ref_out, test_out = _comparable(ref, test)
+    if (ref_out or test_out) and not any(
+        _polygraphy_counterpart(name, index, ref_out, test_out) for index, name in enumerate(ref_out)
+    ):
+        raise GskitError("comparison failed to run: All outputs were skipped, no common outputs found! Note:")
+    return {
+        name: within_tolerance(
+            ref_out[name], test_out[name], atols.get(name, atols[""]), rtols.get(name, rtols[""])
+        )
+        for name in ref_out
+        if name in test_out
+    }
+
+
+def _log_polygraphy_comparison(
+    reference: tuple[str, Mapping[str, Any]],
+    under_test: tuple[str, Mapping[str, Any]],
+    atols: Mapping[str, float],
+    rtols: Mapping[str, float],
+) -> None:
+    """Polygraphy's comparator on the two runs' outputs, for its lines alone (gskit's debug level: each
+    output's error statistics); :func:`within_tolerance` gave the verdicts."""
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator.struct import IterationResult, RunResults
+
+    compared = RunResults()
+    for (name, _), outputs in zip(
+        (reference, under_test), _comparable(reference[1], under_test[1]), strict=True
+    ):
+        compared.append((name, [IterationResult(outputs, runner_name=name)]))
+    with quiet_polygraphy():
+        Comparator.compare_accuracy(compared, compare_func=SimpleCompareFunc(atol=atols, rtol=rtols))
+
+
+def _polygraphy_counterpart(name: str, index: int, ref: Mapping[str, Any], test: Mapping[str, Any]) -> bool:
+    """Whether Polygraphy's comparator finds an output under test for the reference's output ``name``:
+    the same name, else one containing it or contained in it (case-insensitive) that is not the exact
+    match of another reference output, else the one at the same position."""
+    if name in test:
+        return True
+    found = next((t for t in test if name.lower() in t.lower() or t.lower() in name.lower()), None)
+    if found is None and index < len(test):
+        found = list(test)[index]
+    return found is not None and found not in ref
+
+
+#: What Polygraphy adds to zeros of the run under test before dividing by them (float64's machine epsilon).
+_ZERO_EPSILON = 2.220446049250313e-16
+
+
+def within_tolerance(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float) -> bool:
+    """Whether ``actual`` matches ``expected``: the shapes are equal and every element is within ``atol``
+    **or** within ``rtol`` relative to ``actual`` (a NaN difference is out of both).
+
+    The rule of Polygraphy's ``SimpleCompareFunc`` (elementwise, shapes checked), computed the same way so
+    that the verdicts are the same (``tests/test_compare.py`` checks them against it): float16 is widened to
+    float32 and small integers to int32/int64 before subtracting, the relative error divides by the value
+    under test with its zeros raised to float64's epsilon, and bools differ by their XOR.
+    """
+    if expected.shape != actual.shape:
+        return False
+    # its division by zero (integers) and NaN arithmetic must not warn, as inside Polygraphy's comparator
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if expected.dtype == np.bool_ and actual.dtype == np.bool_:
+            absdiff = np.logical_xor(expected, actual)
+        else:
+            absdiff = np.abs(np.subtract(_cast_up(expected), _cast_up(actual)))
+        divisor = _cast_up(actual).copy()
+        if divisor.dtype.kind == "f":
+            divisor[divisor == 0] += _ZERO_EPSILON
+        reldiff = np.divide(absdiff, np.abs(divisor))
+        mismatches = (np.greater(absdiff, atol) | np.isnan(absdiff)) & (
+            np.greater(reldiff, rtol) | np.isnan(reldiff)
+        )
+    return not bool(np.any(mismatches))
+
+
+def _cast_up(values: np.ndarray) -> np.ndarray:
+    """float16 -> float32, 8/16-bit integers -> int32, uint32 -> int64 (Polygraphy's ``cast_up``)."""
+    if values.dtype == np.float16:
+        return values.astype(np.float32)
+    if values.dtype in (np.int8, np.uint8, np.int16, np.uint16):
+        return values.astype(np.int32)
+    if values.dtype == np.uint32:
+        return values.astype(np.int64)
+    return values
 
 
 def _per_output(

@@ -7,6 +7,7 @@ import zipfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -48,11 +49,17 @@ def random_feeds(
     Raises:
         GskitError: ``shapes`` names an unknown input, or an input has no dtype.
     """
-    graph = model if isinstance(model, gs.Graph) else gs.import_onnx(model)
+    declared = _declared_inputs(model) if isinstance(model, onnx.ModelProto) else None
+    if declared is None:  # a graph, or a model whose inputs only graphsurgeon's view says fully
+        graph = model if isinstance(model, gs.Graph) else gs.import_onnx(model)
+        inputs: list[_Input | gs.Tensor] = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
+        compared = compared_constants(graph)
+    else:
+        inputs, compared = list(declared), {}
     shapes = dict(shapes or {})
     metadata = metadata_dim_values(model) if isinstance(model, onnx.ModelProto) else {}
     dim_values = {**metadata, **(dim_values or {})}
-    known = {t.name for t in graph.inputs}
+    known = {t.name for t in inputs}
     unknown = set(shapes) - known
     if unknown:
         raise GskitError(
@@ -60,12 +67,9 @@ def random_feeds(
         )
     check_seed(seed)
     rng = np.random.default_rng(seed)
-    compared = compared_constants(graph)
     feeds: dict[str, np.ndarray] = {}
     total = 0
-    for tensor in graph.inputs:
-        if isinstance(tensor, gs.Constant):
-            continue
+    for tensor in inputs:
         if tensor.dtype is None:
             raise GskitError(f"input '{tensor.name}' has no dtype; set it with `gskit edit --input-dtype`")
         shape = shapes.get(tensor.name)
@@ -80,6 +84,76 @@ def random_feeds(
         else:
             feeds[tensor.name] = random_array(rng, dtype, shape)
     return feeds
+
+
+class _Input(NamedTuple):
+    """A graph input as ``gs.import_onnx`` shows it: name, numpy dtype, dims (int, symbol or None; None:
+    unknown rank)."""
+
+    name: str
+    dtype: np.dtype
+    shape: list[int | str | None] | None
+
+
+def _declared_inputs(model: onnx.ModelProto) -> list[_Input] | None:
+    """The model's graph inputs (initializers left out) read from the protobuf, as graphsurgeon's import
+    would give them, without importing the whole graph (seconds on a large model); None when only that
+    import says it exactly: a node ``Equal`` somewhere (:func:`compared_constants` looks for one reading an
+    input), ``value_info`` for an input (graphsurgeon merges it in), sparse initializers, an input named
+    twice, or an input whose type is not a tensor of a numpy dtype."""
+    graph = model.graph
+    if graph.sparse_initializer or _has_op(graph, "Equal"):
+        return None
+    initializers = {t.name for t in graph.initializer}
+    described = {v.name for v in graph.value_info}
+    found: list[_Input] = []
+    for value in graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        if value.name in described or not value.type.HasField("tensor_type"):
+            return None
+        if any(value.name == other.name for other in found):  # graphsurgeon keeps the first's type
+            return None
+        if tensor.elem_type not in _NUMPY_ELEM_TYPES:
+            return None
+        shape = None
+        if tensor.HasField("shape"):
+            shape = [
+                d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else None
+                for d in tensor.shape.dim
+            ]
+        found.append(_Input(value.name, _NUMPY_ELEM_TYPES[tensor.elem_type], shape))
+    return found
+
+
+def _has_op(graph: onnx.GraphProto, op_type: str) -> bool:
+    """Whether a node of ``graph`` or of its subgraphs has this op type (any domain)."""
+    for node in graph.node:
+        if node.op_type == op_type:
+            return True
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH and _has_op(attribute.g, op_type):
+                return True
+            if attribute.type == onnx.AttributeProto.GRAPHS and any(
+                _has_op(g, op_type) for g in attribute.graphs
+            ):
+                return True
+    return False
+
+
+def _numpy_elem_types() -> dict[int, np.dtype]:
+    """ONNX element types whose numpy dtype is numpy's own bool, integer or float (graphsurgeon maps them the
+    same way); bfloat16, the float8 and 4-bit types (ml_dtypes' types) are left to its import."""
+    found = {}
+    for elem_type in onnx.helper.get_all_tensor_dtypes():
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        if dtype.kind in "biuf" and dtype.isbuiltin == 1:
+            found[elem_type] = dtype
+    return found
+
+
+_NUMPY_ELEM_TYPES = _numpy_elem_types()
 
 
 def check_seed(seed: int) -> None:
@@ -282,7 +356,7 @@ def _npz_member(
     return info.filename[:-4], info, nbytes
 
 
-def _check_fits(tensor: gs.Variable, shape: tuple[int, ...]) -> None:
+def _check_fits(tensor: gs.Variable | _Input, shape: tuple[int, ...]) -> None:
     """A ``--shape`` keeps the rank and fixed dims of its input; name the dim that differs, early."""
     if tensor.shape is None:
         return
@@ -301,7 +375,7 @@ def _check_fits(tensor: gs.Variable, shape: tuple[int, ...]) -> None:
 
 
 def _concrete_shape(
-    tensor: gs.Variable, dim_values: Mapping[str, int], default_dim: int, image_dim: int | None
+    tensor: gs.Variable | _Input, dim_values: Mapping[str, int], default_dim: int, image_dim: int | None
 ) -> tuple[int, ...]:
     if tensor.shape is None:
         raise GskitError(

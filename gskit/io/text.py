@@ -12,6 +12,7 @@ as its escape (``\\x1b``, ``\\u202e``), on a terminal and in a pipe alike. JSON 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 #: Characters that are never shown as they are: C0 controls, DEL and C1 controls (escape sequences, CSI,
 #: OSC), the line and paragraph separators, the bidi formatting controls (embeddings, overrides, isolates,
@@ -58,3 +59,109 @@ def is_utf8(text: str | bytes) -> bool:
     except UnicodeError:
         return False
     return True
+
+
+#: The width of gskit's console where it writes to a pipe or a file (``gskit.io.report.console``).
+PLAIN_WIDTH = 160
+
+#: rich's ``HEAVY_HEAD`` box, which gskit's tables use (:func:`gskit.io.report.table`): the top edge, the
+#: header row, the line under it, a body row and the bottom edge, each as (left, line, between, right).
+_HEAVY_HEAD = {
+    "top": "┏━┳┓",
+    "head": "┃ ┃┃",
+    "under_head": "┡━╇┩",
+    "row": "│ ││",
+    "bottom": "└─┴┘",
+}
+
+
+def plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str | None:
+    """A table as rich draws gskit's tables (:func:`gskit.io.report.table`) where it writes no escapes (a
+    pipe, a file): the title wrapped at the table's width, then a ``HEAVY_HEAD`` box with every column as
+    wide as its widest cell plus a space on each side; ``width`` is the console's width.
+
+    The same text, byte for byte (``tests/test_text.py`` checks it against rich), without importing rich for
+    the tables of a command's plain output. None where rich would do more than this: text that is not
+    printable ASCII after :func:`visible` (wide characters, combining marks), or a table wider than ``width``
+    (rich shrinks and wraps its columns).
+
+    Args:
+        title: the title, as given to ``table`` (made :func:`visible` here).
+        columns: the column headers.
+        rows: the cells, as text (made :func:`visible` here).
+        width: the console's width in columns.
+    """
+    head = [visible(c) for c in columns]
+    body = [[visible(c) for c in row] for row in rows]
+    name = visible(title)
+    if not all(_printable_ascii(text) for text in (name, *head, *(c for row in body for c in row))):
+        return None
+    sizes = [max([len(h), *(len(row[i]) for row in body)]) + 2 for i, h in enumerate(head)]
+    table_width = sum(sizes) + len(sizes) + 1
+    if table_width > width:
+        return None
+
+    def rule(chars: str) -> str:
+        left, line, between, right = chars
+        return left + between.join(line * size for size in sizes) + right
+
+    def row(chars: str, cells: Sequence[str]) -> str:
+        left, _, between, right = chars
+        return left + between.join(f" {c}".ljust(size) for c, size in zip(cells, sizes, strict=True)) + right
+
+    lines = [line.ljust(table_width) for line in wrap_words(name, table_width)] if name else []
+    lines += [rule(_HEAVY_HEAD["top"]), row(_HEAVY_HEAD["head"], head), rule(_HEAVY_HEAD["under_head"])]
+    lines += [row(_HEAVY_HEAD["row"], cells) for cells in body]
+    lines.append(rule(_HEAVY_HEAD["bottom"]))
+    return "\n".join(lines) + "\n"
+
+
+def plain_line(text: str, width: int) -> str | None:
+    """A line as rich prints it where it writes no escapes: :func:`visible`, then ``\\n``; None where rich
+    would do more (not printable ASCII, or longer than ``width``: rich wraps it)."""
+    shown = visible(text)
+    return shown + "\n" if _printable_ascii(shown) and len(shown) <= width else None
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` (printable ASCII) in lines of at most ``width`` characters, as rich wraps a title: broken
+    before a word that does not fit (a word keeps the spaces after it), a word longer than a line cut into
+    pieces of ``width``, each line without its trailing spaces."""
+    breaks: list[int] = []
+    offset = 0
+    for match in _WORD.finditer(text):
+        start, word = match.start(), match.group()
+        length = len(word.rstrip())
+        if width - offset >= length:
+            offset += len(word)
+        elif length > width:
+            pieces = [word[i : i + width] for i in range(0, len(word), width)]
+            for index, piece in enumerate(pieces):
+                if start:
+                    breaks.append(start)
+                if index == len(pieces) - 1:
+                    offset = len(piece)
+                else:
+                    start += len(piece)
+        elif offset and start:
+            breaks.append(start)
+            offset = len(word)
+    bounds = [0, *breaks, len(text)]
+    return [text[a:b].rstrip() for a, b in zip(bounds, bounds[1:], strict=False)] or [""]
+
+
+#: A word and the spaces around it, as rich splits text to wrap it.
+_WORD = re.compile(r"\s*\S+\s*")
+
+
+def is_terminal(stream: object) -> bool:
+    """Whether ``stream`` is a terminal (False for a pipe, a file, a closed stream or one without
+    ``isatty``): where rich draws colours and progress bars."""
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def _printable_ascii(text: str) -> bool:
+    return text.isascii() and text.isprintable()

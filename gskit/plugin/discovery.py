@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import os
+import py_compile
 import sys
 import types
 from collections.abc import Sequence
@@ -192,14 +194,17 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     _ensure_parent_package()
     for name in [m for m in sys.modules if m == module_name or m.startswith(module_name + ".")]:
         del sys.modules[name]  # a reload must see the files as they are now
-    # No bytecode: a plugin edited twice within a second would otherwise be reloaded from a stale .pyc.
-    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    # No bytecode written by the import: a timestamp-checked .pyc would be stale after two edits of a file
+    # within a second (the same size). The files it imported get hash-checked ones instead, below.
+    no_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         module = import_file(module_name, path, PLUGIN_CODE_FAILURES)
     except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
         raise PluginError(f"{path}: cannot import plugin: {type(err).__name__}: {err}") from err
     finally:
-        sys.dont_write_bytecode = write_bytecode
+        sys.dont_write_bytecode = no_bytecode
+    if not no_bytecode:  # the process may write bytecode (no PYTHONDONTWRITEBYTECODE, no -B)
+        _hash_checked_bytecode(_imported_files(module_name, path.parent))
     if module is None:
         raise PluginError(f"{path}: cannot be imported as a Python module")
     found = getattr(module, "SPECS", None)
@@ -218,6 +223,54 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
             )
         specs.append(spec if spec.source is not None else dataclasses.replace(spec, source=path))
     return specs  # validated when added to a registry
+
+
+def _imported_files(module_name: str, folder: Path) -> list[Path]:
+    """The files in ``folder`` that the plugin module ``module_name`` and its submodules come from."""
+    files = []
+    for name, module in list(sys.modules.items()):
+        if name == module_name or name.startswith(module_name + "."):
+            file = getattr(module, "__file__", None)
+            if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
+                files.append(Path(file))
+    return files
+
+
+def _hash_checked_bytecode(sources: Sequence[Path]) -> None:
+    """Cache the bytecode of a plugin's Python files as ``.pyc`` files that the import checks against the
+    source's hash (``py_compile``'s CHECKED_HASH): never stale, and not compiled again on each load
+    (compiling the shipped plugins took 20-40 ms a run).
+
+    A file whose ``.pyc`` is current is left alone; one that cannot be compiled or written keeps being
+    compiled by its import, as before.
+    """
+    checked_hash = (1 | 2).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked
+    for source in sources:
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        try:
+            code = source.read_bytes()
+            header = cached.read_bytes()[:16] if cached.is_file() else b""
+        except OSError:
+            continue
+        current = importlib.util.MAGIC_NUMBER + checked_hash + importlib.util.source_hash(code)
+        if header == current or not _writable(cached.parent):
+            continue
+        try:
+            py_compile.compile(
+                str(source),
+                cfile=str(cached),
+                doraise=True,
+                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+            )
+        except (py_compile.PyCompileError, OSError, ValueError):
+            continue
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in ``folder`` (in its nearest existing parent, while it is not made)."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
 
 
 def plugin_files(spec: PluginSpec) -> dict[str, Path | None]:

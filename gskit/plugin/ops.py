@@ -55,8 +55,14 @@ def onnx_op_types() -> frozenset[str]:
     ``gskit.passes.plugin_schemas`` asks for it before it adds plugin schemas to onnx's registry, and only
     schemas of ONNX's domains count.
     """
+    return frozenset(name for _, name in _onnx_schemas())
+
+
+@cache
+def _onnx_schemas() -> frozenset[tuple[str, str]]:
+    """``(domain, op type)`` of every schema of ONNX's domains (made once, on first use)."""
     schemas = onnx.defs.get_all_schemas_with_history()
-    return frozenset(schema.name for schema in schemas if schema.domain in ONNX_DOMAINS)
+    return frozenset((schema.domain, schema.name) for schema in schemas if schema.domain in ONNX_DOMAINS)
 
 
 def __getattr__(name: str) -> Any:
@@ -98,8 +104,15 @@ class NodeSummary:
 
 
 def is_onnx_op(domain: str | None, op_type: str) -> bool:
-    """Whether ONNX (any opset) defines ``op_type`` in ``domain``; op names are case-sensitive."""
-    return onnx.defs.has(op_type, canonical_domain(domain))
+    """Whether ONNX (any opset) defines ``op_type`` in ``domain``; op names are case-sensitive.
+
+    ONNX's own domains are answered from its schema list (``onnx.defs.has`` took 50 us a call, and loading
+    the shipped plugins asks 500 times); another domain's schemas may be added later, so onnx is asked.
+    """
+    domain = canonical_domain(domain)
+    if domain in ONNX_DOMAINS:
+        return (domain, op_type) in _onnx_schemas()
+    return onnx.defs.has(op_type, domain)
 
 
 def onnx_op_since(domain: str | None, op_type: str, opset: int) -> int | None:
