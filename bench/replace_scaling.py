@@ -3,13 +3,18 @@
 Each block is a decomposed LayerNorm (9 nodes), MatMul+Add, Relu, MatMul+Add and a residual Add
 (15 nodes). Run: ``python bench/replace_scaling.py [--nodes 10000 50000 100000] [--all-plugins] [--json]``;
 the LayerNorm and RMSNorm plugins' rules by default, every plugin of ``plugins/`` with ``--all-plugins`` (as
-``bench/run.py``'s replace suite). Prints the time of the ``replace`` call per size, t(largest)/t(smallest).
+``bench/run.py``'s replace suite). ``--blocks 400 4000`` measures ``bench/run.py``'s graphs instead
+(``bench.models.transformer_like``: 26 nodes and one LayerNorm per block, so 400 blocks are the goal's 400
+instances in 10.4k nodes). ``--runs N`` times each size N times, the sizes taking turns, and reports medians
+(the ratio of the largest to the smallest is noisy on a shared machine). Prints the time of the ``replace``
+call per size, t(largest)/t(smallest).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,8 +62,17 @@ def transformer_like(num_nodes: int, width: int = 16) -> gs.Graph:
     return graph
 
 
-def measure(num_nodes: int, plugins: list | None = None) -> dict[str, float | int]:
-    graph = transformer_like(num_nodes)
+def measure(
+    num_nodes: int | None = None, plugins: list | None = None, *, blocks: int | None = None
+) -> dict[str, float | int]:
+    """One ``replace`` call on a fresh graph: ``num_nodes`` nodes of this file's blocks, or ``blocks`` blocks
+    of ``bench.models.transformer_like``."""
+    if blocks is not None:
+        from bench.models import transformer_like as bench_graph
+
+        graph = bench_graph(blocks=blocks)
+    else:
+        graph = transformer_like(num_nodes or 0)
     nodes = len(graph.nodes)
     start = time.perf_counter()
     # 8.5: older than every native form, so each instance becomes a plugin node (no opset conversion)
@@ -73,11 +87,43 @@ def measure(num_nodes: int, plugins: list | None = None) -> dict[str, float | in
     }
 
 
+def measure_sizes(
+    sizes: list[int], plugins: list | None, *, blocks: bool, runs: int
+) -> list[dict[str, float | int]]:
+    """Each size ``runs`` times, the sizes taking turns; per size the median time (each run's in ``all``)."""
+    times: dict[int, list[dict[str, float | int]]] = {size: [] for size in sizes}
+    for _ in range(runs):
+        for size in sizes:
+            result = measure(None, plugins, blocks=size) if blocks else measure(size, plugins)
+            times[size].append(result)
+    results = []
+    for size in sizes:
+        seconds = [float(r["seconds"]) for r in times[size]]
+        median = statistics.median(seconds)
+        first = times[size][0]
+        results.append(
+            {
+                **first,
+                "seconds": round(median, 4),
+                "us_per_node": round(median / float(first["nodes"]) * 1e6, 2),
+                "all": seconds,
+            }
+        )
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--nodes", type=int, nargs="+", default=[2000, 10000], help="graph sizes (default: quick)"
     )
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        nargs="+",
+        help="blocks of bench/run.py's graph (26 nodes, one LayerNorm each) instead of --nodes",
+    )
+    parser.add_argument("--runs", type=int, default=1, help="times per size, sizes taking turns (median)")
     parser.add_argument("--all-plugins", action="store_true", help="every plugin's rules (plugins/)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
@@ -86,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         from gskit.plugin import load_plugins
 
         plugins = list(load_plugins())
-    results = [measure(n, plugins) for n in args.nodes]
+    sizes = args.blocks or args.nodes
+    results = measure_sizes(sizes, plugins, blocks=args.blocks is not None, runs=max(1, args.runs))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -7,18 +7,22 @@ running it where the rules suffice.
 
 from __future__ import annotations
 
+import gc
 import importlib
+import json
+import sys
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
 
 from bench.models import transformer_like
+from gskit.errors import GskitError
 from gskit.io.model import to_graph
 from gskit.passes import patterns
 from gskit.passes.patterns import GraphPattern
 from gskit.passes.patterns.dtypes import DtypeLearner
-from gskit.passes.patterns.match import Matcher
+from gskit.passes.patterns.match import NULL_TRACER, GraphIndex, Matcher, Tracer, graphs_of
 from gskit.passes.tensor_types import elem_type, infer_tensor_types
 from gskit.plugin import PluginSpec
 from plugins.layer_norm.spec import SPEC as LAYER_NORM
@@ -102,6 +106,23 @@ def test_rules_alike_up_to_a_deep_difference_run_the_matcher_only_where_it_can_m
     assert calls["could_match"] == 31 * 40 + 40  # the pre-check per rule and node, then once more in match
 
 
+def test_pre_check_answers_are_kept_per_skeleton_key_and_node() -> None:
+    """Rules alike in op types share one table of pre-check answers per pattern-node structure, keyed by the
+    graph node: 30 copies of one rule on 40 Adds keep 40 answers for their anchor, not 1200."""
+
+    def relu_add(op, x, c):
+        return op.Add(op.Relu(x), c)
+
+    rules = [GraphPattern(relu_add, inputs=["x"], name=f"relu_add_{i}") for i in range(30)]
+    graph = _chain_of_adds(40)
+    index = GraphIndex.build(graph)
+    adds = [n for n in graph.nodes if n.op == "Add"]
+    assert all(Matcher.on(rule.graph, index).could_match(add) for rule in rules for add in adds)
+    tables = [answers for answers in index.skeletons.values() if answers]
+    assert sorted(len(answers) for answers in tables) == [40, 40, 40]  # Add, its Relu input, that Relu
+    assert all(all(answers.values()) for answers in tables)
+
+
 def test_explain_still_tries_every_rule_at_every_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
     """``explain`` reports each failed attempt, so every rule runs its matcher at every node of its op."""
 
@@ -114,6 +135,109 @@ def test_explain_still_tries_every_rule_at_every_anchor(monkeypatch: pytest.Monk
     report = patterns.replace(graph, [_spec(rules)], tensorrt=PLUGIN_TARGET, explain=True)
     assert calls["match"] == 15
     assert len(report.explanations) == 15 and all("Relu" in e.reason for e in report.explanations)
+
+
+def test_a_failed_branch_leaves_nothing_in_the_match() -> None:
+    """The matcher changes one binding in place and takes a failed branch's changes back: the first order of
+    the Add binds ``x``, the capture ``s``, constant ``k3`` and the left Mul, then fails on the literal 3.0
+    against ``k5``; the match found in the other order holds only what that order bound."""
+
+    def scaled_pair(op, x, y):
+        return op.Add(op.Mul(x, op.capture("s")), op.Mul(y, 3.0))
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] a, float[4] b) => (float[4] z) <float k3 = {3.0}, float k5 = {5.0}>
+    { ma = Mul (a, k3)
+      mb = Mul (b, k5)
+      z = Add (ma, mb) }
+    """
+    graph = to_graph(parse_model(text))
+    rule = GraphPattern(scaled_pair, inputs=["x", "y"])
+    index = GraphIndex.build(graph)
+    add = next(n for n in graph.nodes if n.op == "Add")
+    for tracer in (NULL_TRACER, Tracer()):  # the pre-check first, and the full search that explains
+        match = rule.find(add, index, tracer)
+        assert match is not None
+        assert {k: t.name for k, t in match.inputs.items()} == {"x": "b", "y": "a"}
+        assert float(match.captures["s"]) == 5.0 and list(match.captures) == ["s"]
+        assert [t.name for t in match.constants] == ["k3", "k5"]
+        assert sorted(n.outputs[0].name for n in match.nodes) == ["ma", "mb", "z"]
+
+
+def test_a_pattern_of_hundreds_of_nodes_matches() -> None:
+    """The search nests a few Python frames per pattern node: a 300-node chain still matches (the recursion
+    limit is raised for it while it runs, and put back)."""
+    pairs = 150
+
+    def long_chain(op, x):
+        for _ in range(pairs):
+            x = op.Add(op.Relu(x), 1.0)
+        return x
+
+    text = [
+        '<ir_version: 8, opset_import: ["" : 17]>',
+        "g (float[4] x) => (float[4] y) <float one = {1.0}>",
+        "{",
+    ]
+    last = "x"
+    for i in range(pairs):
+        text += [f"  r{i} = Relu ({last})", f"  a{i} = Add (r{i}, one)"]
+        last = f"a{i}"
+    text += [f"  y = Identity ({last})", "}"]
+    graph = to_graph(parse_model("\n".join(text)))
+    rule = GraphPattern(long_chain, inputs=["x"])
+    limit = sys.getrecursionlimit()
+    match = rule.find(graph.nodes[-2], GraphIndex.build(graph))
+    assert match is not None and len(match.nodes) == 2 * pairs and match.inputs["x"].name == "x"
+    assert sys.getrecursionlimit() == limit
+
+
+def test_the_cycle_collector_is_paused_while_matching_and_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matching runs with Python's cycle collector paused; afterwards it is as it was (enabled, or disabled
+    by the caller), also when replace fails."""
+    enabled_while_matching = []
+    match = Matcher.match
+
+    def probe(self: Matcher, anchor: gs.Node):
+        enabled_while_matching.append(gc.isenabled())
+        return match(self, anchor)
+
+    monkeypatch.setattr(Matcher, "match", probe)
+    assert gc.isenabled()
+    report = patterns.replace(transformer_like(blocks=2), [LAYER_NORM], tensorrt=PLUGIN_TARGET)
+    assert report.replaced == 2 and enabled_while_matching and not any(enabled_while_matching)
+    assert gc.isenabled()
+    with pytest.raises(GskitError, match="no such plugin"):
+        patterns.replace(transformer_like(blocks=2), [LAYER_NORM], only=["Nope"], tensorrt=PLUGIN_TARGET)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        patterns.replace(transformer_like(blocks=2), [LAYER_NORM], tensorrt=PLUGIN_TARGET)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_one_matcher_per_pattern_and_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without explain, each pattern's matcher is made once per graph and serves the pre-check and every
+    attempt (it keeps nothing between matches): 3 instances of LayerNorm, the same regions either way."""
+    made = []
+    init = Matcher.__init__
+
+    def counted(self: Matcher, pattern, tracer=NULL_TRACER, index=None) -> None:
+        made.append(pattern)
+        init(self, pattern, tracer, index)
+
+    monkeypatch.setattr(Matcher, "__init__", counted)
+    graph = transformer_like(blocks=3)
+    report = patterns.replace(graph, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
+    assert report.replaced == 3
+    assert made and len(made) == len({id(p) for p in made})  # no pattern's matcher made twice
+    monkeypatch.setattr(Matcher, "__init__", init)
+    explained = transformer_like(blocks=3)
+    patterns.replace(explained, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET, explain=True)
+    assert [(n.name, n.op) for n in graph.nodes] == [(n.name, n.op) for n in explained.nodes]
 
 
 def _report_rows(report: patterns.ReplaceReport) -> tuple:
@@ -238,6 +362,46 @@ def test_graph_outputs_and_subgraph_tensors_are_typed_as_onnx_types_them() -> No
     assert learner.inferred and graph.outputs[0].dtype == reference.outputs[0].dtype
 
 
+def test_learning_around_nodes_learns_once_what_learning_each_tensor_learns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``learn_nodes`` gives the inputs and outputs of the nodes the dtypes ``learn`` gives them, and asking
+    about the same nodes again (the next rule matching the same instance) walks nothing."""
+    graph, reference = to_graph(parse_model(MIXED)), to_graph(parse_model(MIXED))
+    learner = DtypeLearner.for_graph(graph, [graph])
+    reference_learner = DtypeLearner.for_graph(reference, [reference])
+    learner.learn_nodes(graph.nodes)
+    reference_learner.learn(t for n in reference.nodes for t in (*n.inputs, *n.outputs))
+    have = {n: elem_type(t.dtype) for n, t in graph.tensors().items()}
+    assert have == {n: elem_type(t.dtype) for n, t in reference.tensors().items()}
+    assert have["w"] is not None and not learner.inferred
+    walks = []
+    monkeypatch.setattr(DtypeLearner, "_walk", lambda self, tensor: walks.append(tensor))
+    learner.learn_nodes(graph.nodes)
+    assert walks == []
+
+
+def test_graphs_of_lists_the_graphs_graphsurgeon_lists() -> None:
+    """The main graph, then every If branch, nested ones included, in graphsurgeon's order."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x, bool c) => (float[4] y, float[4] z)
+    {
+        r = Relu (x)
+        y = If (c) <then_branch = g1 () => (float[4] t) {
+          t = If (c) <then_branch = g3 () => (float[4] u) { u = Neg (r) },
+                      else_branch = g4 () => (float[4] v) { v = Abs (r) }> },
+          else_branch = g2 () => (float[4] e) { e = Sigmoid (x) }>
+        z = If (c) <then_branch = g5 () => (float[4] p) { p = Relu (r) },
+                    else_branch = g6 () => (float[4] q) { q = Tanh (r) }>
+    }
+    """
+    graph = to_graph(parse_model(text))
+    want = [graph, *graph.subgraphs(recursive=True)]
+    assert len(want) == 7
+    assert [id(g) for g in graphs_of(graph)] == [id(g) for g in want]
+
+
 def test_node_order_after_replace_is_graphsurgeons_toposort(monkeypatch: pytest.MonkeyPatch) -> None:
     """The replaced graph's node order is the one graphsurgeon's toposort gives (computed directly when the
     list is in order), here with nodes of several levels between the regions."""
@@ -252,3 +416,14 @@ def test_node_order_after_replace_is_graphsurgeons_toposort(monkeypatch: pytest.
     reference = transformer_like(blocks=4)
     patterns.replace(reference, [LAYER_NORM, RMS_NORM], tensorrt=PLUGIN_TARGET)
     assert [n.name for n in fast.nodes] == [n.name for n in reference.nodes]
+
+
+def test_scaling_bench_takes_runs_and_the_goal_graph(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench/replace_scaling.py --blocks ... --runs N``: bench/run.py's graph (one LayerNorm per 26-node
+    block), each size N times, the median reported with every run's time."""
+    from bench import replace_scaling
+
+    assert replace_scaling.main(["--blocks", "2", "3", "--runs", "3", "--all-plugins", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["nodes"], r["instances_replaced"]) for r in rows] == [(52, 2), (78, 3)]
+    assert all(len(r["all"]) == 3 and r["seconds"] == sorted(r["all"])[1] for r in rows)

@@ -368,7 +368,7 @@ class DerivedPattern(GraphPattern):
                 continue
             captured = np.asarray(match.captures[rule.name])
             flat = captured.reshape(-1)
-            if flat.size == 0 or not np.all(flat == flat[0]):
+            if flat.size == 0 or (flat.size > 1 and not np.all(flat == flat[0])):  # one value: equal
                 return MatchResult.fail(
                     f"'{rule.name}' (attribute {rule.attribute}) is a tensor of {flat.size} values, "
                     "not all equal",

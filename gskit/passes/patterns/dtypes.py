@@ -90,6 +90,7 @@ class DtypeLearner:
         self._learning = learning
         self._opset = root.opset
         self._known: dict[int, int] = {}  # id(tensor) -> element type learnt
+        self._nodes_learnt: set[int] = set()  # id(node) whose inputs and outputs were learnt (learn_nodes)
         #: whether onnx's inference ran (a type no rule gave), for tests and logs
         self.inferred = False
 
@@ -139,6 +140,18 @@ class DtypeLearner:
             for tensor in tensors:
                 if tensor is not None and tensor.dtype is None:
                     self.elem_type(tensor)
+
+    def learn_nodes(self, nodes: Iterable[gs.Node]) -> None:
+        """Learn the dtypes of the nodes' inputs and outputs, in order. A node asked about before is skipped:
+        learning again changes nothing (the rules that match one instance ask about the same nodes)."""
+        if not self._learning:
+            return
+        done = self._nodes_learnt
+        for node in nodes:
+            if id(node) not in done:
+                done.add(id(node))
+                self.learn(node.inputs)
+                self.learn(node.outputs)
 
     def _infer(self) -> None:
         log.debug("dtypes: a type no local rule gives; onnx's inference over the whole graph")

@@ -1,9 +1,12 @@
 """Finding pattern instances in one graph: the graph index, the backtracking matcher and the tracer.
 
 The matcher starts at an anchor node (a node whose ``(domain, op_type)`` is the pattern's last node)
-and walks the pattern backwards through producers. Every choice (the two orders of a commutative op)
-is a generator branch, so a failed branch backtracks. When tracing is on, each failure is recorded
-with the number of pattern nodes matched so far; the deepest one is what ``--explain`` reports.
+and walks the pattern backwards through producers, depth first. Every choice (the two orders of a
+commutative op, a Cast the model may leave out) is a branch: each step is handed the rest of the search
+and returns its first complete binding, and a branch that fails takes back what it bound (one binding per
+attempt, changed in place, with a trail of its changes), so the next branch starts from the same binding.
+When tracing is on, each failure is recorded with the number of pattern nodes matched so far; the deepest
+one is what ``--explain`` reports.
 
 Exporters leave no-op ``Cast`` nodes (a Cast to the dtype its input already has; TorchScript writes one
 for every ``.to(dtype)`` in Hugging Face norms) inside computations. Where the pattern wants another op,
@@ -23,8 +26,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +50,9 @@ from gskit.passes.tensor_types import elem_type  # the one owner; importable fro
 from gskit.plugin.ops import canonical_domain
 
 log = logging.getLogger(__name__)
+
+#: Python frames the matcher's search may nest per pattern node (4.4 measured on a chain; room to spare).
+_FRAMES_PER_PATTERN_NODE = 8
 
 #: Constants larger than this are never compared element by element against a literal.
 MAX_LITERAL_ELEMENTS = 4096
@@ -74,14 +81,17 @@ class GraphIndex:
     functions: Mapping[tuple[str, str], gs.Function] = field(default_factory=dict)
     #: where the matcher asks for a tensor's element type (None: the tensor's own ``dtype``)
     dtypes: DtypeLearner | None = None
-    #: the op-type pre-check's answers, shared by every rule and anchor (see ``Matcher._skeleton``)
-    skeletons: dict[tuple[int, int], bool] = field(default_factory=dict)
+    #: the op-type pre-check's answers, shared by every rule and anchor (see ``Matcher._skeleton``): per
+    #: skeleton key, by ``id`` of the graph node or tensor (a dict per key: no key tuple per question)
+    skeletons: dict[int, dict[int, bool]] = field(default_factory=dict)
     #: whether a constant holds a pattern's literal, by ``(id(tensor), ConstValue.literal_key)``
     literals: dict[tuple[int, tuple[Any, ...]], bool] = field(default_factory=dict)
     #: a node's attributes checked against alike pattern nodes, by ``(PNode.attribute_key, id(node))``
     attributes: dict[tuple[int, int], Any] = field(default_factory=dict)
     #: ``through_noop_casts`` of each tensor asked about, by ``id(tensor)``
     sources: dict[int, gs.Tensor] = field(default_factory=dict)
+    #: one matcher per pattern for the attempts that explain nothing (``Matcher.on``)
+    matchers: dict[PatternGraph, Matcher] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -123,6 +133,17 @@ class GraphIndex:
             if id(consumer) not in inside:
                 return f"tensor '{tensor.name}' is also used by node '{label(consumer)}' outside the match"
         return None
+
+
+def graphs_of(root: gs.Graph) -> list[gs.Graph]:
+    """``[root, *root.subgraphs(recursive=True)]``, in that order, asking graphsurgeon only about the nodes
+    that hold a graph (its walk sets up a queue and a set at every node: a tenth of a 10k-node replace, which
+    needs the list three times)."""
+    graphs = [root]
+    for node in root.nodes:
+        if node.attrs and any(isinstance(a, gs.Graph) for a in node.attrs.values()):
+            graphs.extend(node.subgraphs(recursive=True))
+    return graphs
 
 
 def _names_read(graph: gs.Graph) -> set[str]:
@@ -188,45 +209,88 @@ class _NullTracer(Tracer):
 NULL_TRACER: Tracer = _NullTracer()
 
 
-@dataclass(frozen=True)
+#: Marks a key that was absent before a trail entry set it.
+_ABSENT = object()
+
+
 class Binding:
-    """A partial match: pattern node -> graph node, argument -> tensor, captures. Extended by copy."""
+    """A partial match: pattern node -> graph node, argument -> tensor, captures.
 
-    nodes: Mapping[int, gs.Node] = field(default_factory=dict)
-    used: frozenset[int] = frozenset()
-    vars: Mapping[str, gs.Tensor] = field(default_factory=dict)
-    captures: Mapping[str, Any] = field(default_factory=dict)
-    constants: tuple[gs.Tensor, ...] = ()
-    #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
-    casts: tuple[gs.Node, ...] = ()
-    #: pattern Casts the model does not need (its tensor has that dtype already) -> that tensor
-    virtual: Mapping[int, gs.Tensor] = field(default_factory=dict)
+    One binding per match attempt, changed in place as the search goes deeper; every change is recorded on a
+    trail, and a branch that fails takes its changes back (:meth:`undo`). (A copy per step, the binding being
+    immutable, was most of the matcher's time: the 7 rules that match each LayerNorm of a transformer made
+    about 25 copies each.)
+    """
 
-    def _evolve(self, **changes: Any) -> Binding:
-        # dataclasses.replace re-runs __init__ through the frozen __setattr__; a binding is copied at every
-        # step of every match, so this copies the fields directly (the instance is still never mutated)
-        new = object.__new__(Binding)
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        return new
+    __slots__ = ("nodes", "used", "vars", "captures", "constants", "casts", "virtual", "_trail")
 
-    def with_node(self, pnode: PNode, node: gs.Node) -> Binding:
-        return self._evolve(nodes={**self.nodes, id(pnode): node}, used=self.used | {id(node)})
+    def __init__(self) -> None:
+        self.nodes: dict[int, gs.Node] = {}
+        self.used: set[int] = set()
+        self.vars: dict[str, gs.Tensor] = {}
+        self.captures: dict[str, Any] = {}
+        self.constants: list[gs.Tensor] = []
+        #: no-op Casts the matcher looked through between pattern nodes; they are replaced with the match
+        self.casts: list[gs.Node] = []
+        #: pattern Casts the model does not need (its tensor has that dtype already) -> that tensor
+        self.virtual: dict[int, gs.Tensor] = {}
+        # (container, key, previous value) for a dict, (container, key, None) for a set, (list, None, None)
+        self._trail: list[tuple[Any, Any, Any]] = []
 
-    def with_var(self, name: str, tensor: gs.Tensor) -> Binding:
-        return self._evolve(vars={**self.vars, name: tensor})
+    def mark(self) -> int:
+        """Where the trail is now: :meth:`undo` with it takes back every later change."""
+        return len(self._trail)
 
-    def with_capture(self, name: str, value: Any) -> Binding:
-        return self._evolve(captures={**self.captures, name: value})
+    def undo(self, mark: int) -> None:
+        trail = self._trail
+        while len(trail) > mark:
+            container, key, previous = trail.pop()
+            if type(container) is list:
+                container.pop()
+            elif type(container) is set:
+                container.discard(key)
+            elif previous is _ABSENT:
+                del container[key]
+            else:
+                container[key] = previous
 
-    def with_constant(self, tensor: gs.Tensor) -> Binding:
-        return self._evolve(constants=(*self.constants, tensor))
+    def _set(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        self._trail.append((mapping, key, mapping.get(key, _ABSENT)))
+        mapping[key] = value
 
-    def with_cast(self, node: gs.Node) -> Binding:
-        return self._evolve(used=self.used | {id(node)}, casts=(*self.casts, node))
+    def _use(self, node: gs.Node) -> None:
+        key = id(node)
+        if key not in self.used:  # set elsewhere: nothing to take back
+            self.used.add(key)
+            self._trail.append((self.used, key, None))
 
-    def with_virtual(self, pnode: PNode, tensor: gs.Tensor) -> Binding:
-        return self._evolve(virtual={**self.virtual, id(pnode): tensor})
+    def add_node(self, pnode: PNode, node: gs.Node) -> None:
+        # _set and _use written out: this runs for every pattern node of every attempt
+        nodes, key, trail = self.nodes, id(pnode), self._trail
+        trail.append((nodes, key, nodes.get(key, _ABSENT)))
+        nodes[key] = node
+        key = id(node)
+        if key not in self.used:
+            self.used.add(key)
+            trail.append((self.used, key, None))
+
+    def add_var(self, name: str, tensor: gs.Tensor) -> None:
+        self._set(self.vars, name, tensor)
+
+    def add_capture(self, name: str, value: Any) -> None:
+        self._set(self.captures, name, value)
+
+    def add_constant(self, tensor: gs.Tensor) -> None:
+        self.constants.append(tensor)
+        self._trail.append((self.constants, None, None))
+
+    def add_cast(self, node: gs.Node) -> None:
+        self._use(node)
+        self.casts.append(node)
+        self._trail.append((self.casts, None, None))
+
+    def add_virtual(self, pnode: PNode, tensor: gs.Tensor) -> None:
+        self._set(self.virtual, id(pnode), tensor)
 
 
 def label(node: gs.Node) -> str:
@@ -349,59 +413,95 @@ class Matcher:
         self.tracer = tracer
         self._outputs = [o.node for o in pattern.outputs]
         self._dtypes = None if index is None else index.dtypes
-        self._seen: dict[tuple[int, int], bool] = {} if index is None else index.skeletons
         self._literals: dict[tuple[int, tuple[Any, ...]], bool] = {} if index is None else index.literals
         self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
         self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
-        self._keys = skeleton_keys(pattern)
+        self._answers: dict[int, dict[int, bool]] = {} if index is None else index.skeletons
+        #: the pre-check's plan with each skeleton key replaced by its answers (made at the first pre-check)
+        self._plans: dict[int, Any] = {}
+
+    @classmethod
+    def on(cls, pattern: PatternGraph, index: GraphIndex) -> Matcher:
+        """The matcher of ``pattern`` on ``index``'s graph without a tracer, made once per pattern and graph
+        (it keeps nothing between matches)."""
+        matcher = index.matchers.get(pattern)
+        if matcher is None:
+            matcher = index.matchers[pattern] = cls(pattern, index=index)
+        return matcher
 
     def could_match(self, anchor: gs.Node) -> bool:
         """Whether the op types of ``anchor`` and its producers fit the pattern (no attributes, constants or
         bindings checked): False means :meth:`match` finds nothing there."""
-        return self._skeleton(self.pattern.anchor, anchor, self._seen)
+        if not self._plans:
+            answers = self._answers
+            self._plans = {
+                key: (answers.setdefault(number, {}), then)
+                for key, (number, then) in _pre_check_plans(self.pattern).items()
+            }
+        return self._skeleton(self.pattern.anchor, anchor)
 
     def match(self, anchor: gs.Node) -> Binding | None:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
         if self.tracer is NULL_TRACER and not self.could_match(anchor):
             return None  # op types alone rule it out; the full matcher would fail too, only slower
-        for binding in self._node(self.pattern.anchor, anchor, Binding()):
-            if all(id(o.node) in binding.nodes for o in self.pattern.outputs):  # outputs are real nodes
+        outputs = self.pattern.outputs
+
+        def complete(binding: Binding) -> Binding | None:
+            if all(id(o.node) in binding.nodes for o in outputs):  # outputs are real nodes
                 return binding
             self.tracer.fail(len(binding.nodes), anchor, "some pattern outputs are not produced by the match")
-        return None
+            return None
 
-    def _skeleton(self, pn: PNode, node: gs.Node, seen: dict[tuple[int, int], bool]) -> bool:
+        need = _FRAMES_PER_PATTERN_NODE * len(self.pattern.nodes) + sys.getrecursionlimit() // 2
+        if need <= sys.getrecursionlimit():
+            return self._node(self.pattern.anchor, anchor, Binding(), complete)
+        # the search nests a few frames per pattern node (a continuation runs inside the step before it): a
+        # pattern of hundreds of nodes gets the room it needs (Python-to-Python calls use no C stack)
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(need)
+        try:
+            return self._node(self.pattern.anchor, anchor, Binding(), complete)
+        finally:
+            sys.setrecursionlimit(limit)
+
+    def _skeleton(self, pn: PNode, node: gs.Node) -> bool:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
-        if node.op != pn.op_type or op_key(node) != (pn.domain, pn.op_type):
+        if node.op != pn.op_type:
             return False
-        key = (self._keys[id(pn)], id(node))  # alike pattern nodes of any rule share the answer
-        fits = seen.get(key)
+        domain = node.domain
+        if (canonical_domain(domain) if domain else "") != pn.domain:
+            return False
+        answers, orders = self._plans[id(pn)]  # alike pattern nodes of any rule share the answers
+        fits = answers.get(id(node))
         if fits is None:
-            seen[key] = True  # provisional: a DAG pattern reaches a node twice
+            answers[id(node)] = True  # provisional: a DAG pattern reaches a node twice
             inputs = node.inputs
-            for order in pn.orders:  # loops, not any(all(...)): this runs for every rule at every anchor
-                fits = True
-                for i, v in enumerate(order):
-                    if i >= len(inputs) or not self._skeleton_value(v, inputs[i], seen):
-                        fits = False
+            fits = False
+            for needed, checks in orders:  # loops, not any(all(...)): this runs for every rule and anchor
+                if needed > len(inputs):
+                    continue
+                for i, v in checks:
+                    if not self._skeleton_value(v, inputs[i]):
                         break
-                if fits:
+                else:
+                    fits = True
                     break
-            seen[key] = fits = bool(fits)
+            answers[id(node)] = fits
         return fits
 
-    def _skeleton_value(self, v: Value | None, tensor: gs.Tensor, seen: dict[tuple[int, int], bool]) -> bool:
-        if not isinstance(v, NodeOutput):
-            return True
-        key = (self._keys[id(v)], id(tensor))
-        fits = seen.get(key)
+    def _skeleton_value(self, v: NodeOutput, tensor: gs.Tensor) -> bool:
+        answers, castlike = self._plans[id(v)]
+        fits = answers.get(id(tensor))
         if fits is None:
-            source = self._source(v, tensor)
-            fits = bool(source.inputs and self._skeleton(v.node, source.inputs[0], seen)) or (
+            pn = v.node
+            source = tensor if pn.op_type == "Cast" else self._through(tensor)
+            fits = bool(source.inputs and self._skeleton(pn, source.inputs[0])) or (
                 # a pattern Cast the model may not need: its input stands where the Cast would be
-                self._may_be_virtual(v.node, tensor) and self._skeleton_value(v.node.inputs[0], tensor, seen)
+                castlike
+                and self._may_be_virtual(pn, tensor)
+                and (not isinstance(pn.inputs[0], NodeOutput) or self._skeleton_value(pn.inputs[0], tensor))
             )
-            seen[key] = fits
+            answers[id(tensor)] = fits
         return fits
 
     def _may_be_virtual(self, pn: PNode, tensor: gs.Tensor) -> bool:
@@ -415,10 +515,6 @@ class Matcher:
     def _elem_type(self, tensor: gs.Tensor) -> int | None:
         return elem_type(tensor.dtype) if self._dtypes is None else self._dtypes.elem_type(tensor)
 
-    def _source(self, pv: NodeOutput, tensor: gs.Tensor) -> gs.Tensor:
-        """Where the matcher looks for ``pv``'s node: past no-op Casts unless the pattern wants a Cast."""
-        return tensor if pv.node.op_type == "Cast" else self._through(tensor)
-
     def _through(self, tensor: gs.Tensor) -> gs.Tensor:
         """``through_noop_casts(tensor)``, remembered per graph (every rule asks it of the same tensors)."""
         source = self._sources.get(id(tensor))
@@ -429,7 +525,12 @@ class Matcher:
     def _fail(self, binding: Binding, node: gs.Node | None, reason: str) -> None:
         self.tracer.fail(len(binding.nodes), node, reason)
 
-    def _node(self, pn: PNode, node: gs.Node, b: Binding) -> Iterator[Binding]:
+    # The search below is depth first in continuation-passing style: each step gets ``then``, the rest of the
+    # search, and returns the first complete binding or None. A step that returns None has taken back what
+    # it added to the binding, so the caller tries its next branch on the binding it had. (Generators, one
+    # per step, yielded the same bindings in the same order; resuming them was most of the matching time.)
+
+    def _node(self, pn: PNode, node: gs.Node, b: Binding, then: _Then) -> Binding | None:
         key = op_key(node)
         if key != (pn.domain, pn.op_type):
             want = f"{pn.domain}::{pn.op_type}" if pn.domain else pn.op_type
@@ -438,98 +539,123 @@ class Matcher:
                 node,
                 f"node '{label(node)}' is {key[0] + '::' if key[0] else ''}{key[1]}, pattern wants {want}",
             )
-            return
+            return None
         if id(node) in b.used:
             self._fail(b, node, f"node '{label(node)}' would match two pattern nodes")
-            return
+            return None
         if len(node.outputs) < pn.num_outputs:
             self._fail(
                 b,
                 node,
                 f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
             )
-            return
-        b = b.with_node(pn, node)
+            return None
+        mark = b.mark()
+        b.add_node(pn, node)
         key = (pn.attribute_key, id(node))
         checked = self._attributes.get(key)
         if checked is None:  # alike pattern nodes of other rules check the same node's attributes alike
             checked = self._attributes[key] = _check_attributes(pn, node)
         steps, reason, actual = checked
         for tensor, capture, value in steps:
-            b = b.with_constant(tensor) if tensor is not None else b.with_capture(capture, value)
-        if reason is not None:
+            if tensor is not None:
+                b.add_constant(tensor)
+            else:
+                b.add_capture(capture, value)
+        if reason is None:
+            for order in pn.orders:
+                found = self._inputs(order, 0, actual, b, then)
+                if found is not None:
+                    return found
+        else:
             self._fail(b, node, reason)
-            return
-        for order in pn.orders:
-            yield from self._inputs(order, actual, b)
+        b.undo(mark)
+        return None
 
     def _inputs(
-        self, values: tuple[Value | None, ...], tensors: list[gs.Tensor | None], b: Binding
-    ) -> Iterator[Binding]:
+        self,
+        values: tuple[Value | None, ...],
+        first: int,
+        tensors: list[gs.Tensor | None],
+        b: Binding,
+        then: _Then,
+    ) -> Binding | None:
+        """Bind ``values[first:]`` to ``tensors[first:]``, then go on with ``then``."""
         # Leading inputs with at most one way to bind (absent, an argument, a constant) are bound here, in
-        # order, without a generator each; the first node output is where the search may branch.
-        first = 0
-        while first < len(values) and not isinstance(values[first], NodeOutput):
-            bound = self._bind_simple(values[first], tensors[first], b)
-            if bound is None:
-                return
-            b, first = bound, first + 1
-        if first == len(values):
-            yield b
-        elif first == len(values) - 1:  # the last input: no generator level for the empty rest
-            yield from self._value(values[first], tensors[first], b)
+        # order; the first node output is where the search may branch.
+        mark = b.mark()
+        last = len(values) - 1
+        while first <= last and not isinstance(values[first], NodeOutput):
+            if not self._bind_simple(values[first], tensors[first], b):
+                b.undo(mark)
+                return None
+            first += 1
+        if first > last:
+            found = then(b)
+        elif first == last:
+            found = self._value(values[first], tensors[first], b, then)
         else:
-            for extended in self._value(values[first], tensors[first], b):
-                yield from self._inputs(values[first + 1 :], tensors[first + 1 :], extended)
+            rest = first + 1
+            found = self._value(
+                values[first], tensors[first], b, lambda b: self._inputs(values, rest, tensors, b, then)
+            )
+        if found is None:
+            b.undo(mark)
+        return found
 
-    def _bind_simple(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Binding | None:
-        """Bind an input that binds one way or not at all (absent, an argument, a constant); None: no way."""
+    def _bind_simple(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> bool:
+        """Bind an input that binds one way or not at all (absent, an argument, a constant); False: no way
+        (``b`` unchanged)."""
         if pv is None:
             if tensor is None:
-                return b
+                return True
             self._fail(
                 b, producer(tensor), f"tensor '{tensor.name}' is present where the pattern wants no input"
             )
-            return None
+            return False
         if tensor is None:
             self._fail(b, None, "an input the pattern needs is absent")
-            return None
+            return False
         if isinstance(pv, Var):
             tensor = self._through(tensor)  # the argument is what the no-op Casts read
             bound = b.vars.get(pv.name)
             if bound is None:
-                return b.with_var(pv.name, tensor)
+                b.add_var(pv.name, tensor)
+                return True
             if bound is tensor:
-                return b
+                return True
             self._fail(
                 b,
                 producer(tensor),
                 f"'{pv.name}' is '{label(bound)}' in one place and '{tensor.name}' in another",
             )
-            return None
+            return False
         return self._constant(pv, tensor, b)  # type: ignore[arg-type]
 
-    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding) -> Iterator[Binding]:
+    def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding, then: _Then) -> Binding | None:
+        mark = b.mark()
         if not isinstance(pv, NodeOutput) or tensor is None:
-            bound = self._bind_simple(pv, tensor, b)
-            if bound is not None:
-                yield bound
-            return
+            if not self._bind_simple(pv, tensor, b):
+                return None
+            found = then(b)
+            if found is None:
+                b.undo(mark)
+            return found
         virtual = b.virtual.get(id(pv.node))
         if virtual is not None:  # a Cast the model does not need, reached again through another path
             if virtual is tensor:
-                yield b
-            else:
-                self._fail(
-                    b, producer(tensor), f"'{tensor.name}' and '{virtual.name}' would be one Cast's input"
-                )
-            return
-        if self._may_be_virtual(pv.node, tensor) and not (
-            tensor.inputs and op_key(tensor.inputs[0]) == ("", "Cast")
+                return then(b)
+            self._fail(b, producer(tensor), f"'{tensor.name}' and '{virtual.name}' would be one Cast's input")
+            return None
+        cast_wanted = pv.node.op_type == "Cast"
+        if (
+            cast_wanted
+            and self._may_be_virtual(pv.node, tensor)
+            and not (tensor.inputs and op_key(tensor.inputs[0]) == ("", "Cast"))
         ):
-            yield from self._virtual_cast(pv.node, tensor, b)  # no Cast there: it would be a no-op
-            return
-        source = self._source(pv, tensor)
+            return self._virtual_cast(pv.node, tensor, b, then)  # no Cast there: it would be a no-op
+        # where to look for the node: past no-op Casts unless the pattern wants a Cast
+        source = tensor if cast_wanted else self._through(tensor)
         while tensor is not source:  # no-op Casts between two pattern nodes join the match
             cast = producer(tensor)
             if any(c is cast for c in b.casts):  # reached again through another pattern path
@@ -537,9 +663,18 @@ class Matcher:
                 continue
             if id(cast) in b.used:
                 self._fail(b, cast, f"node '{label(cast)}' would match two pattern nodes")
-                return
-            b = b.with_cast(cast)
+                b.undo(mark)
+                return None
+            b.add_cast(cast)
             tensor = cast.inputs[0]
+        found = self._value_node(pv, tensor, b, then)
+        if found is None:
+            b.undo(mark)
+        return found
+
+    def _value_node(self, pv: NodeOutput, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:
+        """``pv``'s node as the producer of ``tensor`` (no-op Casts already passed), then, where the pattern
+        node is a Cast the model may not need, none."""
         node = producer(tensor)
         if node is None:
             self._fail(
@@ -547,44 +682,50 @@ class Matcher:
                 None,
                 f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})",
             )
-            return
+            return None
         if not (pv.index < len(node.outputs) and node.outputs[pv.index] is tensor):
             self._fail(b, node, f"tensor '{tensor.name}' is not output {pv.index} of node '{label(node)}'")
-            return
+            return None
         bound = b.nodes.get(id(pv.node))
         if bound is not None:
             if bound is node:
-                yield b
-            else:
-                self._fail(
-                    b,
-                    node,
-                    f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
-                )
-            return
-        if node.op != pv.node.op_type:  # cheap rejection before the generator of _node
+                return then(b)
+            self._fail(
+                b,
+                node,
+                f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
+            )
+            return None
+        if node.op != pv.node.op_type:  # cheap rejection before the checks of _node
             self._fail(b, node, _wrong_op(node, pv.node.op_type))
-            return
-        yield from self._node(pv.node, node, b)
-        if self._may_be_virtual(
-            pv.node, tensor
-        ):  # the model's Cast, or none: its output is already that dtype
-            yield from self._virtual_cast(pv.node, tensor, b)
+            return None
+        found = self._node(pv.node, node, b, then)
+        if found is None and pv.node.op_type == "Cast" and self._may_be_virtual(pv.node, tensor):
+            # the model's Cast, or none: its output is already that dtype
+            found = self._virtual_cast(pv.node, tensor, b, then)
+        return found
 
-    def _virtual_cast(self, pn: PNode, tensor: gs.Tensor, b: Binding) -> Iterator[Binding]:
+    def _virtual_cast(self, pn: PNode, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:
         """The pattern Cast ``pn`` is a no-op here: it matches no node, its input is ``tensor`` itself."""
+        mark = b.mark()
         want = pn.attrs.get("to")
         if isinstance(want, Capture):
-            b = b.with_capture(want.name, self._elem_type(tensor))
-        yield from self._value(pn.inputs[0], tensor, b.with_virtual(pn, tensor))
+            b.add_capture(want.name, self._elem_type(tensor))
+        b.add_virtual(pn, tensor)
+        found = self._value(pn.inputs[0], tensor, b, then)
+        if found is None:
+            b.undo(mark)
+        return found
 
-    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> Binding | None:
+    def _constant(self, pv: ConstValue, tensor: gs.Tensor, b: Binding) -> bool:
         value = constant_value(tensor)
         if value is None:
             self._fail(b, producer(tensor), f"tensor '{tensor.name}' is not a constant")
-            return None
+            return False
         if pv.capture is not None:
-            return b.with_capture(pv.capture, value).with_constant(tensor)
+            b.add_capture(pv.capture, value)
+            b.add_constant(tensor)
+            return True
         key = (id(tensor), pv.literal_key)
         holds = self._literals.get(key)
         if holds is None:  # rules alike in part test the same constant against the same literal
@@ -593,8 +734,13 @@ class Matcher:
             shown = value.tolist() if value.size <= 4 else f"a {value.shape} tensor"
             want = pv.value.tolist() if isinstance(pv.value, np.ndarray) else pv.value
             self._fail(b, producer(tensor), f"constant '{tensor.name}' is {shown}, pattern wants {want}")
-            return None
-        return b.with_constant(tensor)
+            return False
+        b.add_constant(tensor)
+        return True
+
+
+#: The rest of a search: given the binding so far, the first complete binding, or None (``b`` as it was).
+_Then = Callable[[Binding], "Binding | None"]
 
 
 #: One small number per distinct pattern-node structure, as the op-type pre-check sees it (see skeleton_keys).
@@ -638,6 +784,40 @@ def skeleton_keys(pattern: PatternGraph) -> dict[int, int]:
         key(pn)
     _PATTERN_KEYS[pattern] = keys
     return keys
+
+
+_PATTERN_PLANS: weakref.WeakKeyDictionary[PatternGraph, dict[int, Any]] = weakref.WeakKeyDictionary()
+
+
+def _pre_check_plans(pattern: PatternGraph) -> dict[int, Any]:
+    """What the op-type pre-check reads of each pattern node and node output, worked out once per pattern.
+
+    ``id(pattern node)`` -> its skeleton key and, per input order, the inputs a node needs and the node
+    outputs among them to check (by input position); ``id(node output)`` -> its skeleton key and whether its
+    node is a Cast the model may leave out (the part of that question that does not depend on the graph).
+    """
+    plans = _PATTERN_PLANS.get(pattern)
+    if plans is not None:
+        return plans
+    keys = skeleton_keys(pattern)
+    outputs = [o.node for o in pattern.outputs]
+    plans = {}
+    for pn in pattern.nodes:
+        plans[id(pn)] = (
+            keys[id(pn)],
+            tuple(
+                (len(order), tuple((i, v) for i, v in enumerate(order) if isinstance(v, NodeOutput)))
+                for order in pn.orders
+            ),
+        )
+        for order in pn.orders:
+            for v in order:
+                if isinstance(v, NodeOutput):
+                    node = v.node
+                    castlike = node.op_type == "Cast" and not node.domain and len(node.inputs) == 1
+                    plans[id(v)] = (keys[id(v)], castlike and node not in outputs)
+    _PATTERN_PLANS[pattern] = plans
+    return plans
 
 
 #: What checking a node's attributes against a pattern node gives: in order, each constant input read

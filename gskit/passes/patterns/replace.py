@@ -23,9 +23,11 @@ as it is and reported as kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,7 @@ from gskit.passes.patterns.match import (
     Tracer,
     constant_value,
     elem_type_name,
+    graphs_of,
     label,
     op_key,
 )
@@ -312,7 +315,7 @@ class _Replace(GraphPass[ReplaceOptions]):
         regions = [r for r in result.report.regions if not r.kept]
         if not regions:
             return
-        names = {n.name for g in (model, *model.subgraphs(recursive=True)) for n in g.nodes}
+        names = {n.name for g in graphs_of(model) for n in g.nodes}
         missing = [r.node for r in regions if r.node not in names]
         ensure(not missing, self.name, f"plugin node(s) {missing[:3]} are not in the graph")
         left = [n for r in regions for n in r.original_nodes if n in names and n != r.node]
@@ -356,7 +359,31 @@ def summarize(report: ReplaceReport) -> str:
     return summary
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while replace runs, as it was before after.
+
+    Matching allocates many small objects that die young and hold no cycles (a binding's trail, the search's
+    continuations, keys of the shared caches), and each allocation count past the collector's threshold made
+    it walk young objects, and now and then every object of the graph: a quarter of replace's time on a
+    10k-node graph in a fresh process, more where an earlier graph's garbage is still around. What replace
+    leaves cyclic (the nodes it removed) is collected once the collector runs again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOptions) -> ReplaceReport:
+    with _collector_paused():
+        return _replace_all(graph, plugins, options)
+
+
+def _replace_all(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOptions) -> ReplaceReport:
     only, keep_function, explain = options.only, options.keep_function, options.explain
     target = resolve_target(options.tensorrt)
     specs = list(plugins)
@@ -385,7 +412,7 @@ def _replace(graph: gs.Graph, plugins: Iterable[PluginSpec], options: ReplaceOpt
     report.target, report.target_source, report.opset_refused = str(target), target.source, refused
     if accepted:
         _apply(graph, indexes, accepted, choices, keep_function, report)
-    graphs = [graph, *graph.subgraphs(recursive=True)]
+    graphs = graphs_of(graph)
     native_nodes = {r.node for r in report.regions if r.form == "native"}
     report.norm_like_left = [n for n in norm_like_left(graphs) if n not in native_nodes]
     report.watched_left = _watched_left(specs, graphs)
@@ -398,7 +425,7 @@ def _match(
 ) -> tuple[ReplaceReport, list[_Candidate], list[GraphIndex]]:
     """A report of what matched, the accepted matches (overlaps resolved) and the index of each graph."""
     report = ReplaceReport(plugins=[PluginReport(s.qualified_name) for s in specs])
-    graphs = [graph, *graph.subgraphs(recursive=True)]
+    graphs = graphs_of(graph)
     shaped = {key for spec in specs for rule in spec.patterns for key in getattr(rule, "needs_shapes_of", ())}
     dtypes = DtypeLearner.for_graph(graph, graphs, shaped)
     functions = {(f.domain or "", f.name): f for f in graph.functions}
@@ -595,7 +622,7 @@ def _find(
         seen.plugin.found += 1
         seen.rule.found += 1
         if index.dtypes is not None:  # checks, the rewrite and the form read the dtypes around the match
-            index.dtypes.learn(t for n in match.nodes for t in (*n.inputs, *n.outputs))
+            index.dtypes.learn_nodes(match.nodes)
             index.dtypes.learn(match.inputs.values())
         result = rule.validate(match, index)
         if result:

@@ -85,7 +85,7 @@ class RuleIndex:
                 continue
             # per rule, the matcher's own op-type pre-check, whose answers every rule shares (index.skeletons)
             checks = {
-                i: Matcher(self._rules[i].graph, index=index)  # type: ignore[attr-defined]
+                i: Matcher.on(self._rules[i].graph, index)  # type: ignore[attr-defined]
                 for i in ids
                 if self._wants[i] is not None
             }

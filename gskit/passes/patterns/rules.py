@@ -212,7 +212,10 @@ class GraphPattern(Rule):
         return len(self.graph.nodes)
 
     def find(self, node: gs.Node, index: GraphIndex, tracer: Tracer = NULL_TRACER) -> Match | None:
-        binding = Matcher(self.graph, tracer, index).match(node)
+        if tracer is NULL_TRACER:
+            binding = Matcher.on(self.graph, index).match(node)
+        else:
+            binding = Matcher(self.graph, tracer, index).match(node)
         if binding is None:
             return None
         # pattern Casts the model does not need (binding.virtual) have no node to replace
@@ -226,7 +229,7 @@ class GraphPattern(Rule):
             dict(binding.vars),
             outputs,
             dict(binding.captures),
-            binding.constants,
+            tuple(binding.constants),
         )
 
     def rewrite(self, match: Match) -> Rewrite:
