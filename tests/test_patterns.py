@@ -731,3 +731,36 @@ def test_float16_layer_norm_validates_with_the_dtype_tolerance(dynamo, tmp_path)
     report = compare(model, to_model(graph), feeds=feeds, plugins=PluginRegistry([LAYER_NORM]))
     assert report.passed, report.outputs
     assert report.outputs[0].dtype == "float16" and report.outputs[0].atol == 4e-3
+
+
+# HF's LlamaRMSNorm as torch.onnx.export writes it: the input is cast to float first, and the residual Add
+# reads that Cast's output too, so the Cast stays outside the match and the plugin takes the Cast's input.
+RMS_CAST_READ_OUTSIDE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,8] x) => (float[2,3,8] y, float[2,3,8] r) <float[8] w = {1,2,3,4,5,6,7,8}>
+{
+    c = Cast <to = 1> (x)
+    two = Constant <value = float {2.0}> ()
+    p = Pow (c, two)
+    m = ReduceMean <axes = [-1], keepdims = 1> (p)
+    eps = Constant <value = float {1e-6}> ()
+    a = Add (m, eps)
+    s = Sqrt (a)
+    one = Constant <value = float {1.0}> ()
+    inv = Div (one, s)
+    n = Mul (c, inv)
+    n2 = Cast <to = 1> (n)
+    y = Mul (w, n2)
+    r = Add (c, y)
+}
+"""
+
+
+def test_keep_function_casts_a_plugin_input_the_match_reads_through_a_cast(rng: np.random.Generator) -> None:
+    model = parse_model(RMS_CAST_READ_OUTSIDE)
+    graph = to_graph(model)
+    report = replace(graph, [RMS_NORM], keep_function=True)
+    assert report.replaced == 1
+    (function,) = graph.functions
+    assert function.nodes[0].op == "Cast" and function.nodes[0].inputs[0].name == "x"
+    _run_both(model, graph, {"x": rng.standard_normal((2, 3, 8)).astype(np.float32)})

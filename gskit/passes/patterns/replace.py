@@ -1052,7 +1052,17 @@ def _function_body(
             var = gs.Variable(f"t{k}")
             mapping[id(tensor)] = var
             value = None if id(tensor) in inside else constant_value(tensor)
-            if value is None and id(tensor) not in inside:
+            cast = None if value is not None or id(tensor) in inside else _cast_of_input(tensor, mapping)
+            if cast is not None:
+                # A Cast left outside the match (its output is read outside too) between a plugin input and
+                # the match: the rule takes the Cast's input, so the body casts it as the graph did.
+                nodes.append(
+                    gs.Node(
+                        "Cast", attrs=dict(cast.attrs), inputs=[mapping[id(cast.inputs[0])]], outputs=[var]
+                    )
+                )
+                key.append(("cast", mapping[id(cast.inputs[0])].name, cast.attrs.get("to")))
+            elif value is None and id(tensor) not in inside:
                 raise PluginError(
                     f"{spec.qualified_name}: tensor '{tensor.name}' enters the match but is not a plugin "
                     "input"
@@ -1096,6 +1106,14 @@ def _function_body(
         import_domains=None,
     )
     return function, tuple(key)
+
+
+def _cast_of_input(tensor: gs.Tensor, mapping: dict[int, gs.Tensor]) -> gs.Node | None:
+    """The Cast that makes ``tensor`` from a tensor already in ``mapping`` (a plugin input), if it is one."""
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if producer is None or producer.op != "Cast" or (producer.domain or "ai.onnx") != "ai.onnx":
+        return None
+    return producer if producer.inputs and id(producer.inputs[0]) in mapping else None
 
 
 def _attr_key(value: Any) -> Any:
