@@ -312,3 +312,14 @@ def test_importing_the_op_facts_lists_no_schemas() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "OK", done.stderr[-500:]
+
+
+def test_comparing_a_model_with_plugin_nodes_imports_no_rich(tmp_path: Path) -> None:
+    """Loading the plugins imports their patterns, and through them the pattern passes and inspect, which
+    wrote their JSON with gskit.io.report's helpers, so a compare to a pipe imported rich."""
+    out = tmp_path / "out"
+    assert gskit.cli.main(["replace", str(EXAMPLE), "-o", str(out / "model.onnx")]) == 0
+    code, modules, _ = _modules_after("compare", str(EXAMPLE), str(out / "model.onnx"), cwd=tmp_path)
+    assert code == 0
+    assert [m for m in modules if m.startswith("gskit_plugins.")], "the plugins were not loaded"
+    assert not [m for m in modules if m.split(".")[0] == "rich" or m == "gskit.io.report"]

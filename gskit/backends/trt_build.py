@@ -39,7 +39,7 @@ from gskit.backends.trt_check import node_label, plugin_key, plugin_label, plugi
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
 from gskit.io.outputs import check_output, output_entry, place_file, write_atomic
-from gskit.io.report import dumps
+from gskit.io.strict_json import dumps
 from gskit.plugin.discovery import load_spec_file
 from gskit.plugin.spec import PluginSpec
 

@@ -130,7 +130,7 @@ class PassCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from gskit.io.model import load, resolve_output, save, to_graph
-        from gskit.io.report import print_json
+        from gskit.io.strict_json import print_json
         from gskit.passes.transform import run_pass
 
         options = options_from_args(args, self.graph_pass.options)

@@ -179,9 +179,9 @@ def _cell_text(cell: Any) -> str:
 
 
 def _print_json(result: object) -> None:
-    from gskit.io import report
+    from gskit.io.strict_json import print_json
 
-    report.print_json(result)
+    print_json(result)
 
 
 def _errors(compared: OutputComparison | PluginCheck) -> tuple[str, str, Verdict]:

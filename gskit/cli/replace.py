@@ -33,7 +33,7 @@ def _show(ran: Ran) -> None:
 
 
 def _as_dict(report: ReplaceReport) -> dict:
-    from gskit.io.report import to_jsonable
+    from gskit.io.strict_json import to_jsonable
 
     data = to_jsonable(report)
     data["replaced"] = report.replaced

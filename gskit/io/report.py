@@ -1,24 +1,18 @@
-"""Tables for people and JSON for machines: every command's report goes through here.
+"""Tables for people: every command's report to a terminal, a pipe or a file goes through here.
 
 Text from models and paths is data: the console of :func:`console` never reads markup (``[/]``, ``[red]``) or
 emoji codes in a string, and shows every control character as its escape (:mod:`gskit.io.text`), in the
 lines it prints, in table cells and in progress bars. Styles come only from ``rich.text.Text`` objects that
-gskit builds (:func:`styled`, :func:`verdict`). JSON is strict (RFC 8259): a float that is not finite is
-written as the string ``"inf"``, ``"-inf"`` or ``"nan"`` (``float()`` reads each back), never as the
-``Infinity``/``NaN`` tokens other parsers reject.
+gskit builds (:func:`styled`, :func:`verdict`). JSON for machines is :mod:`gskit.io.strict_json` (its names
+are importable from here too), which does not import rich.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
 import sys
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -35,41 +29,10 @@ from rich.table import Table
 from rich.text import Span, Text
 
 from gskit.io import progress
+
+# The JSON half lives in strict_json (no rich import); these names are kept here for callers.
+from gskit.io.strict_json import NON_FINITE, dumps, print_json, to_jsonable  # noqa: F401
 from gskit.io.text import escape_char, is_visible, visible
-
-#: How JSON output writes a float that is not finite (strict JSON has no token for them).
-NON_FINITE = {math.inf: "inf", -math.inf: "-inf"}
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Turn dataclasses, paths, enums, numpy scalars and tuples into plain JSON values.
-
-    A float that is not finite becomes ``"inf"``, ``"-inf"`` or ``"nan"``.
-    """
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else NON_FINITE.get(obj, "nan")
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, Enum):
-        return obj.value
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
-        return to_jsonable(obj.item())
-    return obj
-
-
-def dumps(obj: Any) -> str:
-    """Strict JSON (``allow_nan=False``; :func:`to_jsonable` has mapped inf and NaN to strings)."""
-    return json.dumps(to_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
-
-
-def print_json(obj: Any, file=None) -> None:
-    print(dumps(obj), file=file or sys.stdout)
 
 
 def data(value: Any) -> Text:

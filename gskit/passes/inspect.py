@@ -26,7 +26,7 @@ from onnx import AttributeProto, TensorProto
 from onnx.external_data_helper import uses_external_data
 
 from gskit.io.model import load, missing_data_files, tensor_nbytes
-from gskit.io.report import to_jsonable
+from gskit.io.strict_json import to_jsonable
 from gskit.passes.tensor_types import InferenceFailed, infer_types
 from gskit.plugin.ops import ONNX_DOMAINS, NodeSummary
 

@@ -36,7 +36,7 @@ from gskit.io.outputs import (
     output_entry,
     replace_set,
 )
-from gskit.io.report import dumps
+from gskit.io.strict_json import dumps
 from gskit.passes.nms import PLUGIN_KEY
 from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
 from gskit.pipeline.outdir import claim_outdir
