@@ -106,12 +106,18 @@ class NodeSummary:
 def is_onnx_op(domain: str | None, op_type: str) -> bool:
     """Whether ONNX (any opset) defines ``op_type`` in ``domain``; op names are case-sensitive.
 
-    ONNX's own domains are answered from its schema list (``onnx.defs.has`` took 50 us a call, and loading
-    the shipped plugins asks 500 times); another domain's schemas may be added later, so onnx is asked.
+    ONNX's own domains are answered once per op (``onnx.defs.has`` takes 50 us a call, loading the shipped
+    plugins asks 500 times about some 40 ops, and listing every schema takes 20 ms); another domain's schemas
+    may be added later, so onnx is asked each time.
     """
     domain = canonical_domain(domain)
     if domain in ONNX_DOMAINS:
-        return (domain, op_type) in _onnx_schemas()
+        return _onnx_has(domain, op_type)
+    return onnx.defs.has(op_type, domain)
+
+
+@cache
+def _onnx_has(domain: str, op_type: str) -> bool:
     return onnx.defs.has(op_type, domain)
 
 
