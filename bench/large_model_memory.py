@@ -15,6 +15,10 @@ Then two whole processes, timed from start to exit (interpreter and imports incl
 * ``gskit prepare CLI (whole process)``: ``python -m gskit.cli prepare MODEL -o OUT``, the default recipe
   (validate and check_trt included), as a user runs it.
 
+``run_in_group`` runs such a process in a cgroup-v1 memory group, capped or not, from a cold page cache
+(``MemoryGroup``): what the command needs when memory is short, as opposed to the file pages the kernel counts
+in its RSS; ``bench/run.py --only large --large-cap 0.3`` uses it.
+
 Usage::
 
     python bench/large_model_memory.py [--size-gb 2.5] [--json results.json] [--dir /big/tmp] [--keep]
@@ -161,7 +165,7 @@ def prepare_command(model: Path, out_dir: Path) -> list[str]:
     return [sys.executable, "-m", "gskit.cli", "prepare", str(model), "-o", str(out_dir)]
 
 
-def run_process(argv: list[str], *, timeout: float | None = None) -> dict:
+def run_process(argv: list[str], *, timeout: float | None = None, group: MemoryGroup | None = None) -> dict:
     """Run ``argv`` as a whole process (interpreter start and imports included) and measure it.
 
     Returns ``seconds`` (wall time), ``peak_rss`` (the kernel's high-water mark of resident memory:
@@ -170,13 +174,19 @@ def run_process(argv: list[str], *, timeout: float | None = None) -> dict:
     ``peak_anon`` (the largest sum of ``RssAnon`` over the process and its children, sampled every
     :data:`SAMPLE_SECONDS`: the processes' own memory, not file pages the kernel can drop and read again),
     ``returncode`` and ``stderr`` (its last 4000 characters). A process still running after ``timeout``
-    seconds is killed (returncode -9).
+    seconds is killed (returncode -9). With ``group``, the process starts inside that memory group and the
+    result gets ``group``: the group's numbers (:meth:`MemoryGroup.result`).
     """
     with tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        join = group.join if group is not None else None
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, preexec_fn=join
+        )
         peak_anon, status, usage = 0, 0, None
         while True:
+            if group is not None:
+                group.sample()
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -190,13 +200,128 @@ def run_process(argv: list[str], *, timeout: float | None = None) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         err.seek(0)
         stderr = err.read()[-4000:]
-    return {
+    result = {
         "seconds": seconds,
         "peak_rss": usage.ru_maxrss * 1024,
         "peak_anon": peak_anon,
         "returncode": proc.returncode,
         "stderr": stderr,
     }
+    if group is not None:
+        result["group"] = group.result()
+    return result
+
+
+# -- memory groups: what a command needs when memory is short ------------------------------------------------
+
+#: Where cgroup-v1 memory groups are made (``mkdir`` there makes one).
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+#: The counters of ``memory.stat`` kept from the sample where the group used the most.
+GROUP_STAT_KEYS = ("rss", "cache", "mapped_file", "dirty", "writeback")
+
+
+def memory_groups_unavailable() -> str | None:
+    """Why this machine cannot make a cgroup-v1 memory group for a measurement; None where it can."""
+    if not (CGROUP_MEMORY / "memory.limit_in_bytes").is_file():
+        return f"no cgroup-v1 memory controller at {CGROUP_MEMORY}"
+    if not os.access(CGROUP_MEMORY, os.W_OK):
+        return f"{CGROUP_MEMORY} is not writable (memory groups need root or a delegated hierarchy)"
+    return None
+
+
+class MemoryGroup:
+    """A cgroup-v1 memory group that a measured process starts in, capped at ``limit`` bytes (None: no cap).
+
+    The kernel charges the group for the process tree's anonymous memory and for the file pages it brings
+    into the page cache (reads, writes, mappings). Under the cap it reclaims clean file pages, those mapped
+    included, and reads them again when touched; anonymous memory cannot be reclaimed (there is no swap), so
+    a process whose anonymous memory outgrows the cap is killed by the group's OOM killer. Pages already in
+    the page cache stay charged to whoever read them first: :func:`evict_page_cache` drops the inputs' pages
+    before a run, so that the group pays for what the command reads.
+
+    Use as a context manager: the group is removed on exit.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.path = CGROUP_MEMORY / f"gskit-bench-{os.getpid()}-{time.monotonic_ns()}"
+        self.peak_stat: dict[str, int] = {}
+        self.peak_usage = 0
+        self.largest: dict[str, int] = {}
+
+    def __enter__(self) -> MemoryGroup:
+        self.path.mkdir()
+        if self.limit is not None:
+            (self.path / "memory.limit_in_bytes").write_text(str(self.limit))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _ in range(50):  # the last task may take a moment to leave after it was reaped
+            try:
+                self.path.rmdir()  # the page cache still charged to it moves to the parent
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    def join(self) -> None:
+        """Move the calling process into the group (``preexec_fn``: the child, before it executes)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def _read(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+    def stat(self) -> dict[str, int]:
+        pairs = (line.split() for line in self._read("memory.stat").splitlines())
+        return {key: int(value) for key, value in pairs}
+
+    def sample(self) -> None:
+        """Note the group's usage now; the ``memory.stat`` of the largest sample is kept, and the largest of
+        each of :data:`GROUP_STAT_KEYS` over all samples."""
+        try:
+            usage = int(self._read("memory.usage_in_bytes"))
+            stat = self.stat()
+        except OSError:
+            return
+        for key in GROUP_STAT_KEYS:
+            self.largest[key] = max(self.largest.get(key, 0), stat.get(key, 0))
+        if usage >= self.peak_usage:
+            self.peak_usage, self.peak_stat = usage, {k: stat.get(k, 0) for k in GROUP_STAT_KEYS}
+
+    def result(self) -> dict:
+        """``limit``, ``max_usage`` (the kernel's ``memory.max_usage_in_bytes``), ``failcnt`` (times the cap
+        was hit), ``oom_kills``, ``at_peak`` (``memory.stat`` at the largest sampled usage: ``rss`` is
+        anonymous memory, ``cache`` the page cache charged, ``mapped_file`` the part of it mapped) and
+        ``largest`` (each counter's largest sample)."""
+        oom = dict(line.split() for line in self._read("memory.oom_control").splitlines())
+        return {
+            "limit": self.limit,
+            "max_usage": int(self._read("memory.max_usage_in_bytes")),
+            "failcnt": int(self._read("memory.failcnt")),
+            "oom_kills": int(oom.get("oom_kill", 0)),
+            "at_peak": self.peak_stat,
+            "largest": self.largest,
+        }
+
+
+def evict_page_cache(folder: Path) -> None:
+    """Drop the page cache of the files under ``folder`` (written back first), so that the next reader reads
+    them from the disk and its memory group is charged for them. Only these files: the machine is shared."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def run_in_group(argv: list[str], inputs: Path, limit: int | None, *, timeout: float | None = None) -> dict:
+    """:func:`run_process` inside a new :class:`MemoryGroup` capped at ``limit`` bytes, the page cache of the
+    files under ``inputs`` dropped first (cold reads in every run, capped or not)."""
+    evict_page_cache(inputs)
+    with MemoryGroup(limit) as group:
+        return run_process(argv, timeout=timeout, group=group)
 
 
 #: The whole processes measured after the stages: label -> (model, output) -> command line.

@@ -3,6 +3,7 @@
 Usage::
 
     python bench/run.py [--quick] [--json PATH] [--only fold,replace,large,cli] [--timeout S] [--large-gb GB]
+                        [--large-cap FRACTION]
 
 Suites (each measurement runs in its own child process, see ``bench/peers.py``):
 
@@ -13,6 +14,9 @@ Suites (each measurement runs in its own child process, see ``bench/peers.py``):
   (10.4k/52k/104k nodes, one LayerNorm instance per block).
 * ``large``: gskit prepare (transform steps of the default recipe) and folding by each tool on a model with
   2.5 GB of external weights, against a bare ``onnx.load`` + ``onnx.save_model(save_as_external_data=True)``.
+  With ``--large-cap 0.3`` the command and the floor also run in cgroup-v1 memory groups, uncapped and capped
+  at 0.3x the weights (cold page cache each time): whether each completes, its wall time, and the group's
+  peak with its split into anonymous memory and page cache (``large_model["memory_cap"]`` and the rows).
 * ``cli``: the command line as users run it, whole processes (``bench/processes.py``): ``gskit prepare``
   (default recipe) and ``gskit compare`` on the bundled example and light models beside the library calls
   (``prepare()``, ``compare()``) and their floors (``bench/floors.py``: one onnxruntime session run once; a
@@ -137,11 +141,13 @@ def _replace_suite(work: Path, quick: bool, timeout: float) -> list[Row]:
 LARGE_CLI_RUNS = 2
 
 
-def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tuple[list[Row], dict[str, Any]]:
+def _large_suite(
+    work: Path, quick: bool, timeout: float, size_gb: float, cap: float | None = None
+) -> tuple[list[Row], dict[str, Any]]:
     """The large model: ``gskit prepare`` as users run it (the command's whole process, default recipe:
-    validate and check_trt included) against the I/O floor as a whole process, in pairs, then the library
-    path (the transform steps of the default recipe, the floor timed inside its process) and each folding
-    tool."""
+    validate and check_trt included) against the I/O floor as a whole process, in pairs, then (``cap``) both
+    again in memory groups, without and with a cap of ``cap`` x the weights, then the library path (the
+    transform steps of the default recipe, the floor timed inside its process) and each folding tool."""
     size = 0.2 if quick else size_gb
     path = work / "large" / "big.onnx"
     info = models.large_model(path, int(size * GB))
@@ -149,6 +155,10 @@ def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tup
         " (quick stand-in for >2 GB)" if quick else ""
     )
     rows = _large_cli_rows(path, label, work / "out", LARGE_CLI_RUNS, timeout * 3)
+    capped: dict[str, Any] = {}
+    if cap is not None:
+        capped = _large_capped(path, label, work / "out", cap, info["weight_bytes"], timeout * 3)
+        rows += capped.pop("rows")
     for tool in ("onnx-floor", "gskit-prepare", *FOLD_TOOLS):
         runs = 1
         rows.append(
@@ -164,7 +174,7 @@ def _large_suite(work: Path, quick: bool, timeout: float, size_gb: float) -> tup
             )
         )
     shutil.rmtree(path.parent, ignore_errors=True)
-    return rows, {"weight_bytes": info["weight_bytes"], "stand_in": quick}
+    return rows, {"weight_bytes": info["weight_bytes"], "stand_in": quick, **capped}
 
 
 #: The rows of the large model's whole processes: the floor, and the command line with the default recipe.
@@ -217,6 +227,68 @@ def _large_cli_rows(model: Path, label: str, out: Path, runs: int, timeout: floa
         rows.append(row)
         _DONE.append(row)
     return rows
+
+
+#: The smallest cap worth running: a process with onnx, onnxruntime and numpy imported holds about this much.
+MIN_CAP_BYTES = 256 << 20
+
+
+def _large_capped(
+    model: Path, label: str, out: Path, cap: float, weights: int, timeout: float
+) -> dict[str, Any]:
+    """The command and the floor in cgroup-v1 memory groups (``large_model_memory.MemoryGroup``), each once
+    without a cap and once capped at ``cap`` x the weights, the model's page cache dropped before each run:
+    what memory they need, as opposed to the file pages the kernel counts in their RSS. Returns ``rows`` and
+    ``memory_cap`` for the JSON (``skipped`` with the reason where memory groups cannot be made)."""
+    from bench.large_model_memory import (
+        floor_command,
+        memory_groups_unavailable,
+        prepare_command,
+        run_in_group,
+    )
+
+    why = memory_groups_unavailable()
+    if not why and cap * weights < MIN_CAP_BYTES:
+        # The quick stand-in's weights are small enough that the cap falls below what the interpreter and its
+        # libraries need on their own: an out-of-memory there would say nothing about the weights.
+        why = f"{cap} x the weights is under {MIN_CAP_BYTES >> 20} MiB, less than the interpreter alone needs"
+    if why:
+        log.warning("large: memory cap skipped: %s", why)
+        return {"rows": [], "memory_cap": {"fraction": cap, "skipped": why}}
+    limit = int(cap * weights)
+    measured = []
+    for base, argv in (
+        (FLOOR_PROCESS, floor_command(model, out / "floor.onnx")),
+        (PREPARE_CLI, prepare_command(model, out / "prepared")),
+    ):
+        for capped in (False, True):
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            result = run_in_group(argv, model.parent, limit if capped else None, timeout=timeout)
+            report = out / "prepared" / "report.json"
+            passed = json.loads(report.read_text()).get("passed") if report.is_file() else None
+            tool = f"{base}, cold, " + (f"capped {cap:g}x weights" if capped else "no cap")
+            row = Row("large", label, tool, runs=1, seconds=result["seconds"], peak_rss=result["peak_rss"])
+            group = result["group"]
+            if result["returncode"] != 0:
+                killed = group["oom_kills"] > 0
+                row.status = "out of memory" if killed else "failed"
+                row.note = "killed by the group's OOM killer" if killed else result["stderr"].strip()[-200:]
+            row.match = passed if base == PREPARE_CLI else None
+            row.detail = {
+                "capped": capped,
+                "returncode": result["returncode"],
+                "peak_anon": result["peak_anon"],
+                "group": group,
+                "in_weights": {
+                    "max_usage": round(group["max_usage"] / weights, 3),
+                    **{k: round(v / weights, 3) for k, v in group["at_peak"].items()},
+                },
+            }
+            log.info("large %s: %.1f s, rc %s", tool, result["seconds"], result["returncode"])
+            measured.append(_record(row))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"rows": measured, "memory_cap": {"fraction": cap, "limit": limit, "skipped": None}}
 
 
 # -- cli: the command line as users run it -------------------------------------------------------------------
@@ -525,7 +597,29 @@ def goals(rows: list[Row], large: dict[str, Any] | None, quick: bool) -> list[di
                     ratio <= 0.3 and _ok(cli),
                 )
             )
+        result += _capped_goals(big, large, tag)
     return result + _cli_goals([r for r in rows if r.suite == "cli"])
+
+
+def _capped_goals(big: dict[str, Row], large: dict[str, Any], tag: str) -> list[dict[str, Any]]:
+    """The large suite's memory-group runs (``--large-cap``): does the command complete under the cap, at what
+    wall time against its uncapped run, and does the floor."""
+    cap = large.get("memory_cap")
+    if not cap:
+        return []
+    name = f"prepare CLI large{tag}: completes in a memory group capped at {cap['fraction']:g}x weights"
+    if cap.get("skipped"):
+        return [_goal(name, f"skipped: {cap['skipped']}", None)]
+    suffix = f"capped {cap['fraction']:g}x weights"
+    capped, free = big.get(f"{PREPARE_CLI}, cold, {suffix}"), big.get(f"{PREPARE_CLI}, cold, no cap")
+    floor = big.get(f"{FLOOR_PROCESS}, cold, {suffix}")
+    if not capped or not free:
+        return []
+    value = f"{capped.status}, {capped.seconds:.1f} s vs {free.seconds:.1f} s uncapped"
+    value += f"; group peak {capped.detail['in_weights']['max_usage']:.2f}x weights"
+    if floor:
+        value += f"; onnx floor capped: {floor.status}"
+    return [_goal(name, value, _ok(capped))]
 
 
 #: (command row, library row, limit, goal) of the ``cli`` suite's ratio goals.
@@ -702,6 +796,14 @@ def main(argv: list[str] | None = None) -> int:
         "--large-gb", type=float, default=2.5, help="weights of the large model in GB (full run)"
     )
     parser.add_argument(
+        "--large-cap",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="large suite: also run the command and the floor in cgroup-v1 memory groups, without a cap and "
+        "capped at FRACTION x the weights (e.g. 0.3; needs a writable /sys/fs/cgroup/memory, else skipped)",
+    )
+    parser.add_argument(
         "--dir", type=Path, default=None, help="folder for generated models (default: temporary)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log each measurement")
@@ -741,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
         if "replace" in only:
             rows += _replace_suite(work, args.quick, timeout)
         if "large" in only:
-            large_rows, large = _large_suite(work, args.quick, timeout, args.large_gb)
+            large_rows, large = _large_suite(work, args.quick, timeout, args.large_gb, args.large_cap)
             rows += large_rows
         if "cli" in only:
             rows += _cli_suite(work, args.quick, timeout, args.runs or CLI_RUNS)

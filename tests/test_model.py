@@ -578,6 +578,51 @@ def test_save_linked_copies_the_weights_where_no_link_can_be_made(tmp_path, rng)
         shutil.rmtree(folder)
 
 
+@pytest.mark.parametrize("through_graphsurgeon", [False, True], ids=["proto", "graph"])
+def test_save_linked_copies_the_weights_a_subgraph_reads(tmp_path, rng, through_graphsurgeon) -> None:
+    """onnxruntime checks a weight read inside an If branch with onnx's loader, which refuses a data file
+    with a second name: such weights are copied (the others still linked), and the snapshot loads and runs.
+    Before, prepare's validate failed on any such model with external data ("multiple hard links")."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from gskit.backends import ort as gsort
+
+    value = helper.make_tensor_value_info
+    then = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "B"], ["b"])], "then", [], [value("b", TensorProto.FLOAT, None)]
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["h"], ["o"])], "else", [], [value("o", TensorProto.FLOAT, None)]
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "A"], ["h"]),
+        helper.make_node("ReduceSum", ["h"], ["t"], keepdims=0),
+        helper.make_node("Greater", ["t", "zero"], ["c"]),
+        helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+    ]
+    weights = {name: rng.standard_normal((32, 32)).astype(np.float32) for name in ("A", "B")}
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [value("x", TensorProto.FLOAT, [2, 32])],
+        [value("y", TensorProto.FLOAT, [2, 32])],
+        [onnx.numpy_helper.from_array(w, n) for n, w in weights.items()]
+        + [onnx.numpy_helper.from_array(np.zeros((), np.float32), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = save(model, tmp_path / "in" / "m.onnx", external_data=True)
+    weightless = load(path, load_weights=False)
+    snapshot = save_linked(
+        to_graph(weightless) if through_graphsurgeon else weightless, tmp_path / "snap" / "model.onnx"
+    )
+    assert (snapshot.parent / "m.onnx.data").samefile(path.with_name("m.onnx.data"))  # A: linked
+    assert (snapshot.parent / "model.onnx.data").stat().st_size == 32 * 32 * 4  # B: copied
+    feeds = {"x": np.abs(rng.standard_normal((2, 32))).astype(np.float32)}
+    np.testing.assert_array_equal(gsort.run(snapshot, feeds)["y"], gsort.run(path, feeds)["y"])
+
+
 def test_a_hard_link_gskit_did_not_make_is_still_refused(tmp_path, rng) -> None:
     """Linking a model's data for a snapshot does not make another name of any other file acceptable."""
     path, graph = _mlp_with_new_weight(tmp_path, rng)

@@ -39,6 +39,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
+from gskit.backends import ort_segments
 from gskit.backends.model_run import ModelRun
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError, ModelLoadError, PluginError
 from gskit.io import interrupt
@@ -107,7 +108,59 @@ def runner(
     from gskit.backends.polygraphy_torch import use_without_torch
 
     use_without_torch()
-    return OnnxrtRunner(lambda: session(model, plugins=plugins, loaded=loaded), name=name)
+    return OnnxrtRunner(lambda: _runner_session(model, plugins, name, loaded), name=name)
+
+
+def _runner_session(
+    model: onnx.ModelProto | str | os.PathLike,
+    plugins: PluginRegistry | None,
+    name: str,
+    loaded: onnx.ModelProto | None,
+) -> Any:
+    """The session a runner uses: a model with more weights on disk than ``ort_segments.SEGMENTED_OVER`` runs
+    in segments (one session at a time maps part of its weights; see ``gskit.backends.ort_segments``), any
+    other as one :func:`session`. The runs in segments are noted for :func:`take_segmented_runs`."""
+    known = loaded if loaded is not None and isinstance(model, (str, os.PathLike)) else None
+    proto = known if known is not None else model if isinstance(model, onnx.ModelProto) else None
+    if proto is None and Path(model).is_file():
+        proto = known = gsmodel.load(model, load_weights=False)
+    segments = ort_segments.plan(proto) if proto is not None else []
+    if not segments:
+        return session(model, plugins=plugins, loaded=known)
+    mib = ort_segments.SEGMENT_BYTES / 2**20
+    log.info("%s: %d segments of at most %g MiB of weights", name, len(segments), mib)
+    return _NotedSegments(
+        name,
+        proto,
+        segments,
+        lambda part: session(part, plugins=plugins),
+        lambda: session(model, plugins=plugins, loaded=known),
+    )
+
+
+class _NotedSegments(ort_segments.SegmentedSession):
+    """A :class:`~gskit.backends.ort_segments.SegmentedSession` whose runs in segments are noted by name."""
+
+    def __init__(self, name: str, *args: Any) -> None:
+        super().__init__(*args)
+        self.name = name
+
+    def run(self, *args: Any) -> list[Any]:
+        values = super().run(*args)
+        if self.last_run == "segments":
+            _SEGMENTED_RUNS.append((self.name, len(self.segments)))
+        return values
+
+
+#: (runner name, segments) of each run in segments since :func:`take_segmented_runs` last answered.
+_SEGMENTED_RUNS: list[tuple[str, int]] = []
+
+
+def take_segmented_runs() -> list[tuple[str, int]]:
+    """The runs since the last call that ran a model in segments, as (runner name, number of segments)."""
+    runs = list(_SEGMENTED_RUNS)
+    _SEGMENTED_RUNS.clear()
+    return runs
 
 
 def _session(

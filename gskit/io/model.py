@@ -537,14 +537,21 @@ def save_linked(model: ModelLike, path: str | os.PathLike) -> Path:
         light = onnx.ModelProto()
         _copy_fields(proto, light, skip=("graph",))
         _copy_fields(proto.graph, light.graph, skip=("initializer",))
+        # onnxruntime checks a weight that a subgraph (an If branch, a Loop body) reads with onnx's loader,
+        # which refuses a data file with a second name ("multiple hard links ... hardlink attack"): those
+        # weights are copied, the others linked
+        inner = _read_in_subgraphs(proto.graph)
         with _ir_version_for_onnxruntime(light), open(path.parent / data_name, "wb") as data:
-            for tensor in _get_all_tensors(light):  # outside the initializer list: copied above, rare
+            # outside the initializer list (copied above, rare): tensor attributes, the subgraphs' tensors
+            for tensor in _attribute_tensors(light.graph):
                 _write_linked(tensor, tensor, links, data, data_name)
+            for tensor in _subgraph_tensors(light.graph):
+                _write_linked(tensor, tensor, {}, data, data_name)
             for source in proto.graph.initializer:
                 target = light.graph.initializer.add()
                 if _goes_external(source):
                     _copy_header(source, target)
-                    _write_linked(source, target, links, data, data_name)
+                    _write_linked(source, target, {} if source.name in inner else links, data, data_name)
                 else:
                     target.CopyFrom(source)
             wrote_data = data.tell() > 0
@@ -554,6 +561,29 @@ def save_linked(model: ModelLike, path: str | os.PathLike) -> Path:
     if not links:  # every weight was copied: the checker can read the files
         check_file(path)
     return path
+
+
+def _read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """The names read by the nodes of ``graph``'s subgraphs (outer-scope values among them)."""
+    subgraphs = [sub for sub in graph_protos(graph) if sub is not graph]
+    return {name for sub in subgraphs for node in sub.node for name in node.input}
+
+
+def _subgraph_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """The tensors that ``graph``'s subgraphs hold: their initializers and their nodes' tensor attributes."""
+    for sub in graph_protos(graph):
+        if sub is not graph:
+            yield from sub.initializer
+            yield from _attribute_tensors(sub)
+
+
+def _attribute_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """The tensor attributes of ``graph``'s own nodes (not those of its subgraphs)."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
 
 
 #: ``(st_dev, st_ino)`` of the data files that :func:`save_linked` gave a second name: :func:`load` takes

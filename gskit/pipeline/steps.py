@@ -283,6 +283,7 @@ class Validate(GraphPass[ValidateOptions]):
         )
 
     def call(self, model: gs.Graph, options: ValidateOptions, context: PassContext) -> PassResult:
+        from gskit.backends.ort import take_segmented_runs
         from gskit.compare.outputs import (
             DtypeChange,
             ReferenceRunError,
@@ -295,6 +296,7 @@ class Validate(GraphPass[ValidateOptions]):
         snapshot, registry, original_path = context.saved(model), _registry(context), context.original
         if original_path is None:
             raise StepError("validate: no original model to compare with (a gskit bug)")
+        take_segmented_runs()  # runs of earlier comparisons in this process are not this step's
         changes = [
             DtypeChange(old, new, by="the recipe's convert step", output=name)
             for report in context.reports(CONVERT.name)
@@ -385,12 +387,30 @@ def _unsteady_note(original: Path, registry: PluginRegistry, report: Any, feeds:
 
 def _validated(report: Any, note: str) -> PassResult:
     """The step's result: the comparison is its report (``passed`` False makes the step "failed")."""
+    note += _segments_note()
     worst = max((o.max_abs_err for o in report.outputs), default=0.0)
     verdict = "passed" if report.passed else f"FAILED on {[o.name for o in report.failed]}"
     notes = "".join(f"; output {o.name}: {o.note}" for o in report.outputs if o.note)
     return PassResult(
         summary=f"{len(report.outputs)} outputs, max abs err {worst:.3g}: {verdict}{note}{notes}",
         report=report,
+    )
+
+
+def _segments_note() -> str:
+    """Which models the comparison ran in segments (``gskit.backends.ort_segments``: weights over 1 GiB on
+    disk), so that the summary says the verdict came from chained sessions over the same files."""
+    from gskit.backends import ort_segments
+    from gskit.backends.ort import take_segmented_runs
+
+    runs = dict(take_segmented_runs())
+    if not runs:
+        return ""
+    each = ", ".join(f"{name} {count}" for name, count in runs.items())
+    mib = ort_segments.SEGMENT_BYTES / 2**20
+    return (
+        f"; run in consecutive segments of at most {mib:g} MiB of weights, one onnxruntime session at a time "
+        f"over the same files (segments: {each})"
     )
 
 
