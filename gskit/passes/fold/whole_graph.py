@@ -54,7 +54,8 @@ def fold_with_graphsurgeon(
 
 
 def evaluation_view(graph: gs.Graph) -> gs.Graph | None:
-    """What graphsurgeon's ``fold_constants`` needs of ``graph``, or None when it would find nothing to do.
+    """What graphsurgeon's ``fold_constants`` needs of ``graph`` (``graph`` itself when that is most of it),
+    or None when it would find nothing to do.
 
     graphsurgeon copies the whole graph, subgraphs included, to find the nodes it can evaluate, then cleans
     the copy down to them: on a large graph with few constant nodes, or on silero-vad's nested ``If``
@@ -87,12 +88,21 @@ def evaluation_view(graph: gs.Graph) -> gs.Graph | None:
         or any(t.name in results for t in node.inputs)
         or any(name in results for name in _outer_reads(node))
     ]
+    kept_ids = {id(node) for node in kept}
+    left_out = [node for node in graph.nodes if id(node) not in kept_ids]
+    if 2 * len(left_out) < len(graph.nodes) and not any(_has_subgraphs(node) for node in left_out):
+        # copying the few nodes left out costs less than the view (PaddleOCR's and layout models' graphs)
+        return graph
     view = gs.Graph.__new__(gs.Graph)
     view.__dict__.update(graph.__dict__)  # name, opsets, IR version, functions: the same objects
     view.nodes = kept
     view.inputs = list(graph.inputs)
     view.outputs = list(tensors.values())
     return view
+
+
+def _has_subgraphs(node: gs.Node) -> bool:
+    return next(gsmodel.node_subgraphs(node), None) is not None
 
 
 def _outer_reads(node: gs.Node) -> list[str]:
