@@ -1,10 +1,15 @@
 """Node counts and times of gskit.passes.fold against Polygraphy's fold (and onnxsim / onnxslim when
-importable).
+importable), all in one process.
 
-Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--json]`` (default: the nine light_*.onnx models
-shipped in the onnx wheel). Each tool folds a fresh copy of the model; ``peak_rss_mib`` is the process's
-peak RSS after the tool ran (monotonic, so read it for the first tool or run one model per process to
-compare memory).
+Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--runs N] [--json FILE] [--tools gskit,polygraphy]``
+(default: the nine light_*.onnx models shipped in the onnx wheel).
+
+Per model, every tool first folds the model once unmeasured (its imports, onnxruntime's first session, sympy
+for the tools that run onnxruntime's symbolic shape inference: whichever tool ran first would otherwise pay
+them for the others), then ``--runs`` rounds fold a fresh copy with each tool, the tools' order rotating from
+round to round; a tool's time is the median of its rounds. ``peak_rss_mib`` is the process's peak RSS after
+the tool's warm-up run (monotonic, so read it for the first tool or run one model per process to compare
+memory). Progress goes to stderr; ``--json FILE`` writes the rows.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -24,17 +31,11 @@ from gskit.passes.fold import FoldOptions, fold
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out
-
-
-def _gskit(model):
+def _gskit(model: onnx.ModelProto) -> onnx.ModelProto:
     return fold(model)[0]
 
 
-def _polygraphy(model):
+def _polygraphy(model: onnx.ModelProto) -> onnx.ModelProto:
     from polygraphy.backend.onnx import fold_constants
     from polygraphy.logger import G_LOGGER
 
@@ -42,19 +43,20 @@ def _polygraphy(model):
     return fold_constants(model, size_threshold=FoldOptions().size_threshold)  # the same limit as gskit's
 
 
-def _onnxsim(model):
+def _onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnxsim
 
     return onnxsim.simplify(model)[0]
 
 
-def _onnxslim(model):
+def _onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnxslim
 
     return onnxslim.slim(model)
 
 
-def tools() -> dict:
+def tools(names: list[str] | None = None) -> dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]]:
+    """The tools to run: gskit, Polygraphy, and the peers that import (or those of ``names``)."""
     found = {"gskit": _gskit, "polygraphy": _polygraphy}
     for name, fn in (("onnxsim", _onnxsim), ("onnxslim", _onnxslim)):
         try:
@@ -62,42 +64,68 @@ def tools() -> dict:
             found[name] = fn
         except ImportError:
             pass
-    return found
+    return {n: fn for n, fn in found.items() if names is None or n in names}
 
 
-def bench(path: Path) -> dict:
+def _timed(fn: Callable[[onnx.ModelProto], onnx.ModelProto], data: bytes) -> tuple[float, onnx.ModelProto]:
+    model = onnx.ModelProto.FromString(data)  # a fresh copy, outside the time
+    start = time.perf_counter()
+    out = fn(model)
+    return time.perf_counter() - start, out
+
+
+def bench(path: Path, runs: int = 3, names: list[str] | None = None) -> dict:
+    """One row: the model's node count and size, and per tool nodes left, median seconds and each run's."""
     model = gsmodel.load(path)
-    row = {"model": path.stem, "nodes": len(model.graph.node), "size_mib": round(model.ByteSize() / 2**20, 1)}
-    for name, fn in tools().items():
-        start = time.perf_counter()
+    data = model.SerializeToString()
+    row: dict = {"model": path.stem, "nodes": len(model.graph.node), "size_mib": round(len(data) / 2**20, 1)}
+    chosen = tools(names)
+    times: dict[str, list[float]] = {name: [] for name in chosen}
+    for name, fn in chosen.items():
         try:
-            out = fn(_copy(model))
-            row[name] = {"nodes": len(out.graph.node), "seconds": round(time.perf_counter() - start, 3)}
+            _, out = _timed(fn, data)  # warm-up
+            row[name] = {"nodes": len(out.graph.node)}
         except Exception as err:  # a peer failing is a result, not a crash of the bench
-            row[name] = {"error": str(err).splitlines()[0][:120]}
+            row[name] = {"error": str(err).splitlines()[0][:120] if str(err) else repr(err)}
         row[name]["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    working = [name for name in chosen if "error" not in row[name]]
+    for round_index in range(runs):
+        shift = round_index % max(1, len(working))
+        for name in working[shift:] + working[:shift]:
+            times[name].append(_timed(chosen[name], data)[0])
+    for name in working:
+        if times[name]:
+            row[name]["seconds"] = round(statistics.median(times[name]), 3)
+            row[name]["runs"] = [round(t, 3) for t in times[name]]
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", type=Path)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", type=int, default=3, help="measured rounds per model (default 3)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the rows to FILE")
+    parser.add_argument(
+        "--tools", default=None, help="comma-separated subset of gskit,polygraphy,onnxsim,onnxslim"
+    )
     args = parser.parse_args(argv)
-    rows = [bench(p) for p in (args.models or sorted(LIGHT_DIR.glob("light_*.onnx")))]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    names = list(tools())
-    print(f"{'model':<28}{'nodes':>7}" + "".join(f"{n:>22}" for n in names))
+    names = args.tools.split(",") if args.tools else None
+    rows = []
+    for path in args.models or sorted(LIGHT_DIR.glob("light_*.onnx")):
+        rows.append(bench(path, args.runs, names))
+        print(f"{path.stem}: done", file=sys.stderr, flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+    columns = list(tools(names))
+    print(f"{'model':<36}{'nodes':>7}" + "".join(f"{n:>22}" for n in columns))
     for row in rows:
         cells = []
-        for n in names:
+        for n in columns:
             r = row[n]
             cells.append(
-                f"{'error':>22}" if "error" in r else f"{r['nodes']:>8} in {r['seconds']:>7.2f}s    "
+                f"{'error':>22}" if "error" in r else f"{r['nodes']:>8} in {r.get('seconds', 0):>7.3f}s    "
             )
-        print(f"{row['model']:<28}{row['nodes']:>7}" + "".join(cells))
+        print(f"{row['model'][:35]:<36}{row['nodes']:>7}" + "".join(cells))
     return 0
 
 

@@ -485,3 +485,100 @@ def test_graphs_with_nothing_to_evaluate_are_not_handed_to_graphsurgeon(monkeypa
     assert folded_graphs == ["e"]  # the main graph and the then branch read only computed tensors
     else_ops = [n.op_type for n in folded.graph.node[0].attribute[1].g.node]
     assert else_ops == ["Mul"]
+
+
+_NESTED_IFS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x, bool c) => (float[2] y) {
+      y = If (c) <then_branch = t1 () => (float[2] a1) {
+                    a1 = If (c) <then_branch = t2 () => (float[2] a2) {
+                                   a2 = If (c) <then_branch = t3 () => (float[2] a3) {
+                                                  one = Constant <value = float[1] {1}> ()
+                                                  two = Add(one, one)
+                                                  dead = Neg(x)
+                                                  a3 = Mul(x, two)
+                                                },
+                                                else_branch = e3 () => (float[2] b3) { b3 = Relu(x) }>
+                                 },
+                                 else_branch = e2 () => (float[2] b2) { b2 = Relu(x) }>
+                  },
+                  else_branch = e1 () => (float[2] b1) { b1 = Relu(x) }>
+    }
+    """
+
+
+def test_each_graph_is_cleaned_once_per_pass_whatever_its_depth(monkeypatch, rng):
+    """graphsurgeon's cleanup recursed into subgraphs from every level, so a body nested three deep was
+    cleaned four times a pass; now each graph is cleaned once in the first pass and then only in a pass that
+    changed it, and the folded model is the same (the innermost body keeps only its Mul)."""
+    model = parse_model(_NESTED_IFS)
+    cleaned: list[str] = []
+    real = gs.Graph.cleanup
+
+    def cleanup(graph, *args, **kwargs):
+        if kwargs.get("remove_unused_graph_inputs") is False:  # fold's own calls, not graphsurgeon's copy's
+            cleaned.append(graph.name)
+            if kwargs.get("recurse_subgraphs", True):
+                cleaned.extend(sub.name for sub in graph.subgraphs(recursive=True))
+        return real(graph, *args, **kwargs)
+
+    monkeypatch.setattr(gs.Graph, "cleanup", cleanup)
+    folded, report = fold(model)
+    assert report.passes == 2
+    # pass 1 cleans all seven graphs once; pass 2 changes nothing and cleans none
+    assert sorted(cleaned) == sorted(["g", "t1", "e1", "t2", "e2", "t3", "e3"])
+    inner = folded.graph.node[0].attribute[0].g.node[0].attribute[0].g.node[0].attribute[0].g
+    assert [n.op_type for n in inner.node] == ["Mul"]
+    feeds = {"x": rng.standard_normal(2).astype(np.float32), "c": np.array(True)}
+    _assert_same_outputs(model, folded, feeds)
+
+
+def test_graphsurgeon_copies_only_the_nodes_its_fold_looks_at(monkeypatch, rng):
+    """graphsurgeon's fold copies the graph it is given: it is given the nodes that may fold and their
+    readers, not the 40 nodes that only compute on the input."""
+    chain = "\n".join(f"h{i + 1} = Relu(h{i})" for i in range(40))
+    model = parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] h0) => (float[2] y) {{
+      {chain}
+      one = Constant <value = float[1] {{1}}> ()
+      two = Add(one, one)
+      y = Mul(h40, two)
+    }}""")
+    copied: list[int] = []
+    real = gs.Graph.copy
+    monkeypatch.setattr(
+        gs.Graph, "copy", lambda g, *a, **kw: copied.append(len(g.nodes)) or real(g, *a, **kw)
+    )
+    folded, _ = fold(model)
+    assert copied == [3]  # Constant, Add, and Mul that reads the sum
+    assert [n.op_type for n in folded.graph.node].count("Relu") == 40
+    assert "Add" not in [n.op_type for n in folded.graph.node]
+    _assert_same_outputs(model, folded, {"h0": rng.standard_normal(2).astype(np.float32)})
+
+
+def test_a_result_read_by_folding_and_other_nodes_is_evaluated(rng):
+    """A foldable result read both by a node that folds and by one that does not (in the graph, or inside an
+    If branch) becomes a constant, as graphsurgeon decides from all its readers: the view it is given keeps
+    every reader."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x, bool c) => (float[2] y, float[2] z, float[2] w) {
+      one = Constant <value = float[2] {1, 2}> ()
+      two = Add(one, one)
+      four = Mul(two, two)
+      y = Add(two, x)
+      z = Add(four, x)
+      three = Sub(one, one)
+      w = If (c) <then_branch = t () => (float[2] a) { a = Mul(three, x) },
+                  else_branch = e () => (float[2] b) { b = Relu(x) }>
+    }""")
+    folded, _ = fold(model)
+    ops = [n.op_type for n in folded.graph.node]
+    assert sorted(ops) == ["Add", "Add", "If"]  # two and four and three folded; the readers of x stay
+    constant_inputs = {i for n in folded.graph.node for i in n.input} & {
+        t.name for t in folded.graph.initializer
+    }
+    assert {"two", "four"} <= constant_inputs
+    feeds = {"x": rng.standard_normal(2).astype(np.float32), "c": np.array(True)}
+    _assert_same_outputs(model, folded, feeds)

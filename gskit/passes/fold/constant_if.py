@@ -10,9 +10,11 @@ from gskit.passes.edit import unique_name
 from gskit.plugin.ops import is_default_domain
 
 
-def flatten_constant_ifs(graph: gs.Graph) -> None:
-    """Inline the taken branch of each ``If`` with a constant condition; outer-scope tensors stay intact."""
+def flatten_constant_ifs(graph: gs.Graph) -> int:
+    """Inline the taken branch of each ``If`` with a constant condition; outer-scope tensors stay intact.
+    Returns how many were inlined."""
     index = 0
+    flattened = 0
     used_names = set(graph.tensors())
     while index < len(graph.nodes):
         node = graph.nodes[index]
@@ -67,3 +69,5 @@ def flatten_constant_ifs(graph: gs.Graph) -> None:
                 )
         graph.nodes[index : index + 1] = new_nodes
         index += len(new_nodes)
+        flattened += 1
+    return flattened

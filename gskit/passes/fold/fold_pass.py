@@ -144,8 +144,12 @@ def _fold(
     for index in range(max_passes):
         report.passes = index + 1
         infer_tensor_types(graph, odd_types, symbolic_memo=symbolic)
-        _fold_graph(graph, exclude, fold_shapes, size_threshold, allow_partial, spill, report)
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        # the first pass cleans every graph (the model may hold dead nodes); later ones only those it changed
+        changed = _fold_graph(
+            graph, exclude, fold_shapes, size_threshold, allow_partial, spill, report, index == 0
+        )
+        if changed or index == 0:
+            _clean(graph)
         new_state = _signature(graph)
         if new_state == state:
             break
@@ -176,8 +180,13 @@ def _fold_graph(
     allow_partial: bool,
     spill: Spill | None,
     report: FoldReport,
-) -> None:
+    clean: bool,
+) -> bool:
+    """One pass over ``graph`` and its subgraphs (each subgraph cleaned after its own pass when ``clean`` or
+    when the pass changed it or a subgraph in it); returns whether anything in them changed."""
     type_constant_nodes(graph)  # graphsurgeon would lower a value_float as float64
+    # every fold (shapes, graphsurgeon's, batched) detaches the tensors it makes constant from their producers
+    produced = _produced(graph)
     if fold_shapes:
         fold_shape_nodes(graph)
     if spill is not None:
@@ -185,14 +194,32 @@ def _fold_graph(
     else:
         fold_with_graphsurgeon(graph, exclude, size_threshold, allow_partial)
     drop_non_tensor_constants(graph)
-    flatten_constant_ifs(graph)
+    changed = _produced(graph) != produced
+    changed |= flatten_constant_ifs(graph) > 0
     for node in graph.nodes:
         for sub in gsmodel.node_subgraphs(node):
             sub.ir_version = (
                 graph.ir_version
             )  # else graphsurgeon exports its sub-models with onnx's newest IR
-            _fold_graph(sub, exclude, fold_shapes, size_threshold, allow_partial, None, report)
-            sub.cleanup(remove_unused_graph_inputs=False).toposort()
+            sub_changed = _fold_graph(
+                sub, exclude, fold_shapes, size_threshold, allow_partial, None, report, clean
+            )
+            if sub_changed or clean:
+                _clean(sub)
+            changed |= sub_changed
+    return changed
+
+
+def _produced(graph: gs.Graph) -> int:
+    """Output tensors the graph's nodes still produce."""
+    return sum(len(node.outputs) for node in graph.nodes)
+
+
+def _clean(graph: gs.Graph) -> None:
+    """Remove unused nodes and sort, this graph only: its subgraphs were cleaned by their own passes, and
+    cleaning them again (graphsurgeon's default recursion) repeated the work once per level of nesting,
+    which on silero-vad's nested ``If`` bodies cost more than the folding."""
+    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False).toposort(recurse_subgraphs=False)
 
 
 def _still_present(graph: gs.Graph, entries: dict[str, str]) -> dict[str, str]:
