@@ -582,3 +582,26 @@ def test_a_result_read_by_folding_and_other_nodes_is_evaluated(rng):
     assert {"two", "four"} <= constant_inputs
     feeds = {"x": rng.standard_normal(2).astype(np.float32), "c": np.array(True)}
     _assert_same_outputs(model, folded, feeds)
+
+
+def test_a_split_of_computed_uneven_sizes_keeps_its_shapes_unfolded(rng: np.random.Generator) -> None:
+    """onnxruntime's symbolic inference splits an axis evenly when it cannot read a Split's sizes: folding
+    ``Shape`` of such an output wrote [2, 3, 4, 4] for a [2, 3, 4, 8] split ``[8, 0]`` (onnx's expanded rotary
+    embedding test models), and the Reshape reading it failed."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,4,3,8] x) => (float[2,3,4,8] y)
+    {
+        t = Transpose <perm = [0, 2, 1, 3]> (x)
+        head = Shape <start = 3, end = 4> (t)
+        dim = Identity (head)
+        rest = Sub (head, dim)
+        sizes = Concat <axis = 0> (dim, rest)
+        a, b = Split <axis = -1> (t, sizes)
+        shape = Shape (a)
+        y = Reshape (t, shape)
+    }
+    """)
+    folded, _ = fold(model)
+    x = rng.standard_normal((2, 4, 3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(gsort.run(folded, {"x": x})["y"], x.transpose(0, 2, 1, 3))

@@ -53,6 +53,7 @@ TRICKY_PREFIXES = (
     "test_expand",
     "test_flatten",
     "test_slice",
+    "test_rotary_embedding",  # Split sizes computed from Shape: onnxruntime's inference split them evenly
 )
 SAMPLE_EVERY = 5
 

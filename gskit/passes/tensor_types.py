@@ -408,11 +408,76 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
         return {}
     if inferred is None:
         return {}
+    graphs = list(gsmodel.graph_protos(inferred.graph))
     infos: dict[str, onnx.ValueInfoProto] = {}
-    for proto_graph in gsmodel.graph_protos(inferred.graph):
+    for proto_graph in graphs:
         for info in proto_graph.value_info:
             infos.setdefault(info.name, info)
+    for name in _after_guessed_splits(graphs, infos):
+        infos.pop(name, None)
     return infos
+
+
+def _after_guessed_splits(
+    graphs: list[onnx.GraphProto], infos: Mapping[str, onnx.ValueInfoProto]
+) -> set[str]:
+    """The tensors whose shapes onnxruntime's inference may have guessed: the outputs of a ``Split`` whose
+    sizes are computed (an input, not a constant) and that it split evenly, and every tensor made from them.
+
+    Where it cannot read a ``Split``'s sizes it splits the axis evenly instead of leaving the dims unknown, so
+    folding a ``Shape`` of such an output wrote a wrong constant (onnx's rotary embedding test models split
+    ``[8, 0]``, which it made ``[4, 4]``). An uneven answer can only come from the sizes it read.
+    """
+    constants = {t.name for g in graphs for t in g.initializer}
+    constants |= {o for g in graphs for n in g.node if n.op_type == "Constant" for o in n.output}
+    guessed: set[str] = set()
+    for graph in graphs:
+        for node in graph.node:
+            if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+                continue
+            if len(node.input) < 2 or not node.input[1] or node.input[1] in constants:
+                continue  # sizes absent (even by definition) or read from a constant
+            if _split_evenly(node, infos):
+                guessed.update(o for o in node.output if o)
+    if not guessed:
+        return guessed
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for graph in graphs:
+        for node in graph.node:
+            for name in {*node.input, *_outer_names(node)}:
+                readers.setdefault(name, []).append(node)
+    pending = list(guessed)
+    while pending:
+        for node in readers.get(pending.pop(), ()):
+            for out in node.output:
+                if out and out not in guessed:
+                    guessed.add(out)
+                    pending.append(out)
+    return guessed
+
+
+def _split_evenly(node: onnx.NodeProto, infos: Mapping[str, onnx.ValueInfoProto]) -> bool:
+    """Whether every output of the ``Split`` ``node`` has one size along its axis (or a shape not known)."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    sizes = set()
+    for out in node.output:
+        info = infos.get(out)
+        dims = info.type.tensor_type.shape.dim if info is not None else ()
+        if not dims or not -len(dims) <= axis < len(dims):
+            return True
+        dim = dims[axis]
+        sizes.add(dim.dim_value if dim.HasField("dim_value") else dim.dim_param)
+    return len(sizes) <= 1
+
+
+def _outer_names(node: onnx.NodeProto) -> set[str]:
+    """The names a node's subgraphs read (a body reads the enclosing graphs' tensors by name)."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+            for g in gsmodel.graph_protos(sub):
+                names.update(i for n in g.node for i in n.input)
+    return names
 
 
 def _apply_symbolic_shapes(graph: gs.Graph, infos: Mapping[str, onnx.ValueInfoProto]) -> None:
