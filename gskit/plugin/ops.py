@@ -55,14 +55,8 @@ def onnx_op_types() -> frozenset[str]:
     ``gskit.passes.plugin_schemas`` asks for it before it adds plugin schemas to onnx's registry, and only
     schemas of ONNX's domains count.
     """
-    return frozenset(name for _, name in _onnx_schemas())
-
-
-@cache
-def _onnx_schemas() -> frozenset[tuple[str, str]]:
-    """``(domain, op type)`` of every schema of ONNX's domains (made once, on first use)."""
     schemas = onnx.defs.get_all_schemas_with_history()
-    return frozenset((schema.domain, schema.name) for schema in schemas if schema.domain in ONNX_DOMAINS)
+    return frozenset(schema.name for schema in schemas if schema.domain in ONNX_DOMAINS)
 
 
 def __getattr__(name: str) -> Any:
