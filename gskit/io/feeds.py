@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import GskitError
 from gskit.io.limits import check_int64
-from gskit.io.model import not_a_file
+from gskit.io.model import graph_protos, not_a_file
 
 #: Most bytes of inputs gskit loads from a file or draws at random for one run.
 MAX_FEED_BYTES = 2**30
@@ -102,7 +102,7 @@ def _declared_inputs(model: onnx.ModelProto) -> list[_Input] | None:
     input), ``value_info`` for an input (graphsurgeon merges it in), sparse initializers, an input named
     twice, or an input whose type is not a tensor of a numpy dtype."""
     graph = model.graph
-    if graph.sparse_initializer or _has_op(graph, "Equal"):
+    if graph.sparse_initializer or any(n.op_type == "Equal" for g in graph_protos(graph) for n in g.node):
         return None
     initializers = {t.name for t in graph.initializer}
     described = {v.name for v in graph.value_info}
@@ -125,21 +125,6 @@ def _declared_inputs(model: onnx.ModelProto) -> list[_Input] | None:
             ]
         found.append(_Input(value.name, _NUMPY_ELEM_TYPES[tensor.elem_type], shape))
     return found
-
-
-def _has_op(graph: onnx.GraphProto, op_type: str) -> bool:
-    """Whether a node of ``graph`` or of its subgraphs has this op type (any domain)."""
-    for node in graph.node:
-        if node.op_type == op_type:
-            return True
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH and _has_op(attribute.g, op_type):
-                return True
-            if attribute.type == onnx.AttributeProto.GRAPHS and any(
-                _has_op(g, op_type) for g in attribute.graphs
-            ):
-                return True
-    return False
 
 
 def _numpy_elem_types() -> dict[int, np.dtype]:
