@@ -416,10 +416,15 @@ def disk_tensor(constant: gs.Constant) -> TensorProto | None:
     return None
 
 
+def _source_file(tensor: TensorProto) -> Path:
+    """The data file an on-disk tensor's bytes are read from, resolved (one file, whatever names reach it)."""
+    return _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+
+
 def external_span(tensor: TensorProto) -> tuple[Path, int, int]:
     """Where an on-disk tensor's bytes are: ``(data file, offset, length)``, the file resolved (two tensors
     with the same span hold the same bytes, whatever their names)."""
-    source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+    source = _source_file(tensor)
     offset = int(_entry(tensor, "offset") or 0)
     length = _entry(tensor, "length")
     return source, offset, int(length) if length is not None else source.stat().st_size - offset
@@ -489,7 +494,7 @@ def save_beside_weights(model: onnx.ModelProto, path: str | os.PathLike) -> Path
     linked: set[str] = set()
     for tensor in _external_tensors(proto):
         location = _entry(tensor, "location") or ""
-        source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+        source = _source_file(tensor)
         kept = [item for item in tensor.external_data if item.key != _BASEPATH]
         del tensor.external_data[:]
         tensor.external_data.extend(kept)
@@ -597,7 +602,7 @@ def _link_data_files(model: onnx.ModelProto, folder: Path) -> dict[Path, str]:
     links: dict[Path, str] = {}
     refused: set[Path] = set()
     for tensor in _external_tensors(model):
-        source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+        source = _source_file(tensor)
         if source in links or source in refused:
             continue
         name = _free_name(Path(_entry(tensor, "location") or source.name).name, set(links.values()))
@@ -746,7 +751,7 @@ def _tensor_bytes(tensors: list[TensorProto]) -> int:
 def _refuse_overwriting_sources(tensors: list[TensorProto], data_path: Path) -> None:
     for tensor in tensors:
         if uses_external_data(tensor):
-            source = _data_file(tensor, _entry(tensor, _BASEPATH) or ".").resolve()
+            source = _source_file(tensor)
             if source == data_path.resolve():
                 raise GskitError(
                     f"{data_path}: weights of tensor '{tensor.name}' are still read from this file; "
