@@ -67,7 +67,7 @@ def plan(model: onnx.ModelProto, *, over: int | None = None, budget: int | None 
     on_disk = sum(gsmodel.tensor_nbytes(t) for t in _get_all_tensors(model) if uses_external_data(t))
     if on_disk <= over:
         return []
-    reads = [_reads(node) for node in graph.node]
+    reads = [gsmodel.node_reads(node) for node in graph.node]
     groups = _group(graph, reads, sizes, budget)
     if groups is None or len(groups) < 2:
         return []
@@ -104,7 +104,9 @@ def _group(
     for index, node in enumerate(graph.node):
         if any(name not in known for name in reads[index]):
             return None
-        inside = sum(gsmodel.tensor_nbytes(t) for sub in _subgraphs(node) for t in _initializers_in(sub))
+        inside = sum(
+            gsmodel.tensor_nbytes(t) for sub in gsmodel.proto_subgraphs(node) for t in _initializers_in(sub)
+        )
         new = {name for name in reads[index] if name in sizes and name not in held}
         added = inside + sum(sizes[name] for name in new)
         if weight and added and weight + added > budget:  # a node that adds no weight stays with its group
@@ -119,36 +121,9 @@ def _group(
     return groups
 
 
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The values a node reads: its inputs and the outer-scope values its subgraphs use, once each."""
-    names = [name for name in node.input if name]
-    for graph in _subgraphs(node):
-        names.extend(_outer_reads(graph))
-    return list(dict.fromkeys(names))
-
-
-def _outer_reads(graph: onnx.GraphProto) -> list[str]:
-    """The names a subgraph (and the subgraphs inside it) reads from the scopes around it."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    found = []
-    for node in graph.node:
-        found.extend(name for name in _reads(node) if name not in defined)
-        defined.update(node.output)
-    return found
-
-
 def _initializers_in(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
     for inner in gsmodel.graph_protos(graph):
         yield from inner.initializer
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
 
 
 def segment_model(model: onnx.ModelProto, segment: Segment, fed: Mapping[str, np.ndarray]) -> onnx.ModelProto:

@@ -357,12 +357,36 @@ def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """``graph`` and every subgraph in it (``If`` branches, ``Loop``/``Scan`` bodies), depth first."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from graph_protos(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from graph_protos(sub)
+        for sub in proto_subgraphs(node):
+            yield from graph_protos(sub)
+
+
+def proto_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held in one node's attributes (not those nested in them)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The values a node reads: its inputs and the outer-scope values its subgraphs use, once each."""
+    names = [name for name in node.input if name]
+    for graph in proto_subgraphs(node):
+        names.extend(_outer_reads(graph))
+    return list(dict.fromkeys(names))
+
+
+def _outer_reads(graph: onnx.GraphProto) -> list[str]:
+    """The names a subgraph (and the subgraphs inside it) reads from the scopes around it."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    found = []
+    for node in graph.node:
+        found.extend(name for name in node_reads(node) if name not in defined)
+        defined.update(node.output)
+    return found
 
 
 def node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:

@@ -444,7 +444,7 @@ def _after_guessed_splits(
     readers: dict[str, list[onnx.NodeProto]] = {}
     for graph in graphs:
         for node in graph.node:
-            for name in {*node.input, *_outer_names(node)}:
+            for name in gsmodel.node_reads(node):
                 readers.setdefault(name, []).append(node)
     pending = list(guessed)
     while pending:
@@ -468,16 +468,6 @@ def _split_evenly(node: onnx.NodeProto, infos: Mapping[str, onnx.ValueInfoProto]
         dim = dims[axis]
         sizes.add(dim.dim_value if dim.HasField("dim_value") else dim.dim_param)
     return len(sizes) <= 1
-
-
-def _outer_names(node: onnx.NodeProto) -> set[str]:
-    """The names a node's subgraphs read (a body reads the enclosing graphs' tensors by name)."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-            for g in gsmodel.graph_protos(sub):
-                names.update(i for n in g.node for i in n.input)
-    return names
 
 
 def _apply_symbolic_shapes(graph: gs.Graph, infos: Mapping[str, onnx.ValueInfoProto]) -> None:
