@@ -365,3 +365,23 @@ def test_the_cli_prints_its_tables_as_rich_does(prepared_example, registry, caps
     assert None not in answered and len(answered) == len(printed)
     assert plain == through_rich
     assert any("FAIL" in text for text in plain) and all("┏" in text for text in plain)
+
+
+def test_an_empty_cell_prints_as_rich_prints_it(capsys, monkeypatch) -> None:
+    """A cell with no value (None) is empty in rich's table (gskit.io.report.data); plain text said "None"."""
+    import gskit.cli.compare as cli_compare
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    rows = [["y", None, cli_compare.Verdict(True)]]
+    written_plain = cli_compare._plain
+    answered = []
+    monkeypatch.setattr(
+        cli_compare, "_plain", lambda *args: answered.append(written_plain(*args)) or answered[-1]
+    )
+    cli_compare._show("t", ("output", "note", "result"), rows, [])
+    plain = capsys.readouterr().out
+    monkeypatch.setattr(cli_compare, "_plain", lambda *args: None)
+    cli_compare._show("t", ("output", "note", "result"), rows, [])
+    assert answered[0] is not None and plain == capsys.readouterr().out
+    assert "None" not in plain

@@ -159,9 +159,7 @@ def _plain(
         return None  # rich writes escapes (colours, bold) or may: it draws for a terminal
     if not (getattr(sys.stdout, "encoding", None) or "utf-8").lower().startswith("utf") or os.name == "nt":
         return None  # rich draws the box in ASCII, or for Windows' console
-    cells = [
-        [("pass" if c.passed else "FAIL") if isinstance(c, Verdict) else str(c) for c in row] for row in rows
-    ]
+    cells = [[_cell_text(c) for c in row] for row in rows]
     table = plain_table(title, columns, cells, PLAIN_WIDTH)
     lines = [
         plain_line("".join(p if isinstance(p, str) else p[0] for p in line), PLAIN_WIDTH) for line in below
