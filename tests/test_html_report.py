@@ -17,7 +17,7 @@ import pytest
 
 import gskit
 from gskit.compare.plugins import compare_plugins
-from gskit.io.html_report import dot_source, environment_rows, render_svg, render_svgs
+from gskit.io.html_report import VERSIONED, dot_source, environment_rows, render_svg, render_svgs
 from gskit.pipeline.prepare import prepare
 from gskit.pipeline.recipe import make_recipe
 from gskit.plugin import load_plugins
@@ -180,6 +180,44 @@ def test_environment_lists_the_tensorrt_distributions_that_every_installed_one_n
     assert rows[len(("gskit", "onnx", "onnxruntime", "onnx_graphsurgeon", "polygraphy")) : -1] == (
         sorted(every.items()) or [("tensorrt", "not installed")]
     )
+
+
+def test_environment_versions_are_those_importlib_metadata_reads():
+    """The versions come from the metadata files' header lines, not the email parser: the same answers."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def expected(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    rows = dict(environment_rows())
+    assert [rows[name] for name in VERSIONED] == [expected(name) for name in VERSIONED]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Metadata-Version: 2.1\nName: demo-pkg\nversion: 1.2.3 \nSummary: s\n\nVersion: 9.9\nName: other\n",
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.2.3 \n\nlong description\n",
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.2\n .3\n\n",  # a folded header
+        "Metadata-Version: 2.1\r\nName: demo-pkg\r\nVersion: 1.2.3\r\n\r\nVersion: 9\r\n",
+        "\nName: demo-pkg\nVersion: 1.2.3\n",  # no header at all: the email package reads it as a body
+        "Metadata-Version: 2.1\nSummary: no name\n",
+    ],
+)
+def test_a_metadata_field_is_read_as_the_email_package_reads_it(tmp_path, text):
+    from importlib.metadata import Distribution
+
+    from gskit.io.html_report import _field
+
+    folder = tmp_path / "demo_pkg-1.2.3.dist-info"
+    folder.mkdir()
+    (folder / "METADATA").write_text(text, newline="")
+    dist = Distribution.at(folder)
+    for field in ("Name", "Version", "Summary"):
+        assert _field(dist, field) == dist.metadata[field]
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz (scripts/install-system-deps.sh)")
