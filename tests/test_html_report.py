@@ -247,3 +247,33 @@ def test_input_size_counts_its_external_data_file(tmp_path):
     parsed.feed((out / "report.html").read_text())
     total = sum(f.stat().st_size for f in source.parent.iterdir())
     assert dict(parsed.tables["summary"])["input model"].endswith(f"({total / 1e3:.1f} kB in 2 files)")
+
+
+def test_drawings_started_early_are_those_the_page_draws(monkeypatch):
+    """report.html's drawings are started before the rest of the page is made and collected with it: the
+    same pictures (or the same missing ones without Graphviz), and a drawing's exception reaches the page."""
+    import threading
+
+    from gskit.io import html_report
+
+    regions = [
+        html_report.Region(
+            f"region {count}",
+            tuple(NodeSummary(f"n{j}", f"Op{j}", (f"t{j}",), (f"t{j + 1}",)) for j in range(count)),
+            (NodeSummary("p", "Plugin", ("t0",), (f"t{count}",)),),
+            ("t0",),
+            (f"t{count}",),
+        )
+        for count in (1, 3)
+    ]
+    started = html_report.start_drawings(regions)
+    assert started() == html_report._drawings(regions)
+    names = {thread.name for thread in threading.enumerate()}
+    assert html_report.start_drawings([])() == [] and names == {t.name for t in threading.enumerate()}
+
+    def broken(dots):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(html_report, "render_svgs", broken)
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        html_report.start_drawings(regions)()

@@ -15,7 +15,8 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import Distribution, PackageNotFoundError
@@ -202,8 +203,49 @@ def render_svg(dot: str) -> str | None:
     return svg[start:] if start >= 0 else None
 
 
-def render_page(page: Page) -> str:
-    """The whole HTML document as a string."""
+#: Each region's (before, after) SVG drawing (None: not drawn), as :func:`start_drawings` hands them over.
+Drawings = list[tuple[str | None, str | None]]
+
+
+def start_drawings(regions: Sequence[Region]) -> Callable[[], Drawings]:
+    """Draw the regions' pictures in a thread from now; the call returned waits for them (for
+    :func:`render_page`).
+
+    Graphviz takes 10-20 ms even for small drawings, mostly its own start and its first text layout, time
+    the main thread spends on the rest of the page meanwhile. The drawings are those :func:`render_page`
+    draws itself, failures included (a drawing Graphviz cannot make is None); an exception the drawing
+    raised is raised by the call.
+    """
+    if not regions:
+        return list
+    outcome: list[tuple[bool, object]] = []
+
+    def draw() -> None:
+        try:
+            outcome.append((True, _drawings(regions)))
+        except BaseException as err:  # noqa: BLE001  # handed to the caller below
+            outcome.append((False, err))
+
+    thread = threading.Thread(target=draw, name="gskit-graphviz", daemon=True)
+    thread.start()
+
+    def drawn() -> Drawings:
+        thread.join()
+        ok, value = outcome[0]
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+    return drawn
+
+
+def render_page(page: Page, drawings: Callable[[], Drawings] | None = None) -> str:
+    """The whole HTML document as a string.
+
+    Args:
+        page: what the page shows.
+        drawings: the regions' pictures, started earlier with :func:`start_drawings` (None: drawn now).
+    """
     comparison_columns = ("output", "shape", "dtype", "max abs err", "max rel err", "atol", "rtol", "result")
     parts = [
         "<!DOCTYPE html>",
@@ -227,8 +269,8 @@ def render_page(page: Page) -> str:
         if page.regions
         else "",
     ]
-    drawings = _drawings(page.regions)
-    parts.extend(_region(index, region, drawings[index]) for index, region in enumerate(page.regions))
+    drawn = drawings() if drawings is not None else _drawings(page.regions)
+    parts.extend(_region(index, region, drawn[index]) for index, region in enumerate(page.regions))
     parts.append(f"<h2>Matches not replaced ({len(page.skipped)})</h2>")
     parts.append(
         _table(("plugin", "rule", "at node", "reason"), page.skipped, table_id="skipped")
@@ -255,7 +297,7 @@ def _verdict(page: Page) -> str:
     return f'<p class="verdict {verdict.lower()}" id="verdict">Validation {verdict}</p>'
 
 
-def _drawings(regions: Sequence[Region]) -> list[tuple[str | None, str | None]]:
+def _drawings(regions: Sequence[Region]) -> Drawings:
     """Each region's (before, after) SVG, all drawn by one Graphviz process (a drawing takes a millisecond;
     starting ``dot`` from this large process takes tens)."""
     sources = [

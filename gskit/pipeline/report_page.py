@@ -14,7 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.io import model as gsmodel
-from gskit.io.html_report import Page, Region, environment_rows, render_page
+from gskit.io.html_report import Page, Region, environment_rows, render_page, start_drawings
 from gskit.pipeline.recipe import Recipe
 from gskit.pipeline.steps import Validate
 from gskit.plugin.ops import NodeSummary, op_label
@@ -45,6 +45,8 @@ def render_report(
         recipe: the recipe that ran (how validation chose its inputs).
         written: where the prepared model is now (its size is shown).
     """
+    regions = _regions(report.regions, original, graph)
+    drawings = start_drawings(regions)  # Graphviz draws them while the rest of the page is made
     comparison = report.comparison
     summary = [
         ("input model", f"{report.model} ({_size(_model_files(Path(report.model), original))})"),
@@ -93,12 +95,12 @@ def render_report(
         steps=steps,
         comparison=rows,
         comparison_inputs=_comparison_inputs(comparison, original, recipe),
-        regions=_regions(report.regions, original, graph),
+        regions=regions,
         skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in skipped],
         environment=environment_rows(),
         error=report.error,
     )
-    return render_page(page)
+    return render_page(page, drawings)
 
 
 def _stub_lines(graph: gs.Graph, registry: PluginRegistry) -> list[str]:
