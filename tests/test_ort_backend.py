@@ -255,3 +255,36 @@ def test_onnxruntime_warnings_hidden_unless_verbose(tmp_path, capfd) -> None:
     assert "UnsqueezeElimination" in capfd.readouterr().err
     assert main(["fold", str(path), "-o", str(tmp_path / "c.onnx")]) == 0
     assert "UnsqueezeElimination" not in capfd.readouterr().err
+
+
+def test_a_model_that_types_every_tensor_runs_its_plugin_nodes_without_inference(plugins, rng, monkeypatch):
+    """The PyOps' dtypes come from the model where it types every tensor (what gskit writes after its
+    infer_shapes step): no inference, so no schema registration either; a model that leaves a tensor
+    untyped is inferred as before."""
+    from gskit.passes import shapes
+
+    untyped = parse_model(PLUGIN_CHAIN)
+    typed = shapes.infer_shapes(untyped, plugins)
+    assert not shapes.missing_shapes(typed) and shapes.missing_shapes(untyped)
+    feeds = {
+        "x": rng.standard_normal((5, 6)).astype(np.float32),
+        "b": rng.standard_normal(6).astype(np.float32),
+    }
+    expected = ort_backend.run(untyped, feeds, plugins=plugins)
+    inferred = []
+    real = shapes.infer_shapes
+
+    def counted(model, registry, *, strict=True):
+        inferred.append(model)
+        return real(model, registry, strict=strict)
+
+    monkeypatch.setattr(shapes, "infer_shapes", counted)
+    got = ort_backend.run(typed, feeds, plugins=plugins)
+    assert inferred == []
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value)
+    # one node output without a shape: inferred (and its warning about untyped tensors kept)
+    del typed.graph.value_info[0]
+    got = ort_backend.run(typed, feeds, plugins=plugins)
+    assert len(inferred) == 1
+    np.testing.assert_array_equal(got["y"], expected["y"])

@@ -488,10 +488,7 @@ def _pyop_model(
     plugins: PluginRegistry | None,
 ) -> Iterator[onnx.ModelProto]:
     """The model with its plugin nodes turned into PyOps; every change is undone on exit."""
-    from gskit.passes.shapes import infer_shapes
-
-    typed = infer_shapes(model, plugins or PluginRegistry(), strict=False)
-    dtypes = _elem_types(typed)
+    dtypes = _plugin_dtypes(model, nodes, plugins)
     saved: list[tuple[onnx.GraphProto, list[onnx.NodeProto]]] = []
     added_import = False
     try:
@@ -513,6 +510,34 @@ def _pyop_model(
             graph.node.extend(original)
         if added_import:
             del model.opset_import[-1]
+
+
+def _plugin_dtypes(
+    model: onnx.ModelProto,
+    nodes: list[tuple[onnx.GraphProto, dict[int, PluginSpec]]],
+    plugins: PluginRegistry | None,
+) -> dict[str, int]:
+    """Element types by tensor name, for the tensors of the plugin nodes (what their PyOps are declared
+    with): the model's own where it types all of them and gives every node output of its graph a dtype and
+    a shape (a model gskit wrote: its infer_shapes step typed every tensor), else inferred.
+
+    Inference keeps the types a model declares, so it would only repeat them; skipping it spares the
+    registration of the plugins' onnx schemas and onnx's inference (tens of ms for a small model in a
+    process that has not inferred shapes before, such as ``gskit compare``).
+    """
+    from gskit.passes.shapes import infer_shapes, missing_shapes
+
+    declared = _elem_types(model)
+    needed = {
+        name
+        for graph, specs in nodes
+        for index in specs
+        for name in (*graph.node[index].input, *graph.node[index].output)
+        if name
+    }
+    if needed <= declared.keys() and not missing_shapes(model):
+        return declared
+    return _elem_types(infer_shapes(model, plugins or PluginRegistry(), strict=False))
 
 
 def _rewrite(node: onnx.NodeProto, spec: PluginSpec, dtypes: Mapping[str, int]) -> list[onnx.NodeProto]:
