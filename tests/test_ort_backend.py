@@ -288,3 +288,19 @@ def test_a_model_that_types_every_tensor_runs_its_plugin_nodes_without_inference
     got = ort_backend.run(typed, feeds, plugins=plugins)
     assert len(inferred) == 1
     np.testing.assert_array_equal(got["y"], expected["y"])
+
+
+def test_sessions_do_not_spin_and_give_the_outputs_of_a_spinning_session(rng):
+    """gskit's sessions keep their idle worker threads from spinning (CPU taken from the run on shared
+    cores, and a slow free); the outputs are those of a session with onnxruntime's default threads, bit
+    for bit."""
+    import onnxruntime as ort
+
+    example = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
+    session = ort_backend.session(example)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    spinning = ort.InferenceSession(str(example), options, providers=["CPUExecutionProvider"])
+    feeds = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(ort_backend.run(session, feeds)["y"], spinning.run(["y"], feeds)[0])
