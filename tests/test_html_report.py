@@ -277,3 +277,41 @@ def test_drawings_started_early_are_those_the_page_draws(monkeypatch):
     monkeypatch.setattr(html_report, "render_svgs", broken)
     with pytest.raises(RuntimeError, match="drawing failed"):
         html_report.start_drawings(regions)()
+
+
+def test_the_pictures_are_started_once_no_step_changes_the_graph(tmp_path, monkeypatch):
+    """prepare starts Graphviz on the regions when only analysis steps are left (check_trt, validate,
+    build: they do not change the graph), so it draws while they run; the page shows those drawings, the
+    same as a page drawn at the end."""
+    from gskit.pipeline import prepare as pipeline
+    from gskit.pipeline import report_page
+
+    events: list[str] = []
+    real = pipeline.draw_regions
+
+    def recorded(*args):
+        events.append("draw")
+        return real(*args)
+
+    class Listener:
+        def started(self, name, index, total):
+            events.append(name)
+
+        def finished(self, result):
+            pass
+
+    monkeypatch.setattr(pipeline, "draw_regions", recorded)
+    out = tmp_path / "out"
+    prepare(EXAMPLE, out, listener=Listener())
+    assert events.index("draw") == events.index("check_trt") - 1 and events.count("draw") == 1
+    page = (out / "report.html").read_text()
+    # the same page as one whose pictures are drawn when it is made
+    drawn_late = []
+    monkeypatch.setattr(report_page, "draw_regions", lambda *a: drawn_late.append(1) or real(*a))
+    monkeypatch.setattr(pipeline, "draw_regions", lambda *a: None)
+    late = tmp_path / "late"
+    prepare(EXAMPLE, late)
+    assert drawn_late == [1]
+    strip = re.compile(r"<td>\d+\.\d\d</td>|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|/[^<]*?/(out|late)/")
+    assert strip.sub("", page) == strip.sub("", (late / "report.html").read_text())
+    assert page.count("<figure") == 6
