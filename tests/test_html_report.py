@@ -7,6 +7,7 @@ in headless Chromium where that is installed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -315,3 +316,30 @@ def test_the_pictures_are_started_once_no_step_changes_the_graph(tmp_path, monke
     strip = re.compile(r"<td>\d+\.\d\d</td>|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|/[^<]*?/(out|late)/")
     assert strip.sub("", page) == strip.sub("", (late / "report.html").read_text())
     assert page.count("<figure") == 6
+
+
+def test_a_failing_graphviz_is_logged_where_the_page_collects_the_drawings(tmp_path, monkeypatch, caplog):
+    """Graphviz that fails: each drawing is missing and warned about, as before, and the warnings come when
+    the page collects the drawings (its place in the log), not while the steps still run."""
+    import logging
+    import threading
+    import time
+
+    from gskit.io import html_report
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dot").write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    (fake / "dot").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    regions = [
+        html_report.Region("r", (NodeSummary("n", "Op", ("a",), ("b",)),), (), ("a",), ("b",)),
+    ]
+    caplog.set_level(logging.WARNING, logger="gskit.io.html_report")
+    drawn = html_report.start_drawings(regions)
+    deadline = time.monotonic() + 60
+    while any(t.name == "gskit-graphviz" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [r for r in caplog.records if "graphviz failed" in r.getMessage()]
+    assert drawn() == [(None, None)]
+    assert len([r for r in caplog.records if "graphviz failed" in r.getMessage()]) == 2

@@ -212,13 +212,21 @@ def start_drawings(regions: Sequence[Region]) -> Callable[[], Drawings]:
     :func:`render_page`).
 
     Graphviz takes 10-20 ms even for small drawings, mostly its own start and its first text layout, time
-    the main thread spends on the rest of the page meanwhile. The drawings are those :func:`render_page`
-    draws itself, failures included (a drawing Graphviz cannot make is None); an exception the drawing
-    raised is raised by the call.
+    the main thread spends on other work meanwhile. The drawings are those :func:`render_page` draws itself,
+    failures included (a drawing Graphviz cannot make is None, its warning logged when the drawings are
+    collected, where the page would have logged it); an exception the drawing raised is raised by the call.
     """
     if not regions:
         return list
     outcome: list[tuple[bool, object]] = []
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        """The drawing thread's log records wait for the collection (the page's place in the log)."""
+        if record.thread == thread.ident:
+            held.append(record)
+            return False
+        return True
 
     def draw() -> None:
         try:
@@ -227,10 +235,15 @@ def start_drawings(regions: Sequence[Region]) -> Callable[[], Drawings]:
             outcome.append((False, err))
 
     thread = threading.Thread(target=draw, name="gskit-graphviz", daemon=True)
+    log.addFilter(hold)
     thread.start()
 
     def drawn() -> Drawings:
         thread.join()
+        log.removeFilter(hold)
+        for record in held:
+            log.handle(record)
+        held.clear()
         ok, value = outcome[0]
         if not ok:
             raise value  # type: ignore[misc]
