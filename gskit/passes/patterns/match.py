@@ -417,8 +417,9 @@ class Matcher:
         self._attributes: dict[tuple[int, int], _Checked] = {} if index is None else index.attributes
         self._sources: dict[int, gs.Tensor] = {} if index is None else index.sources
         self._answers: dict[int, dict[int, bool]] = {} if index is None else index.skeletons
-        #: the pre-check's plan with each skeleton key replaced by its answers (made at the first pre-check)
-        self._plans: dict[int, Any] = {}
+        #: the pre-check's plan from the pattern's anchor, with the answers of each skeleton key (made at the
+        #: first pre-check)
+        self._anchor_check: _NodeCheck | None = None
 
     @classmethod
     def on(cls, pattern: PatternGraph, index: GraphIndex) -> Matcher:
@@ -432,13 +433,11 @@ class Matcher:
     def could_match(self, anchor: gs.Node) -> bool:
         """Whether the op types of ``anchor`` and its producers fit the pattern (no attributes, constants or
         bindings checked): False means :meth:`match` finds nothing there."""
-        if not self._plans:
-            answers = self._answers
-            self._plans = {
-                key: (answers.setdefault(number, {}), then)
-                for key, (number, then) in _pre_check_plans(self.pattern).items()
-            }
-        return self._skeleton(self.pattern.anchor, anchor)
+        check = self._anchor_check
+        if check is None:
+            check = self._anchor_check = _checks_of(self.pattern, self._answers)
+        fits = check.answers.get(id(anchor))  # asked before, by this rule or an alike one
+        return self._skeleton(check, anchor) if fits is None else fits
 
     def match(self, anchor: gs.Node) -> Binding | None:
         """The first complete binding with ``anchor`` as the pattern's last node, or None."""
@@ -464,24 +463,30 @@ class Matcher:
         finally:
             sys.setrecursionlimit(limit)
 
-    def _skeleton(self, pn: PNode, node: gs.Node) -> bool:
+    def _skeleton(self, check: _NodeCheck, node: gs.Node) -> bool:
         """Whether the op types of the producers fit the pattern (no bindings, attributes or constants)."""
-        if node.op != pn.op_type:
+        if node.op != check.op_type:
             return False
         domain = node.domain
-        if (canonical_domain(domain) if domain else "") != pn.domain:
+        if (canonical_domain(domain) if domain else "") != check.domain:
             return False
-        answers, orders = self._plans[id(pn)]  # alike pattern nodes of any rule share the answers
+        answers = check.answers  # alike pattern nodes of any rule share the answers
         fits = answers.get(id(node))
         if fits is None:
             answers[id(node)] = True  # provisional: a DAG pattern reaches a node twice
             inputs = node.inputs
             fits = False
-            for needed, checks in orders:  # loops, not any(all(...)): this runs for every rule and anchor
+            # loops, not any(all(...)), and each input's answer looked up here before a call: this runs for
+            # every rule and anchor
+            for needed, values in check.orders:
                 if needed > len(inputs):
                     continue
-                for i, v in checks:
-                    if not self._skeleton_value(v, inputs[i]):
+                for i, value in values:
+                    tensor = inputs[i]
+                    ok = value.answers.get(id(tensor))
+                    if ok is None:
+                        ok = self._skeleton_value(value, tensor)
+                    if not ok:
                         break
                 else:
                     fits = True
@@ -489,17 +494,16 @@ class Matcher:
             answers[id(node)] = fits
         return fits
 
-    def _skeleton_value(self, v: NodeOutput, tensor: gs.Tensor) -> bool:
-        answers, castlike = self._plans[id(v)]
+    def _skeleton_value(self, check: _ValueCheck, tensor: gs.Tensor) -> bool:
+        answers = check.answers
         fits = answers.get(id(tensor))
         if fits is None:
-            pn = v.node
-            source = tensor if pn.op_type == "Cast" else self._through(tensor)
-            fits = bool(source.inputs and self._skeleton(pn, source.inputs[0])) or (
+            source = tensor if check.direct else self._through(tensor)
+            fits = bool(source.inputs and self._skeleton(check.node, source.inputs[0])) or (
                 # a pattern Cast the model may not need: its input stands where the Cast would be
-                castlike
-                and self._may_be_virtual(pn, tensor)
-                and (not isinstance(pn.inputs[0], NodeOutput) or self._skeleton_value(pn.inputs[0], tensor))
+                check.castlike
+                and self._may_be_virtual(check.pnode, tensor)
+                and (check.first is None or self._skeleton_value(check.first, tensor))
             )
             answers[id(tensor)] = fits
         return fits
@@ -786,38 +790,61 @@ def skeleton_keys(pattern: PatternGraph) -> dict[int, int]:
     return keys
 
 
-_PATTERN_PLANS: weakref.WeakKeyDictionary[PatternGraph, dict[int, Any]] = weakref.WeakKeyDictionary()
+class _NodeCheck:
+    """What the op-type pre-check reads of one pattern node: its op and, per input order, the inputs a node
+    needs and the node outputs among them to check (by input position); ``answers``: those of its skeleton
+    key, by ``id`` of the graph node."""
+
+    __slots__ = ("op_type", "domain", "answers", "orders")
+
+    def __init__(self, pn: PNode, answers: dict[int, bool]) -> None:
+        self.op_type, self.domain, self.answers = pn.op_type, pn.domain, answers
+        self.orders: tuple[tuple[int, tuple[tuple[int, _ValueCheck], ...]], ...] = ()
 
 
-def _pre_check_plans(pattern: PatternGraph) -> dict[int, Any]:
-    """What the op-type pre-check reads of each pattern node and node output, worked out once per pattern.
+class _ValueCheck:
+    """What the pre-check reads of one node output a pattern node takes: its node's check, whether that node
+    is looked up directly (a Cast) or past no-op Casts, and whether it is a Cast the model may leave out
+    (the part of that question that does not depend on the graph; ``first``: the check of that Cast's input
+    where it is a node output); ``answers``: those of its skeleton key, by ``id`` of the tensor."""
 
-    ``id(pattern node)`` -> its skeleton key and, per input order, the inputs a node needs and the node
-    outputs among them to check (by input position); ``id(node output)`` -> its skeleton key and whether its
-    node is a Cast the model may leave out (the part of that question that does not depend on the graph).
-    """
-    plans = _PATTERN_PLANS.get(pattern)
-    if plans is not None:
-        return plans
+    __slots__ = ("answers", "node", "pnode", "direct", "castlike", "first")
+
+    def __init__(self, answers: dict[int, bool], node: _NodeCheck, pnode: PNode, castlike: bool) -> None:
+        self.answers, self.node, self.pnode, self.castlike = answers, node, pnode, castlike
+        self.direct = pnode.op_type == "Cast"
+        self.first: _ValueCheck | None = None
+
+
+def _checks_of(pattern: PatternGraph, answers: dict[int, dict[int, bool]]) -> _NodeCheck:
+    """The pre-check's plan of ``pattern`` with the answer tables of a graph (``GraphIndex.skeletons``): one
+    check per pattern node and node output, linked as the pattern is; returns the anchor's."""
     keys = skeleton_keys(pattern)
     outputs = [o.node for o in pattern.outputs]
-    plans = {}
+    nodes = {id(pn): _NodeCheck(pn, answers.setdefault(keys[id(pn)], {})) for pn in pattern.nodes}
+    values: dict[int, _ValueCheck] = {}
     for pn in pattern.nodes:
-        plans[id(pn)] = (
-            keys[id(pn)],
-            tuple(
-                (len(order), tuple((i, v) for i, v in enumerate(order) if isinstance(v, NodeOutput)))
-                for order in pn.orders
-            ),
-        )
         for order in pn.orders:
             for v in order:
-                if isinstance(v, NodeOutput):
+                if isinstance(v, NodeOutput) and id(v) not in values:
                     node = v.node
                     castlike = node.op_type == "Cast" and not node.domain and len(node.inputs) == 1
-                    plans[id(v)] = (keys[id(v)], castlike and node not in outputs)
-    _PATTERN_PLANS[pattern] = plans
-    return plans
+                    values[id(v)] = _ValueCheck(
+                        answers.setdefault(keys[id(v)], {}),
+                        nodes[id(node)],
+                        node,
+                        castlike and node not in outputs,
+                    )
+    for pn in pattern.nodes:
+        nodes[id(pn)].orders = tuple(
+            (len(order), tuple((i, values[id(v)]) for i, v in enumerate(order) if isinstance(v, NodeOutput)))
+            for order in pn.orders
+        )
+    for value in values.values():
+        first = value.pnode.inputs[0] if value.castlike else None
+        if isinstance(first, NodeOutput):
+            value.first = values[id(first)]
+    return nodes[id(pattern.anchor)]
 
 
 #: What checking a node's attributes against a pattern node gives: in order, each constant input read
