@@ -535,8 +535,9 @@ class Matcher:
     # per step, yielded the same bindings in the same order; resuming them was most of the matching time.)
 
     def _node(self, pn: PNode, node: gs.Node, b: Binding, then: _Then) -> Binding | None:
-        key = op_key(node)
-        if key != (pn.domain, pn.op_type):
+        domain = node.domain  # op_key(node) written out: this runs for every pattern node of every attempt
+        if node.op != pn.op_type or (canonical_domain(domain) if domain else "") != pn.domain:
+            key = op_key(node)
             want = f"{pn.domain}::{pn.op_type}" if pn.domain else pn.op_type
             self._fail(
                 b,
@@ -554,7 +555,7 @@ class Matcher:
                 f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
             )
             return None
-        mark = b.mark()
+        mark = len(b._trail)
         b.add_node(pn, node)
         key = (pn.attribute_key, id(node))
         checked = self._attributes.get(key)
@@ -587,7 +588,7 @@ class Matcher:
         """Bind ``values[first:]`` to ``tensors[first:]``, then go on with ``then``."""
         # Leading inputs with at most one way to bind (absent, an argument, a constant) are bound here, in
         # order; the first node output is where the search may branch.
-        mark = b.mark()
+        mark = len(b._trail)
         last = len(values) - 1
         while first <= last and not isinstance(values[first], NodeOutput):
             if not self._bind_simple(values[first], tensors[first], b):
@@ -637,7 +638,7 @@ class Matcher:
         return self._constant(pv, tensor, b)  # type: ignore[arg-type]
 
     def _value(self, pv: Value | None, tensor: gs.Tensor | None, b: Binding, then: _Then) -> Binding | None:
-        mark = b.mark()
+        mark = len(b._trail)
         if not isinstance(pv, NodeOutput) or tensor is None:
             if not self._bind_simple(pv, tensor, b):
                 return None
@@ -659,7 +660,9 @@ class Matcher:
         ):
             return self._virtual_cast(pv.node, tensor, b, then)  # no Cast there: it would be a no-op
         # where to look for the node: past no-op Casts unless the pattern wants a Cast
-        source = tensor if cast_wanted else self._through(tensor)
+        source = tensor if cast_wanted else self._sources.get(id(tensor))  # _through's table, read here
+        if source is None:
+            source = self._through(tensor)
         while tensor is not source:  # no-op Casts between two pattern nodes join the match
             cast = producer(tensor)
             if any(c is cast for c in b.casts):  # reached again through another pattern path
@@ -679,7 +682,7 @@ class Matcher:
     def _value_node(self, pv: NodeOutput, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:
         """``pv``'s node as the producer of ``tensor`` (no-op Casts already passed), then, where the pattern
         node is a Cast the model may not need, none."""
-        node = producer(tensor)
+        node = tensor.inputs[0] if tensor.inputs else None
         if node is None:
             self._fail(
                 b,
