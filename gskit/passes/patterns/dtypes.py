@@ -107,7 +107,9 @@ class DtypeLearner:
         over the whole graph first, as it always did.
         """
         shaped = set(shaped)
-        nodes = [n for g in graphs for n in g.nodes]
+        # the op's name first, the domain (canonical_domain, a call) only for nodes of an op asked about
+        shaped_ops = {op for _, op in shaped} | {"Cast", "GlobalAveragePool"}
+        nodes = [n for g in graphs for n in g.nodes if n.op in shaped_ops]
         casts = [
             n.inputs[0] for n in nodes if _key(n) == ("", "Cast") and n.inputs and n.inputs[0].dtype is None
         ]

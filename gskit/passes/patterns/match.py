@@ -555,8 +555,13 @@ class Matcher:
                 f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
             )
             return None
-        mark = len(b._trail)
-        b.add_node(pn, node)
+        # b.add_node written out (the node is not in b.used: asked above)
+        trail, nodes, at = b._trail, b.nodes, id(pn)
+        mark = len(trail)
+        trail.append((nodes, at, nodes.get(at, _ABSENT)))
+        nodes[at] = node
+        b.used.add(id(node))
+        trail.append((b.used, id(node), None))
         key = (pn.attribute_key, id(node))
         checked = self._attributes.get(key)
         if checked is None:  # alike pattern nodes of other rules check the same node's attributes alike
@@ -622,7 +627,8 @@ class Matcher:
             self._fail(b, None, "an input the pattern needs is absent")
             return False
         if isinstance(pv, Var):
-            tensor = self._through(tensor)  # the argument is what the no-op Casts read
+            source = self._sources.get(id(tensor))  # the argument is what the no-op Casts read (_through)
+            tensor = self._through(tensor) if source is None else source
             bound = b.vars.get(pv.name)
             if bound is None:
                 b.add_var(pv.name, tensor)
@@ -674,14 +680,8 @@ class Matcher:
                 return None
             b.add_cast(cast)
             tensor = cast.inputs[0]
-        found = self._value_node(pv, tensor, b, then)
-        if found is None:
-            b.undo(mark)
-        return found
-
-    def _value_node(self, pv: NodeOutput, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:
-        """``pv``'s node as the producer of ``tensor`` (no-op Casts already passed), then, where the pattern
-        node is a Cast the model may not need, none."""
+        # pv's node as the producer of tensor (no-op Casts passed), then, where the pattern node is a Cast the
+        # model may not need, none (written out here, not a call: this runs for every pattern node)
         node = tensor.inputs[0] if tensor.inputs else None
         if node is None:
             self._fail(
@@ -689,27 +689,33 @@ class Matcher:
                 None,
                 f"tensor '{tensor.name}' is not computed by a node (the pattern wants {pv.node.op_type})",
             )
+            b.undo(mark)
             return None
         if not (pv.index < len(node.outputs) and node.outputs[pv.index] is tensor):
             self._fail(b, node, f"tensor '{tensor.name}' is not output {pv.index} of node '{label(node)}'")
+            b.undo(mark)
             return None
         bound = b.nodes.get(id(pv.node))
         if bound is not None:
             if bound is node:
-                return then(b)
-            self._fail(
-                b,
-                node,
-                f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
-            )
-            return None
-        if node.op != pv.node.op_type:  # cheap rejection before the checks of _node
+                found = then(b)
+            else:
+                self._fail(
+                    b,
+                    node,
+                    f"pattern node {pv.node.label} would be both '{label(bound)}' and '{label(node)}'",
+                )
+                found = None
+        elif node.op != pv.node.op_type:  # cheap rejection before the checks of _node
             self._fail(b, node, _wrong_op(node, pv.node.op_type))
-            return None
-        found = self._node(pv.node, node, b, then)
-        if found is None and pv.node.op_type == "Cast" and self._may_be_virtual(pv.node, tensor):
-            # the model's Cast, or none: its output is already that dtype
-            found = self._virtual_cast(pv.node, tensor, b, then)
+            found = None
+        else:
+            found = self._node(pv.node, node, b, then)
+            if found is None and cast_wanted and self._may_be_virtual(pv.node, tensor):
+                # the model's Cast, or none: its output is already that dtype
+                found = self._virtual_cast(pv.node, tensor, b, then)
+        if found is None:
+            b.undo(mark)
         return found
 
     def _virtual_cast(self, pn: PNode, tensor: gs.Tensor, b: Binding, then: _Then) -> Binding | None:

@@ -891,7 +891,7 @@ def _toposort(graph: gs.Graph) -> None:
                     graph.toposort(recurse_subgraphs=False, recurse_functions=False)
                     return
                 level = max(level, have + 1)
-        if any(
+        if node.attrs and any(  # most nodes have no attribute: no generator for them
             isinstance(a, gs.Graph) or (isinstance(a, list) and a and isinstance(a[0], gs.Graph))
             for a in node.attrs.values()
         ):
