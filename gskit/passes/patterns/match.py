@@ -173,12 +173,16 @@ class MatchResult:
 
     @classmethod
     def success(cls) -> MatchResult:
-        return cls(True)
+        # one shared instance (it is frozen): every check of every match returns it, often several times
+        return _SUCCESS if cls is MatchResult else cls(True)
 
     @classmethod
     def fail(cls, reason: str, culprit: gs.Node | str | None = None) -> MatchResult:
         name = label(culprit) if isinstance(culprit, gs.Node) else culprit
         return cls(False, reason, name)
+
+
+_SUCCESS = MatchResult(True)
 
 
 @dataclass(frozen=True)
