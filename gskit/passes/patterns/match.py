@@ -502,8 +502,16 @@ class Matcher:
         answers = check.answers
         fits = answers.get(id(tensor))
         if fits is None:
-            source = tensor if check.direct else self._through(tensor)
-            fits = bool(source.inputs and self._skeleton(check.node, source.inputs[0])) or (
+            source = tensor if check.direct else self._sources.get(id(tensor))  # _through's table, read here
+            if source is None:
+                source = self._through(tensor)
+            fits = False
+            if source.inputs:
+                node = source.inputs[0]
+                fits = check.node.answers.get(id(node))  # an answer is kept only for a node of that op
+                if fits is None:
+                    fits = self._skeleton(check.node, node)
+            fits = fits or (
                 # a pattern Cast the model may not need: its input stands where the Cast would be
                 check.castlike
                 and self._may_be_virtual(check.pnode, tensor)
