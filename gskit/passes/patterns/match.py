@@ -109,8 +109,10 @@ class GraphIndex:
             position[id(node)] = i
         used: set[str] = set()
         for node in graph.nodes:
+            if not node.attrs:  # most nodes: nothing to look at, no list made
+                continue
             for attr in node.attrs.values():
-                for sub in attr if isinstance(attr, list) else [attr]:
+                for sub in attr if isinstance(attr, list) else (attr,):
                     if isinstance(sub, gs.Graph):
                         used.update(_names_read(sub))
         return cls(
