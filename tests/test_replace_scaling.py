@@ -427,3 +427,73 @@ def test_scaling_bench_takes_runs_and_the_goal_graph(capsys: pytest.CaptureFixtu
     rows = json.loads(capsys.readouterr().out)
     assert [(r["nodes"], r["instances_replaced"]) for r in rows] == [(52, 2), (78, 3)]
     assert all(len(r["all"]) == 3 and r["seconds"] == sorted(r["all"])[1] for r in rows)
+
+
+# ---- the op-type pre-check against the full search ----------------------------------------------------------
+
+NORMS_WITH_CASTS = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float16[2,3,8] x, float[2,3,8] u) => (float16[2,3,8] y, float[2,3,8] v)
+<float16[8] w = {1,1,1,1,1,1,1,1}, float[8] wf = {1,1,1,1,1,1,1,1}, float eps = {1e-5}, float two = {2.0},
+ int64[1] axes = {-1}>
+{
+    xf = Cast <to = 1> (x)
+    p = Pow (xf, two)
+    m = ReduceMean <keepdims = 1> (p, axes)
+    a = Add (m, eps)
+    s = Sqrt (a)
+    d = Div (xf, s)
+    h = Cast <to = 10> (d)
+    y = Mul (w, h)
+    uu = Cast <to = 1> (u)
+    p2 = Pow (uu, two)
+    m2 = ReduceMean <keepdims = 1> (p2, axes)
+    a2 = Add (m2, eps)
+    s2 = Sqrt (a2)
+    d2 = Div (u, s2)
+    v = Mul (d2, wf)
+}
+"""
+
+
+def test_pre_check_rules_out_only_anchors_where_the_full_search_finds_nothing() -> None:
+    """Every rule of every plugin at every node of its anchor op, on a transformer-like graph and on norms
+    that read their input through a Cast the model needs and through one it does not: where the full search
+    (a tracer: no pre-check) finds a match, the pre-check lets the rule through, and each answer is the one a
+    matcher alone on a fresh index gives (answers shared between rules change none)."""
+    from gskit.plugin import load_plugins
+
+    rules = [r for spec in load_plugins() for r in spec.patterns if isinstance(r, GraphPattern)]
+    graphs = [transformer_like(blocks=2), to_graph(parse_model(NORMS_WITH_CASTS))]
+    found = []
+    for graph in graphs:
+        learner = DtypeLearner.for_graph(graph, [graph])
+        shared = GraphIndex.build(graph, dtypes=learner)
+        for rule in rules:
+            for node in shared.by_op.get(rule.anchor, []):
+                full = Matcher(rule.graph, Tracer(), shared).match(node)
+                fits = Matcher.on(rule.graph, shared).could_match(node)
+                alone = GraphIndex.build(graph, dtypes=learner)
+                assert fits == Matcher.on(rule.graph, alone).could_match(node), (rule.name, node.name)
+                assert fits or full is None, (rule.name, node.name)
+                if full is not None:
+                    found.append((graph is graphs[1], rule.name))
+    assert sum(not cast for cast, _ in found) == 2 * 7  # 7 rules at each of the 2 LayerNorms
+    assert (True, "rms_norm[pow,div,float32]") in found  # through the Cast the float16 input needs
+
+
+def test_success_is_one_shared_frozen_result() -> None:
+    """``MatchResult.success()`` gives one shared instance (checks return it for every match): true, frozen,
+    with no reason; a subclass still gets its own."""
+    import dataclasses
+
+    from gskit.passes.patterns.match import MatchResult
+
+    class Result(MatchResult):
+        pass
+
+    first = MatchResult.success()
+    assert first is MatchResult.success() and first and first.reason == "" and first.culprit is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.ok = False  # type: ignore[misc]
+    assert type(Result.success()) is Result and Result.success() is not first
