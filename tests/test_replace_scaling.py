@@ -429,7 +429,7 @@ def test_scaling_bench_takes_runs_and_the_goal_graph(capsys: pytest.CaptureFixtu
     assert all(len(r["all"]) == 3 and r["seconds"] == sorted(r["all"])[1] for r in rows)
 
 
-# ---- the op-type pre-check against the full search ----------------------------------------------------------
+# ---- the op-type pre-check against the full search -------------------------------------------------------
 
 NORMS_WITH_CASTS = """
 <ir_version: 8, opset_import: ["" : 18]>
