@@ -244,6 +244,43 @@ def test_entry_points_group(tmp_path, monkeypatch):
     assert load_plugins([], entry_points=False).names() == []
 
 
+def _dist(site: Path, stem: str, name: str, entry_points: str | None) -> None:
+    dist = site / f"{stem}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    if entry_points is not None:
+        (dist / "entry_points.txt").write_text(entry_points)
+
+
+def test_plugin_entry_points_are_the_standard_calls(tmp_path, monkeypatch):
+    """group_entry_points parses only the distributions whose entry_points.txt names the group; it gives
+    what importlib.metadata.entry_points(group=...) gives: the same entries in the same order, a name
+    shadowed by an earlier distribution of that name (spelled otherwise) skipped, a file that names the
+    group elsewhere than as a section giving none."""
+    import importlib.metadata
+
+    from gskit.plugin.discovery import ENTRY_POINT_GROUP, group_entry_points
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    _dist(first, "zeta_plugins-1.0", "zeta-plugins", "[gskit.plugins]\nz = zeta_one\nz2 = zeta_two\n")
+    _dist(first, "Alpha.Plugins-2.0", "Alpha.Plugins", "[console_scripts]\na = alpha:main\n")
+    _dist(first, "noentry-1.0", "noentry", None)
+    _dist(first, "mention-1.0", "mention", "[console_scripts]\nm = gskit.plugins_tool:main\n")
+    _dist(second, "alpha_plugins-1.0", "alpha_plugins", "[gskit.plugins]\nshadowed = alpha_old\n")
+    _dist(second, "beta-1.0", "beta", "[pytest11]\nb = beta\n\n[gskit.plugins]\nb = beta_plugins\n")
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    found = group_entry_points(ENTRY_POINT_GROUP)
+    assert found == list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    assert [(ep.name, ep.value, ep.dist.name) for ep in found[:3]] == [
+        ("z", "zeta_one", "zeta-plugins"),
+        ("z2", "zeta_two", "zeta-plugins"),
+        ("b", "beta_plugins", "beta"),
+    ]
+    assert "shadowed" not in {ep.name for ep in found}
+    assert group_entry_points("pytest11") == list(importlib.metadata.entry_points(group="pytest11"))
+
+
 def test_entry_point_to_a_plain_module_is_an_error(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()

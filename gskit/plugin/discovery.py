@@ -15,6 +15,7 @@ import sys
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint, distributions
 from importlib.metadata import entry_points as _entry_points
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,7 @@ def _installed_sources() -> list[PluginSource]:
                 f"shipped with gskit ({checkout / LOCAL_PLUGINS})", SHIPPED, checkout / LOCAL_PLUGINS
             )
         )
-    for ep in _entry_points(group=ENTRY_POINT_GROUP):
+    for ep in group_entry_points(ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else "?"
         shipped = _normalized(dist) == "gskit" and ep.name == SHIPPED_ENTRY_POINT
         if shipped and from_checkout:
@@ -175,6 +176,29 @@ def _installed_sources() -> list[PluginSource]:
         if specs:
             sources.append(PluginSource(origin, level, specs=tuple(specs)))
     return sources
+
+
+def group_entry_points(group: str) -> list[EntryPoint]:
+    """``importlib.metadata.entry_points(group=group)``: the same entry points, in the same order.
+
+    The standard call parses every installed distribution's entry points and sorts them all by group (4-8
+    ms of each command that loads plugins); here a distribution's ``entry_points.txt`` is parsed only when
+    its text names ``group``, which it must to hold an entry of it. Each distribution name counts once, the
+    first found on the path, as the standard call does (by the same normalized name).
+    """
+    seen: set[str] = set()
+    found: list[EntryPoint] = []
+    for dist in distributions():
+        name = getattr(dist, "_normalized_name", None)  # the key importlib.metadata tells them apart by
+        if not isinstance(name, str):  # an importlib.metadata without it: ask it
+            return list(_entry_points(group=group))
+        if name in seen:
+            continue
+        seen.add(name)
+        text = dist.read_text("entry_points.txt")
+        if text and group in text:
+            found += dist.entry_points.select(group=group)
+    return found
 
 
 def _normalized(dist_name: str) -> str:
