@@ -251,12 +251,13 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
 
 def _imported_files(module_name: str, folder: Path) -> list[Path]:
     """The files in ``folder`` that the plugin module ``module_name`` and its submodules come from."""
+    prefix = module_name + "."
+    names = [name for name in list(sys.modules) if name == module_name or name.startswith(prefix)]
     files = []
-    for name, module in list(sys.modules.items()):
-        if name == module_name or name.startswith(module_name + "."):
-            file = getattr(module, "__file__", None)
-            if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
-                files.append(Path(file))
+    for name in names:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
+            files.append(Path(file))
     return files
 
 
