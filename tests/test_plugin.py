@@ -281,6 +281,35 @@ def test_plugin_entry_points_are_the_standard_calls(tmp_path, monkeypatch):
     assert group_entry_points("pytest11") == list(importlib.metadata.entry_points(group="pytest11"))
 
 
+def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch):
+    """distribution_name parses the metadata's headers only; it says what ``dist.name`` says, whatever the
+    line ends, with a long description that names another package, and for every installed distribution."""
+    import importlib.metadata
+
+    from gskit.plugin.discovery import distribution_name
+
+    body = "\n".join(["A long description.", "", "Name: impostor", *["text"] * 2000])
+    metadata = {
+        "lf-1.0": "Metadata-Version: 2.1\nName: lf.Package\nVersion: 1.0\n\n" + body,
+        "crlf-1.0": "Metadata-Version: 2.1\r\nName: CRLF_pkg\r\nVersion: 1.0\r\n\r\n" + body,
+        "cr-1.0": "Metadata-Version: 2.1\rName: cr-pkg\rVersion: 1.0\r\r" + body,
+        "folded-1.0": "Metadata-Version: 2.1\nName: folded\n  name\nVersion: 1.0\n",
+    }
+    for stem, text in metadata.items():
+        dist = tmp_path / f"{stem}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_bytes(text.encode())
+    pkg_info = tmp_path / "egg-1.0.egg-info"
+    pkg_info.mkdir()
+    (pkg_info / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: egg\nVersion: 1.0\n\n" + body)
+    dists = [importlib.metadata.PathDistribution(tmp_path / f"{stem}.dist-info") for stem in metadata]
+    dists.append(importlib.metadata.PathDistribution(pkg_info))
+    assert [distribution_name(d) for d in dists] == [d.name for d in dists]
+    assert [distribution_name(d) for d in dists][:3] == ["lf.Package", "CRLF_pkg", "cr-pkg"]
+    installed = list(importlib.metadata.distributions())
+    assert [distribution_name(d) for d in installed] == [d.name for d in installed]
+
+
 def test_entry_point_to_a_plain_module_is_an_error(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()
