@@ -282,13 +282,16 @@ def test_plugin_entry_points_are_the_standard_calls(tmp_path, monkeypatch):
 
 
 def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch):
-    """distribution_name parses the metadata's headers only; it says what ``dist.name`` says, whatever the
-    line ends, with a long description that names another package, and for every installed distribution."""
+    """distribution_name (and metadata_header, which torch_version asks for torch's Version) parse the
+    metadata's headers only; they say what ``dist.name`` and ``dist.version`` say, whatever the line ends,
+    with a long description that names another package, and for every installed distribution."""
     import importlib.metadata
+    import importlib.util
 
-    from gskit.plugin.discovery import distribution_name
+    from gskit.plugin import derive
+    from gskit.plugin.discovery import distribution_name, metadata_header
 
-    body = "\n".join(["A long description.", "", "Name: impostor", *["text"] * 2000])
+    body = "\n".join(["A long description.", "", "Name: impostor", "Version: 9.9", *["text"] * 2000])
     metadata = {
         "lf-1.0": "Metadata-Version: 2.1\nName: lf.Package\nVersion: 1.0\n\n" + body,
         "crlf-1.0": "Metadata-Version: 2.1\r\nName: CRLF_pkg\r\nVersion: 1.0\r\n\r\n" + body,
@@ -308,6 +311,13 @@ def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch
     assert [distribution_name(d) for d in dists][:3] == ["lf.Package", "CRLF_pkg", "cr-pkg"]
     installed = list(importlib.metadata.distributions())
     assert [distribution_name(d) for d in installed] == [d.name for d in installed]
+    assert [metadata_header(d, "Version", lambda: None) for d in [*dists, *installed]] == [
+        d.version for d in [*dists, *installed]
+    ]
+    derive.torch_version.cache_clear()
+    torch_installed = importlib.util.find_spec("torch") is not None
+    expected = importlib.metadata.version("torch").split("+")[0] if torch_installed else None
+    assert derive.torch_version() == expected
 
 
 def test_entry_point_to_a_plain_module_is_an_error(tmp_path, monkeypatch):

@@ -310,10 +310,13 @@ def torch_version() -> str | None:
             return None
     except (ImportError, ValueError):  # a stub torch in sys.modules (None) reads as not installed
         return None
+    from gskit.plugin.discovery import metadata_header  # the plugin package imports this module
+
     try:
-        version = importlib.metadata.version("torch")
+        dist = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+    version = metadata_header(dist, "Version", lambda: dist.version)  # torch's long description unparsed
     return version.split("+", 1)[0]  # 2.13.0+cpu and 2.13.0+cu126 export alike
 
 

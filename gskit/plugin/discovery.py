@@ -14,7 +14,7 @@ import os
 import py_compile
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import Distribution, EntryPoint, distributions
 from importlib.metadata import entry_points as _entry_points
@@ -210,12 +210,19 @@ def distribution_name(dist: Distribution) -> str | None:
     ``\r\r``) parses to the same headers; a distribution without a METADATA or PKG-INFO file, or without a
     one-line ``Name``, is asked.
     """
+    return metadata_header(dist, "Name", lambda: dist.name)
+
+
+def metadata_header(dist: Distribution, header: str, asked: Callable[[], str | None]) -> str | None:
+    """The one-line ``header`` of ``dist``'s metadata as ``dist.metadata[header]`` says it, parsing only the
+    headers; ``asked()`` (importlib's own answer) where that would differ: no METADATA or PKG-INFO file, no
+    such header, or a folded one (importlib reindents it)."""
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
     if not text:
-        return dist.name
+        return asked()
     ends = [i + len(gap) for gap in ("\n\n", "\r\n\r\n", "\r\r") if (i := text.find(gap)) >= 0]
-    name = email.message_from_string(text[: min(ends)] if ends else text)["Name"]
-    return dist.name if name is None or "\n" in name else name  # a folded one importlib reindents
+    value = email.message_from_string(text[: min(ends)] if ends else text)[header]
+    return asked() if value is None or "\n" in value else value
 
 
 def _normalized(dist_name: str) -> str:
@@ -233,7 +240,7 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     path = Path(path).resolve()
     module_name = module_name or f"{PLUGIN_PACKAGE}.{path.parent.name}"
     _ensure_parent_package()
-    for name in [m for m in sys.modules if m == module_name or m.startswith(module_name + ".")]:
+    for name in _package_modules(module_name):
         del sys.modules[name]  # a reload must see the files as they are now
     # No bytecode written by the import: a timestamp-checked .pyc would be stale after two edits of a file
     # within a second (the same size). The files it imported get hash-checked ones instead, below.
@@ -268,14 +275,18 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
 
 def _imported_files(module_name: str, folder: Path) -> list[Path]:
     """The files in ``folder`` that the plugin module ``module_name`` and its submodules come from."""
-    prefix = module_name + "."
-    names = [name for name in list(sys.modules) if name == module_name or name.startswith(prefix)]
     files = []
-    for name in names:
+    for name in _package_modules(module_name):
         file = getattr(sys.modules.get(name), "__file__", None)
         if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
             files.append(Path(file))
     return files
+
+
+def _package_modules(module_name: str) -> list[str]:
+    """The loaded modules ``module_name`` and its submodules (one pass over the loaded modules' names)."""
+    prefix = module_name + "."
+    return [name for name in list(sys.modules) if name == module_name or name.startswith(prefix)]
 
 
 def _hash_checked_bytecode(sources: Sequence[Path]) -> None:
