@@ -145,9 +145,10 @@ def _source_specs(source: PluginSource, used_modules: set[str], loaded_files: se
         return list(source.specs)
     specs = []
     for spec_file in _spec_files(source.folder, explicit=source.explicit):
-        if spec_file.resolve() in loaded_files:
+        resolved = spec_file.resolve()
+        if resolved in loaded_files:
             continue
-        loaded_files.add(spec_file.resolve())
+        loaded_files.add(resolved)
         specs += load_spec_file(spec_file, _module_name(spec_file.parent.name, used_modules))
     return specs
 
