@@ -999,3 +999,39 @@ def test_the_snapshot_of_the_final_graph_is_the_model_written(tmp_path: Path, mo
     assert written["snapshot"][1] == ["step1"]  # validate's snapshot only: the final model is that file
     assert written["stale"][1] == ["step1", "outputs"]  # fold changed the graph after the snapshot
     assert b"gskit scripts/make_example_model.py" in written["snapshot"][0]  # the producer kept
+
+
+def test_the_summary_and_step_lines_to_a_pipe_are_the_text_rich_prints(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """To a pipe the step lines (stderr) and the summary (stdout) are written without rich
+    (``gskit.io.text``): the same bytes as rich's console, rows and lines rich wraps included."""
+    from types import SimpleNamespace
+
+    import gskit.cli.prepare as cli_prepare
+    from gskit.io import report as rich_report
+    from gskit.pipeline.prepare import StepResult, prepare
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    report = prepare(EXAMPLE, tmp_path / "out")
+    # a row the table wraps, and a step line longer than the console
+    report.steps.append(StepResult("build", None, 0.0, 12, 12, "skipped", "word " * 60))
+    monkeypatch.setattr(cli_prepare, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    rich_console = rich_report.console
+
+    def refused(stderr: bool = False) -> None:
+        raise AssertionError("rich's console was used")
+
+    printed = {}
+    for plain in (True, False):
+        monkeypatch.setattr(cli_prepare, "writes_plain", lambda stream, plain=plain: plain)
+        monkeypatch.setattr(rich_report, "console", refused if plain else rich_console)
+        progress = cli_prepare._Progress(quiet=False)
+        for step in report.steps:
+            progress.finished(step)
+        cli_prepare._print_summary(report)
+        printed[plain] = capsys.readouterr()
+    assert printed[True] == printed[False]
+    assert "\n(docker/)  (total 0.0s)\n" in printed[True].err and "validation passed\n" in printed[True].out
+    assert printed[True].out.count("│ word word") > 1  # the long row was wrapped

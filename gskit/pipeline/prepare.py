@@ -41,7 +41,7 @@ from gskit.passes.nms import PLUGIN_KEY
 from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
 from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
-from gskit.pipeline.report_page import render_report
+from gskit.pipeline.report_page import RegionDrawings, draw_regions, render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, CheckTrt, NotRun, Snapshots, step_status
 from gskit.plugin.discovery import load_plugins
 from gskit.plugin.registry import PluginRegistry
@@ -107,6 +107,8 @@ class _Run:
     snapshots: Snapshots
     #: False once a failed run dropped its engine (a failed run's set is its reports alone)
     keep_engine: bool = True
+    #: report.html's pictures, started once no step left changes the graph
+    drawings: RegionDrawings | None = None
 
     def reports(self, step: str) -> list[Any]:
         return self.context.reports(step)
@@ -328,7 +330,7 @@ def prepare(
             staged.mkdir()
             failure: GskitError | None = None
             try:
-                _run_steps(recipe, state, report, listener)
+                _run_steps(recipe, state, report, listener, original)
                 _stage(report, original, state, recipe, staged)
             except GskitError as err:
                 failure = _named_in(out_dir, staged, err)
@@ -485,10 +487,19 @@ def _check_input(recipe: Recipe, original: onnx.ModelProto) -> None:
             raise GskitError(f"step '{step.name}' (recipe line {step.line}): {err}") from err
 
 
-def _run_steps(recipe: Recipe, state: _Run, report: PrepareReport, listener: StepListener | None) -> None:
+def _run_steps(
+    recipe: Recipe,
+    state: _Run,
+    report: PrepareReport,
+    listener: StepListener | None,
+    original: onnx.ModelProto,
+) -> None:
     total = len(recipe.steps)
+    analyses = [PASSES[step.name].effect == "analysis" for step in recipe.steps]
     try:
         for index, step in enumerate(recipe.steps):
+            if all(analyses[index:]) and state.drawings is None:  # no step left changes the graph
+                state.drawings = draw_regions(state.regions, original, state.graph)
             if listener:
                 listener.started(step.name, index, total)
             result, error = _timed_step(step, state)
@@ -567,6 +578,7 @@ def _write_reports(
         skipped=state.skipped,
         recipe=recipe,
         written=staged / MODEL_NAME,
+        drawings=state.drawings,
     )
     with blaming(out_dir / html_name):
         (staged / html_name).write_text(page)
