@@ -440,7 +440,9 @@ def test_a_started_worker_takes_the_next_task_of_its_flavour_and_answers_like_a_
         waiting = trt._WAITING["tensorrt_rtx"]
         assert waiting.process is not None and waiting.process.poll() is None  # loading, then waiting
         assert run_worker("ops", "tensorrt_rtx", {"ops": ops}) == fresh
-        assert waiting.process.returncode == 0 and "tensorrt_rtx" not in trt._WAITING  # it ran the task
+        # it ran the task and ends cleanly (reaped after the answer came: its exit is not waited for)
+        assert waiting.process.wait(timeout=60) == 0 and "tensorrt_rtx" not in trt._WAITING
+        assert waiting.process.stdout.closed and waiting.process.stderr.closed
         assert run_worker("ops", "tensorrt_rtx", {"ops": ops}) == fresh  # the next one: a new worker
 
 
@@ -467,4 +469,4 @@ def test_check_trt_through_a_worker_started_before_it_reports_as_without(tmp_pat
     with trt.started_worker("tensorrt_rtx"):
         waiting = trt._WAITING["tensorrt_rtx"]
         assert check_trt(path, plugins=[]) == alone
-        assert waiting.process is not None and waiting.process.returncode == 0
+        assert waiting.process is not None and waiting.process.wait(timeout=60) == 0
