@@ -296,6 +296,22 @@ def test_plugin_node_checked_against_its_gskit_spec(tmp_path, swish_plugin_dir, 
     assert report.issues[0].status == PLUGIN_PROBLEM and "gamma" in report.issues[0].reason
 
 
+def test_a_plugins_stub_parts_are_read_once_for_all_its_nodes(tmp_path, swish_plugin_dir, monkeypatch):
+    """Two nodes of one plugin: its files are read for stubs once, and each node says the same as alone."""
+    from gskit.backends import trt_check
+
+    swish = 'my.ns.Swish<plugin_namespace: string = "my.ns", plugin_version: string = "2", beta: float = 1.5>'
+    two = PLUGIN_AND_UNIQUE.replace("y = Sigmoid(p)", f"q = {swish}(p)\n  y = Sigmoid(q)")
+    alone = check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[swish_plugin_dir], backend="static")
+    read: list[object] = []
+    stub_parts = trt_check.stub_parts
+    monkeypatch.setattr(trt_check, "stub_parts", lambda spec: read.append(spec) or stub_parts(spec))
+    report = check_trt(_save(tmp_path, two, "two.onnx"), plugins=[swish_plugin_dir], backend="static")
+    swishes = [issue for issue in report.issues if issue.op_type == "Swish"]
+    assert len(swishes) == 2 and len(read) == 1
+    assert {issue.reason for issue in swishes} == {alone.issues[0].reason}
+
+
 @rtx
 def test_rtx_cuts_plugin_nodes_typed_by_their_spec(tmp_path, swish_plugin_dir):
     # No value_info for the plugin output: the spec's shape rule gives it, so the node can be cut out.
