@@ -364,3 +364,10 @@ def test_a_default_prepare_starts_its_parser_before_onnx_and_imports_no_yaml(tmp
         pytest.skip("the worker is started from the command line for TensorRT-RTX alone")
     loaded = set(report["loaded"])
     assert not {"onnx", "numpy", "onnx_graphsurgeon", "onnxruntime", "gskit.cli.prepare"} & loaded
+
+
+def test_the_prepare_command_loads_the_report_page_when_it_writes_it() -> None:
+    """report.html's modules (gskit.io.html_report, html) load when the page is written, not before."""
+    code = "import sys, gskit.cli.prepare\nprint(sorted(m for m in sys.modules if 'html' in m))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "[]", done.stderr[-500:]

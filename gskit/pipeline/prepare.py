@@ -41,7 +41,6 @@ from gskit.passes.nms import PLUGIN_KEY
 from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
 from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
-from gskit.pipeline.report_page import render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, CheckTrt, NotRun, Snapshots, step_status
 from gskit.plugin.discovery import load_plugins
 from gskit.plugin.registry import PluginRegistry
@@ -555,6 +554,8 @@ def _write_reports(
     report: PrepareReport, original: onnx.ModelProto, state: _Run, staged: Path, recipe: Recipe
 ) -> None:
     """Write report.json and report.html into ``staged`` (a full disk names the file as OUTDIR's)."""
+    from gskit.pipeline.report_page import render_report  # the page's modules load when it is written
+
     json_name, html_name = REPORT_NAMES
     out_dir = Path(report.output_dir)
     with blaming(out_dir / json_name):
