@@ -463,6 +463,26 @@ def test_a_started_worker_takes_the_next_task_of_its_flavour_and_answers_like_a_
 
 
 @rtx
+@pytest.mark.parametrize("started", [False, True])
+def test_a_worker_past_its_time_is_stopped_and_said_in_one_line(tmp_path, started):
+    """The answer is read from the worker's output without waiting for its exit; a worker that does not
+    answer in time is killed and reaped, and the call fails with the usual line (a new or a started one)."""
+    from contextlib import nullcontext
+
+    from gskit.backends import trt
+
+    slow = tmp_path / "slow_plugin.py"
+    slow.write_text("import time\ntime.sleep(60)\n")
+    started_one = trt.started_worker("tensorrt_rtx") if started else nullcontext()
+    with started_one:
+        waiting = trt._WAITING.get("tensorrt_rtx")
+        with pytest.raises(GskitError, match="tensorrt_rtx ops did not finish in 3 s"):
+            run_worker("ops", "tensorrt_rtx", {"ops": [], "plugin_modules": [str(slow)]}, timeout_s=3)
+        if waiting is not None:
+            assert waiting.process.returncode is not None and waiting.process.stdin.closed
+
+
+@rtx
 def test_a_started_worker_no_task_took_is_stopped_on_the_way_out():
     from gskit.backends import trt
 

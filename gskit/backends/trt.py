@@ -259,6 +259,9 @@ class _Worker:
             raise GskitError(
                 f"{self.flavour} {task} did not finish in {timeout_s} s; check the model size"
             ) from err
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the worker ends with the call
+            self.stop()
+            raise
         log.debug("%s %s worker log:\n%s", self.flavour, task, stderr)
         answer = _answer(response_path)
         if answer is not None:
@@ -301,11 +304,17 @@ class _Worker:
         return b"".join(logged).decode(errors="replace")
 
     def stop(self) -> None:
-        """Stop the child if it still runs, and reap it."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-        if self.process is not None:
-            self.process.communicate()
+        """Stop the child if it still runs, reap it and close its pipes (``_output`` may have closed some)."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):  # nothing is left to write to the dead child
+                    stream.close()
 
 
 #: The worker :func:`started_worker` started, by flavour, until a task takes it.
