@@ -18,6 +18,7 @@ Tasks:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import importlib.util
@@ -271,4 +272,6 @@ if __name__ == "__main__":
     # would add as much, for nothing.
     os.close(1)
     os.close(2)
+    with contextlib.suppress(OSError):  # the exit's work yields to the parent's, which goes on meanwhile
+        os.nice(19)
     os._exit(code)
