@@ -288,7 +288,7 @@ def test_the_pictures_are_started_once_no_step_changes_the_graph(tmp_path, monke
     from gskit.pipeline import report_page
 
     events: list[str] = []
-    real = pipeline.draw_regions
+    real = report_page.draw_regions
 
     def recorded(*args):
         events.append("draw")
@@ -301,7 +301,7 @@ def test_the_pictures_are_started_once_no_step_changes_the_graph(tmp_path, monke
         def finished(self, result):
             pass
 
-    monkeypatch.setattr(pipeline, "draw_regions", recorded)
+    monkeypatch.setattr(pipeline, "_draw_regions", recorded)
     out = tmp_path / "out"
     prepare(EXAMPLE, out, listener=Listener())
     assert events.index("draw") == events.index("check_trt") - 1 and events.count("draw") == 1
@@ -309,7 +309,7 @@ def test_the_pictures_are_started_once_no_step_changes_the_graph(tmp_path, monke
     # the same page as one whose pictures are drawn when it is made
     drawn_late = []
     monkeypatch.setattr(report_page, "draw_regions", lambda *a: drawn_late.append(1) or real(*a))
-    monkeypatch.setattr(pipeline, "draw_regions", lambda *a: None)
+    monkeypatch.setattr(pipeline, "_draw_regions", lambda *a: None)
     late = tmp_path / "late"
     prepare(EXAMPLE, late)
     assert drawn_late == [1]

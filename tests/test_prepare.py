@@ -969,6 +969,128 @@ def test_the_check_trt_parser_starts_with_the_run_and_its_step_uses_it(tmp_path:
     assert not any(waiting.values())  # no check_trt step: no worker
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--skip", "build", "--nms"],
+        ["--skip=fold", "--fp16"],
+        ["--tensorrt", "10.3"],
+        ["--tensorrt=11"],
+        ["--tensorrt", "8.6"],
+        ["--tensorrt", "10.16.1.11", "--shape", "x:2x4x8x8"],
+    ],
+)
+def test_the_parser_started_from_the_command_line_is_the_one_check_trt_asks(flags: list[str]) -> None:
+    """``gskit prepare`` starts its check_trt step's parser before its imports, guessing from the command
+    line: the guess is the flavour the step asks, or nothing (never a wrong one); with TensorRT-RTX alone
+    installed, the default recipe's parser is always guessed."""
+    from gskit.backends.trt_check import answering_flavour
+    from gskit.cli import _early_parser, build_parser
+    from gskit.cli.prepare import _recipe
+    from gskit.pipeline.prepare import _target
+
+    words = ["--debug", "prepare", str(EXAMPLE), "-o", "out", *flags]
+    recipe = _recipe(build_parser(words).parse_args(words))
+    step = next(s for s in recipe.steps if s.name == "check_trt")
+    asked = answering_flavour(step.options.backend, _target(recipe))
+    guessed = _early_parser(words)
+    assert guessed in (asked, None)
+    rtx_alone = importlib.util.find_spec("tensorrt") is None and importlib.util.find_spec("tensorrt_rtx")
+    if rtx_alone:
+        assert guessed == (None if asked == "static" else asked)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--skip", "check_trt"],
+        ["--skip=check_trt"],
+        ["--recipe", "r.yaml"],
+        ["--recipe=r.yaml"],
+        ["--rec", "r.yaml"],  # argparse takes an abbreviation
+        ["--tens", "8.6"],
+        ["--print-recipe"],
+        ["-h"],
+        ["--", "--skip", "check_trt"],
+    ],
+)
+def test_no_parser_is_started_from_a_command_line_that_does_not_say_it(flags: list[str]) -> None:
+    from gskit.cli import _early_parser
+
+    assert _early_parser(["prepare", str(EXAMPLE), "-o", "out", *flags]) is None
+    assert _early_parser(["check-trt", str(EXAMPLE)]) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+def test_gskit_prepare_starts_the_parser_before_its_imports_and_check_trt_uses_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The command starts the worker before it builds its parser (which imports onnx and the passes); the
+    check_trt step hands its task to that worker, the one worker of the run."""
+    import gskit.cli
+    from gskit.backends import trt
+
+    events: list[str] = []
+    started: list[object] = []
+    ran: list[object] = []
+    build_parser = gskit.cli.build_parser
+    monkeypatch.setattr(
+        gskit.cli, "build_parser", lambda words: events.append("parser") or build_parser(words)
+    )
+    start, run = trt._Worker.start, trt._Worker.run
+    monkeypatch.setattr(
+        trt._Worker, "start", lambda self: events.append("worker") or started.append(self) or start(self)
+    )
+    monkeypatch.setattr(trt._Worker, "run", lambda self, *a: ran.append(self) or run(self, *a))
+    assert main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--skip", "build"]) == 0
+    assert events[:2] == ["worker", "parser"] and len(started) == 1 and ran == started
+    assert not trt._WAITING
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["tensorrt"]["source"].startswith("tensorrt_rtx")
+
+
+def _workers_of(folder: Path) -> list[str]:
+    """Processes whose command line names a path under ``folder`` (a worker names its request file)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in text and "trt_worker" in text:
+            found.append(text)
+    return found
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+@pytest.mark.parametrize("how", ["error", "interrupted", "done"])
+def test_the_parser_started_first_leaves_no_process_or_folder(tmp_path: Path, how: str) -> None:
+    """The worker started from the command line is stopped and its folder removed however the command ends:
+    an error before check_trt (a missing model), Ctrl-C while the command imports or runs, a whole run (the
+    worker that answered exits on its own, reaped while the command goes on)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    model = tmp_path / "missing.onnx" if how == "error" else EXAMPLE
+    words = ["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build"]
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gskit.cli", *words],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    if how == "interrupted":
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(temp.glob("gskit-trt-*")) and proc.poll() is None:
+            time.sleep(0.01)
+        assert list(temp.glob("gskit-trt-*")), "the worker's folder was never made"
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == {"error": 2, "interrupted": 130, "done": 0}[how], err
+    assert not list(temp.glob("gskit-trt-*")) and not _workers_of(temp)
+
+
 def test_the_snapshot_of_the_final_graph_is_the_model_written(tmp_path: Path, monkeypatch) -> None:
     """A run whose last snapshot (check_trt's, validate's) shows the final graph writes that file instead of
     saving the graph again; the model is byte for byte the one a run without a snapshot writes, and a snapshot

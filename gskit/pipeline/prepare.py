@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -41,11 +41,13 @@ from gskit.passes.nms import PLUGIN_KEY
 from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
 from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
-from gskit.pipeline.report_page import RegionDrawings, draw_regions, render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, CheckTrt, NotRun, Snapshots, step_status
 from gskit.plugin.discovery import load_plugins
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.target import TensorRTTarget, resolve_target
+
+if TYPE_CHECKING:  # the page's modules load when the pictures start or the page is written
+    from gskit.pipeline.report_page import RegionDrawings
 
 log = logging.getLogger(__name__)
 
@@ -499,7 +501,7 @@ def _run_steps(
     try:
         for index, step in enumerate(recipe.steps):
             if all(analyses[index:]) and state.drawings is None:  # no step left changes the graph
-                state.drawings = draw_regions(state.regions, original, state.graph)
+                state.drawings = _draw_regions(state.regions, original, state.graph)
             if listener:
                 listener.started(step.name, index, total)
             result, error = _timed_step(step, state)
@@ -523,6 +525,14 @@ def _run_steps(
                 state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
             )
             report.plugins_inserted[label] = report.plugins_inserted.get(label, 0) + 1
+
+
+def _draw_regions(regions: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> RegionDrawings:
+    """report.html's pictures, started now (:func:`gskit.pipeline.report_page.draw_regions`): the page's
+    modules load here, not when the command starts."""
+    from gskit.pipeline.report_page import draw_regions
+
+    return draw_regions(regions, original, graph)
 
 
 def _timed_step(step: RecipeStep, state: _Run) -> tuple[StepResult, GskitError | None]:
@@ -566,6 +576,8 @@ def _write_reports(
     report: PrepareReport, original: onnx.ModelProto, state: _Run, staged: Path, recipe: Recipe
 ) -> None:
     """Write report.json and report.html into ``staged`` (a full disk names the file as OUTDIR's)."""
+    from gskit.pipeline.report_page import render_report  # the page's modules load when it is written
+
     json_name, html_name = REPORT_NAMES
     out_dir = Path(report.output_dir)
     with blaming(out_dir / json_name):
