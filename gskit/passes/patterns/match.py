@@ -270,16 +270,6 @@ class Binding:
             self.used.add(key)
             self._trail.append((self.used, key, None))
 
-    def add_node(self, pnode: PNode, node: gs.Node) -> None:
-        # _set and _use written out: this runs for every pattern node of every attempt
-        nodes, key, trail = self.nodes, id(pnode), self._trail
-        trail.append((nodes, key, nodes.get(key, _ABSENT)))
-        nodes[key] = node
-        key = id(node)
-        if key not in self.used:
-            self.used.add(key)
-            trail.append((self.used, key, None))
-
     def add_var(self, name: str, tensor: gs.Tensor) -> None:
         self._set(self.vars, name, tensor)
 
@@ -569,7 +559,8 @@ class Matcher:
                 f"node '{label(node)}' has {len(node.outputs)} outputs, pattern wants {pn.num_outputs}",
             )
             return None
-        # b.add_node written out (the node is not in b.used: asked above)
+        # the node bound to pn, each change on the trail (written out here: this runs for every pattern node
+        # of every attempt; the node is not in b.used, asked above)
         trail, nodes, at = b._trail, b.nodes, id(pn)
         mark = len(trail)
         trail.append((nodes, at, nodes.get(at, _ABSENT)))
