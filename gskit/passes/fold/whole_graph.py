@@ -35,7 +35,9 @@ def fold_with_graphsurgeon(
     """
     exclude.start_batch()
     if not allow_partial:
-        _reported(graph, lambda: evaluate_like_graphsurgeon(graph, exclude, size_threshold))
+        # deciding is cheap and mostly finds nothing (most bodies after the first pass): only onnxruntime
+        # runs in a thread of its own (interrupt.call)
+        _reported(graph, lambda: evaluate_like_graphsurgeon(graph, exclude, size_threshold), threaded=False)
         return
     view = evaluation_view(graph)
     if view is None:
@@ -58,12 +60,14 @@ def fold_with_graphsurgeon(
     _reported(graph, evaluate)
 
 
-def _reported(graph: gs.Graph, evaluate: Callable[[], None]) -> None:
+def _reported(graph: gs.Graph, evaluate: Callable[[], None], *, threaded: bool = True) -> None:
+    """``evaluate()``, its failure reported as a GskitError naming ``graph``; ``threaded``: run it where a
+    signal still interrupts the main thread (:func:`gskit.io.interrupt.call`)."""
     with quiet_graphsurgeon():
         try:
             # onnxruntime's session cannot be cancelled: a signal still ends the command (gskit.io.interrupt),
             # the evaluation is left behind
-            interrupt.call(evaluate)
+            interrupt.call(evaluate) if threaded else evaluate()
         except Exception as err:  # onnxruntime and gs raise many types; all mean the same here
             first = (str(err).strip().splitlines() or [repr(err)])[0]
             raise GskitError(
@@ -190,7 +194,8 @@ def _run(graph: gs.Graph, nodes: list[gs.Node], outputs: list[gs.Tensor]) -> lis
     # Evaluating nodes is execution, which lives in gskit.backends: imported here, where it is needed
     from gskit.backends import ort
 
-    return ort.default_session(model.SerializeToString()).run([t.name for t in outputs], {})
+    payload = model.SerializeToString()
+    return interrupt.call(lambda: ort.default_session(payload).run([t.name for t in outputs], {}))
 
 
 def evaluation_view(graph: gs.Graph) -> gs.Graph | None:
