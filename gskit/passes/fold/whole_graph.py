@@ -18,6 +18,7 @@ from onnx_graphsurgeon.util.misc import is_dynamic_shape, volume
 from gskit.errors import GskitError
 from gskit.io import interrupt
 from gskit.io import model as gsmodel
+from gskit.passes.fold.cost import has_subgraphs
 from gskit.passes.fold.exclusion import Exclusion
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ def evaluate_like_graphsurgeon(graph: gs.Graph, exclude: Exclusion, size_thresho
             continue
         foldable.append(node)
         constants.update((t.name, t) for t in node.outputs)
+    if not foldable:
+        return
     readers = _node_ids(graph)
     wanted = [t for t in constants.values() if _evaluated(t, constants, readers, size_threshold)]
     if not wanted:
@@ -185,7 +188,7 @@ def _run(graph: gs.Graph, nodes: list[gs.Node], outputs: list[gs.Tensor]) -> lis
     part.__dict__.update(graph.__dict__)  # name, opsets, IR version, functions: not re-registered
     part.nodes, part.inputs, part.outputs = nodes, [], list(outputs)
     part.producer_name, part.producer_version = "", ""
-    if any(_has_subgraphs(node) for node in nodes):
+    if any(has_subgraphs(node) for node in nodes):
         # graphsurgeon's cleanup of its copy also cleans the subgraphs of the nodes it keeps (dead nodes and
         # unread inputs of a body go): the same, on a copy of these nodes only
         part = part.copy()
@@ -235,7 +238,7 @@ def evaluation_view(graph: gs.Graph) -> gs.Graph | None:
     ]
     kept_ids = {id(node) for node in kept}
     left_out = [node for node in graph.nodes if id(node) not in kept_ids]
-    if 2 * len(left_out) < len(graph.nodes) and not any(_has_subgraphs(node) for node in left_out):
+    if 2 * len(left_out) < len(graph.nodes) and not any(has_subgraphs(node) for node in left_out):
         # copying the few nodes left out costs less than the view (PaddleOCR's and layout models' graphs)
         return graph
     view = gs.Graph.__new__(gs.Graph)
@@ -244,10 +247,6 @@ def evaluation_view(graph: gs.Graph) -> gs.Graph | None:
     view.inputs = list(graph.inputs)
     view.outputs = list(tensors.values())
     return view
-
-
-def _has_subgraphs(node: gs.Node) -> bool:
-    return next(gsmodel.node_subgraphs(node), None) is not None
 
 
 def _outer_reads(node: gs.Node) -> list[str]:
