@@ -296,6 +296,22 @@ def test_plugin_node_checked_against_its_gskit_spec(tmp_path, swish_plugin_dir, 
     assert report.issues[0].status == PLUGIN_PROBLEM and "gamma" in report.issues[0].reason
 
 
+def test_a_plugins_stub_parts_are_read_once_for_all_its_nodes(tmp_path, swish_plugin_dir, monkeypatch):
+    """Two nodes of one plugin: its files are read for stubs once, and each node says the same as alone."""
+    from gskit.backends import trt_check
+
+    swish = 'my.ns.Swish<plugin_namespace: string = "my.ns", plugin_version: string = "2", beta: float = 1.5>'
+    two = PLUGIN_AND_UNIQUE.replace("y = Sigmoid(p)", f"q = {swish}(p)\n  y = Sigmoid(q)")
+    alone = check_trt(_save(tmp_path, PLUGIN_AND_UNIQUE), plugins=[swish_plugin_dir], backend="static")
+    read: list[object] = []
+    stub_parts = trt_check.stub_parts
+    monkeypatch.setattr(trt_check, "stub_parts", lambda spec: read.append(spec) or stub_parts(spec))
+    report = check_trt(_save(tmp_path, two, "two.onnx"), plugins=[swish_plugin_dir], backend="static")
+    swishes = [issue for issue in report.issues if issue.op_type == "Swish"]
+    assert len(swishes) == 2 and len(read) == 1
+    assert {issue.reason for issue in swishes} == {alone.issues[0].reason}
+
+
 @rtx
 def test_rtx_cuts_plugin_nodes_typed_by_their_spec(tmp_path, swish_plugin_dir):
     # No value_info for the plugin output: the spec's shape rule gives it, so the node can be cut out.
@@ -440,8 +456,30 @@ def test_a_started_worker_takes_the_next_task_of_its_flavour_and_answers_like_a_
         waiting = trt._WAITING["tensorrt_rtx"]
         assert waiting.process is not None and waiting.process.poll() is None  # loading, then waiting
         assert run_worker("ops", "tensorrt_rtx", {"ops": ops}) == fresh
-        assert waiting.process.returncode == 0 and "tensorrt_rtx" not in trt._WAITING  # it ran the task
+        # it ran the task and ends cleanly (reaped after the answer came: its exit is not waited for)
+        assert waiting.process.wait(timeout=60) == 0 and "tensorrt_rtx" not in trt._WAITING
+        assert waiting.process.stdout.closed and waiting.process.stderr.closed
         assert run_worker("ops", "tensorrt_rtx", {"ops": ops}) == fresh  # the next one: a new worker
+
+
+@rtx
+@pytest.mark.parametrize("started", [False, True])
+def test_a_worker_past_its_time_is_stopped_and_said_in_one_line(tmp_path, started):
+    """The answer is read from the worker's output without waiting for its exit; a worker that does not
+    answer in time is killed and reaped, and the call fails with the usual line (a new or a started one)."""
+    from contextlib import nullcontext
+
+    from gskit.backends import trt
+
+    slow = tmp_path / "slow_plugin.py"
+    slow.write_text("import time\ntime.sleep(60)\n")
+    started_one = trt.started_worker("tensorrt_rtx") if started else nullcontext()
+    with started_one:
+        waiting = trt._WAITING.get("tensorrt_rtx")
+        with pytest.raises(GskitError, match="tensorrt_rtx ops did not finish in 3 s"):
+            run_worker("ops", "tensorrt_rtx", {"ops": [], "plugin_modules": [str(slow)]}, timeout_s=3)
+        if waiting is not None:
+            assert waiting.process.returncode is not None and waiting.process.stdin.closed
 
 
 @rtx
@@ -467,4 +505,4 @@ def test_check_trt_through_a_worker_started_before_it_reports_as_without(tmp_pat
     with trt.started_worker("tensorrt_rtx"):
         waiting = trt._WAITING["tensorrt_rtx"]
         assert check_trt(path, plugins=[]) == alone
-        assert waiting.process is not None and waiting.process.returncode == 0
+        assert waiting.process is not None and waiting.process.wait(timeout=60) == 0

@@ -7,6 +7,7 @@ in headless Chromium where that is installed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -17,7 +18,7 @@ import pytest
 
 import gskit
 from gskit.compare.plugins import compare_plugins
-from gskit.io.html_report import dot_source, environment_rows, render_svg, render_svgs
+from gskit.io.html_report import VERSIONED, dot_source, environment_rows, render_svg, render_svgs
 from gskit.pipeline.prepare import prepare
 from gskit.pipeline.recipe import make_recipe
 from gskit.plugin import load_plugins
@@ -182,6 +183,44 @@ def test_environment_lists_the_tensorrt_distributions_that_every_installed_one_n
     )
 
 
+def test_environment_versions_are_those_importlib_metadata_reads():
+    """The versions come from the metadata files' header lines, not the email parser: the same answers."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def expected(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    rows = dict(environment_rows())
+    assert [rows[name] for name in VERSIONED] == [expected(name) for name in VERSIONED]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Metadata-Version: 2.1\nName: demo-pkg\nversion: 1.2.3 \nSummary: s\n\nVersion: 9.9\nName: other\n",
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.2.3 \n\nlong description\n",
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.2\n .3\n\n",  # a folded header
+        "Metadata-Version: 2.1\r\nName: demo-pkg\r\nVersion: 1.2.3\r\n\r\nVersion: 9\r\n",
+        "\nName: demo-pkg\nVersion: 1.2.3\n",  # no header at all: the email package reads it as a body
+        "Metadata-Version: 2.1\nSummary: no name\n",
+    ],
+)
+def test_a_metadata_field_is_read_as_the_email_package_reads_it(tmp_path, text):
+    from importlib.metadata import Distribution
+
+    from gskit.io.html_report import _field
+
+    folder = tmp_path / "demo_pkg-1.2.3.dist-info"
+    folder.mkdir()
+    (folder / "METADATA").write_text(text, newline="")
+    dist = Distribution.at(folder)
+    for field in ("Name", "Version", "Summary"):
+        assert _field(dist, field) == dist.metadata[field]
+
+
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz (scripts/install-system-deps.sh)")
 def test_drawings_from_one_graphviz_run_are_those_drawn_one_by_one():
     sources = [
@@ -209,3 +248,98 @@ def test_input_size_counts_its_external_data_file(tmp_path):
     parsed.feed((out / "report.html").read_text())
     total = sum(f.stat().st_size for f in source.parent.iterdir())
     assert dict(parsed.tables["summary"])["input model"].endswith(f"({total / 1e3:.1f} kB in 2 files)")
+
+
+def test_drawings_started_early_are_those_the_page_draws(monkeypatch):
+    """report.html's drawings are started before the rest of the page is made and collected with it: the
+    same pictures (or the same missing ones without Graphviz), and a drawing's exception reaches the page."""
+    import threading
+
+    from gskit.io import html_report
+
+    regions = [
+        html_report.Region(
+            f"region {count}",
+            tuple(NodeSummary(f"n{j}", f"Op{j}", (f"t{j}",), (f"t{j + 1}",)) for j in range(count)),
+            (NodeSummary("p", "Plugin", ("t0",), (f"t{count}",)),),
+            ("t0",),
+            (f"t{count}",),
+        )
+        for count in (1, 3)
+    ]
+    started = html_report.start_drawings(regions)
+    assert started() == html_report._drawings(regions)
+    names = {thread.name for thread in threading.enumerate()}
+    assert html_report.start_drawings([])() == [] and names == {t.name for t in threading.enumerate()}
+
+    def broken(dots):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(html_report, "render_svgs", broken)
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        html_report.start_drawings(regions)()
+
+
+def test_the_pictures_are_started_once_no_step_changes_the_graph(tmp_path, monkeypatch):
+    """prepare starts Graphviz on the regions when only analysis steps are left (check_trt, validate,
+    build: they do not change the graph), so it draws while they run; the page shows those drawings, the
+    same as a page drawn at the end."""
+    from gskit.pipeline import prepare as pipeline
+    from gskit.pipeline import report_page
+
+    events: list[str] = []
+    real = report_page.draw_regions
+
+    def recorded(*args):
+        events.append("draw")
+        return real(*args)
+
+    class Listener:
+        def started(self, name, index, total):
+            events.append(name)
+
+        def finished(self, result):
+            pass
+
+    monkeypatch.setattr(pipeline, "_draw_regions", recorded)
+    out = tmp_path / "out"
+    prepare(EXAMPLE, out, listener=Listener())
+    assert events.index("draw") == events.index("check_trt") - 1 and events.count("draw") == 1
+    page = (out / "report.html").read_text()
+    # the same page as one whose pictures are drawn when it is made
+    drawn_late = []
+    monkeypatch.setattr(report_page, "draw_regions", lambda *a: drawn_late.append(1) or real(*a))
+    monkeypatch.setattr(pipeline, "_draw_regions", lambda *a: None)
+    late = tmp_path / "late"
+    prepare(EXAMPLE, late)
+    assert drawn_late == [1]
+    strip = re.compile(r"<td>\d+\.\d\d</td>|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|/[^<]*?/(out|late)/")
+    assert strip.sub("", page) == strip.sub("", (late / "report.html").read_text())
+    assert page.count("<figure") == 6
+
+
+def test_a_failing_graphviz_is_logged_where_the_page_collects_the_drawings(tmp_path, monkeypatch, caplog):
+    """Graphviz that fails: each drawing is missing and warned about, as before, and the warnings come when
+    the page collects the drawings (its place in the log), not while the steps still run."""
+    import logging
+    import threading
+    import time
+
+    from gskit.io import html_report
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dot").write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    (fake / "dot").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    regions = [
+        html_report.Region("r", (NodeSummary("n", "Op", ("a",), ("b",)),), (), ("a",), ("b",)),
+    ]
+    caplog.set_level(logging.WARNING, logger="gskit.io.html_report")
+    drawn = html_report.start_drawings(regions)
+    deadline = time.monotonic() + 60
+    while any(t.name == "gskit-graphviz" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [r for r in caplog.records if "graphviz failed" in r.getMessage()]
+    assert drawn() == [(None, None)]
+    assert len([r for r in caplog.records if "graphviz failed" in r.getMessage()]) == 2

@@ -323,3 +323,61 @@ def test_comparing_a_model_with_plugin_nodes_imports_no_rich(tmp_path: Path) -> 
     assert code == 0
     assert [m for m in modules if m.startswith("gskit_plugins.")], "the plugins were not loaded"
     assert not [m for m in modules if m.split(".")[0] == "rich" or m == "gskit.io.report"]
+
+
+def test_prepare_to_a_pipe_imports_no_rich(tmp_path: Path) -> None:
+    """The step lines and the summary of a prepare to a pipe are written without rich (``gskit.io.text``):
+    importing rich's console took 20 ms of a small model's prepare."""
+    out = tmp_path / "out"
+    code, modules, err = _modules_after("prepare", str(EXAMPLE), "-o", str(out), cwd=tmp_path)
+    assert code == 0, err[-500:]
+    assert "validate " in err and (out / "report.html").is_file()
+    assert not [m for m in modules if m.split(".")[0] == "rich" or m == "gskit.io.report"]
+
+
+#: ``gskit prepare`` in a fresh interpreter: the modules loaded when its parser's worker started.
+WORKER_STARTED_AFTER = """
+import json, subprocess, sys
+from gskit.cli import main
+
+seen = []
+real = subprocess.Popen.__init__
+def recording(self, args, *rest, **kwargs):
+    if "gskit.backends.trt_worker" in args:
+        seen.append(sorted(sys.modules))
+    real(self, args, *rest, **kwargs)
+subprocess.Popen.__init__ = recording
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "loaded": seen[0] if seen else None, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_a_default_prepare_starts_its_parser_before_onnx_and_imports_no_yaml(tmp_path: Path) -> None:
+    """The TensorRT-RTX parser's worker of check_trt started when ``prepare()`` began, after 0.3 s of imports;
+    now the command line starts it first. The default recipe was written as YAML and read back (PyYAML's
+    import and the round trip: 20-30 ms)."""
+    import importlib.util
+
+    import pytest
+
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_STARTED_AFTER, "prepare", str(EXAMPLE), "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["code"] == 0, done.stderr[-500:]
+    assert "yaml" not in report["modules"]
+    if importlib.util.find_spec("tensorrt_rtx") is None or importlib.util.find_spec("tensorrt"):
+        pytest.skip("the worker is started from the command line for TensorRT-RTX alone")
+    loaded = set(report["loaded"])
+    assert not {"onnx", "numpy", "onnx_graphsurgeon", "onnxruntime", "gskit.cli.prepare"} & loaded
+
+
+def test_the_prepare_command_loads_the_report_page_when_it_writes_it() -> None:
+    """report.html's modules (gskit.io.html_report, html) load when the page is written, not before."""
+    code = "import sys, gskit.cli.prepare\nprint(sorted(m for m in sys.modules if 'html' in m))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "[]", done.stderr[-500:]

@@ -255,3 +255,52 @@ def test_onnxruntime_warnings_hidden_unless_verbose(tmp_path, capfd) -> None:
     assert "UnsqueezeElimination" in capfd.readouterr().err
     assert main(["fold", str(path), "-o", str(tmp_path / "c.onnx")]) == 0
     assert "UnsqueezeElimination" not in capfd.readouterr().err
+
+
+def test_a_model_that_types_every_tensor_runs_its_plugin_nodes_without_inference(plugins, rng, monkeypatch):
+    """The PyOps' dtypes come from the model where it types every tensor (what gskit writes after its
+    infer_shapes step): no inference, so no schema registration either; a model that leaves a tensor
+    untyped is inferred as before."""
+    from gskit.passes import shapes
+
+    untyped = parse_model(PLUGIN_CHAIN)
+    typed = shapes.infer_shapes(untyped, plugins)
+    assert not shapes.missing_shapes(typed) and shapes.missing_shapes(untyped)
+    feeds = {
+        "x": rng.standard_normal((5, 6)).astype(np.float32),
+        "b": rng.standard_normal(6).astype(np.float32),
+    }
+    expected = ort_backend.run(untyped, feeds, plugins=plugins)
+    inferred = []
+    real = shapes.infer_shapes
+
+    def counted(model, registry, *, strict=True):
+        inferred.append(model)
+        return real(model, registry, strict=strict)
+
+    monkeypatch.setattr(shapes, "infer_shapes", counted)
+    got = ort_backend.run(typed, feeds, plugins=plugins)
+    assert inferred == []
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value)
+    # one node output without a shape: inferred (and its warning about untyped tensors kept)
+    del typed.graph.value_info[0]
+    got = ort_backend.run(typed, feeds, plugins=plugins)
+    assert len(inferred) == 1
+    np.testing.assert_array_equal(got["y"], expected["y"])
+
+
+def test_sessions_do_not_spin_and_give_the_outputs_of_a_spinning_session(rng):
+    """gskit's sessions keep their idle worker threads from spinning (CPU taken from the run on shared
+    cores, and a slow free); the outputs are those of a session with onnxruntime's default threads, bit
+    for bit."""
+    import onnxruntime as ort
+
+    example = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
+    session = ort_backend.session(example)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    spinning = ort.InferenceSession(str(example), options, providers=["CPUExecutionProvider"])
+    feeds = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(ort_backend.run(session, feeds)["y"], spinning.run(["y"], feeds)[0])

@@ -764,3 +764,21 @@ def test_keep_function_casts_a_plugin_input_the_match_reads_through_a_cast(rng: 
     (function,) = graph.functions
     assert function.nodes[0].op == "Cast" and function.nodes[0].inputs[0].name == "x"
     _run_both(model, graph, {"x": rng.standard_normal((2, 3, 8)).astype(np.float32)})
+
+
+def test_pattern_nodes_give_one_output_or_a_tuple_of_them() -> None:
+    """op.X(...) returns its output for a one-output node (without building a tuple) and a tuple of
+    ``_outputs`` outputs otherwise, however the count is spelled; each output knows its node and index."""
+    from gskit.passes.patterns.dsl import NodeOutput, OpBuilder
+
+    op = OpBuilder()
+    one = op.Relu(None)
+    assert isinstance(one, NodeOutput) and one.index == 0 and one.node.num_outputs == 1
+    two = op.Split(one, _outputs=2)
+    assert isinstance(two, tuple) and [o.index for o in two] == [0, 1] and two[0].node is two[1].node
+    numpy_one = op.Neg(one, _outputs=np.int64(1))
+    assert isinstance(numpy_one, NodeOutput) and numpy_one.index == 0
+    assert op.Identity(one, _outputs=0) == ()
+    with pytest.raises(TypeError):
+        op.Abs(one, _outputs=1.5)
+    assert [n.index for n in op.nodes] == [0, 1, 2, 3, 4]

@@ -244,6 +244,82 @@ def test_entry_points_group(tmp_path, monkeypatch):
     assert load_plugins([], entry_points=False).names() == []
 
 
+def _dist(site: Path, stem: str, name: str, entry_points: str | None) -> None:
+    dist = site / f"{stem}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    if entry_points is not None:
+        (dist / "entry_points.txt").write_text(entry_points)
+
+
+def test_plugin_entry_points_are_the_standard_calls(tmp_path, monkeypatch):
+    """group_entry_points parses only the distributions whose entry_points.txt names the group; it gives
+    what importlib.metadata.entry_points(group=...) gives: the same entries in the same order, a name
+    shadowed by an earlier distribution of that name (spelled otherwise) skipped, a file that names the
+    group elsewhere than as a section giving none."""
+    import importlib.metadata
+
+    from gskit.plugin.discovery import ENTRY_POINT_GROUP, group_entry_points
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    _dist(first, "zeta_plugins-1.0", "zeta-plugins", "[gskit.plugins]\nz = zeta_one\nz2 = zeta_two\n")
+    _dist(first, "Alpha.Plugins-2.0", "Alpha.Plugins", "[console_scripts]\na = alpha:main\n")
+    _dist(first, "noentry-1.0", "noentry", None)
+    _dist(first, "mention-1.0", "mention", "[console_scripts]\nm = gskit.plugins_tool:main\n")
+    _dist(second, "alpha_plugins-1.0", "alpha_plugins", "[gskit.plugins]\nshadowed = alpha_old\n")
+    _dist(second, "beta-1.0", "beta", "[pytest11]\nb = beta\n\n[gskit.plugins]\nb = beta_plugins\n")
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    found = group_entry_points(ENTRY_POINT_GROUP)
+    assert found == list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    assert [(ep.name, ep.value, ep.dist.name) for ep in found[:3]] == [
+        ("z", "zeta_one", "zeta-plugins"),
+        ("z2", "zeta_two", "zeta-plugins"),
+        ("b", "beta_plugins", "beta"),
+    ]
+    assert "shadowed" not in {ep.name for ep in found}
+    assert group_entry_points("pytest11") == list(importlib.metadata.entry_points(group="pytest11"))
+
+
+def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch):
+    """distribution_name (and metadata_header, which torch_version asks for torch's Version) parse the
+    metadata's headers only; they say what ``dist.name`` and ``dist.version`` say, whatever the line ends,
+    with a long description that names another package, and for every installed distribution."""
+    import importlib.metadata
+    import importlib.util
+
+    from gskit.plugin import derive
+    from gskit.plugin.discovery import distribution_name, metadata_header
+
+    body = "\n".join(["A long description.", "", "Name: impostor", "Version: 9.9", *["text"] * 2000])
+    metadata = {
+        "lf-1.0": "Metadata-Version: 2.1\nName: lf.Package\nVersion: 1.0\n\n" + body,
+        "crlf-1.0": "Metadata-Version: 2.1\r\nName: CRLF_pkg\r\nVersion: 1.0\r\n\r\n" + body,
+        "cr-1.0": "Metadata-Version: 2.1\rName: cr-pkg\rVersion: 1.0\r\r" + body,
+        "folded-1.0": "Metadata-Version: 2.1\nName: folded\n  name\nVersion: 1.0\n",
+    }
+    for stem, text in metadata.items():
+        dist = tmp_path / f"{stem}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_bytes(text.encode())
+    pkg_info = tmp_path / "egg-1.0.egg-info"
+    pkg_info.mkdir()
+    (pkg_info / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: egg\nVersion: 1.0\n\n" + body)
+    dists = [importlib.metadata.PathDistribution(tmp_path / f"{stem}.dist-info") for stem in metadata]
+    dists.append(importlib.metadata.PathDistribution(pkg_info))
+    assert [distribution_name(d) for d in dists] == [d.name for d in dists]
+    assert [distribution_name(d) for d in dists][:3] == ["lf.Package", "CRLF_pkg", "cr-pkg"]
+    installed = list(importlib.metadata.distributions())
+    assert [distribution_name(d) for d in installed] == [d.name for d in installed]
+    assert [metadata_header(d, "Version", lambda: None) for d in [*dists, *installed]] == [
+        d.version for d in [*dists, *installed]
+    ]
+    derive.torch_version.cache_clear()
+    torch_installed = importlib.util.find_spec("torch") is not None
+    expected = importlib.metadata.version("torch").split("+")[0] if torch_installed else None
+    assert derive.torch_version() == expected
+
+
 def test_entry_point_to_a_plain_module_is_an_error(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()

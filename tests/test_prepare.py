@@ -969,6 +969,128 @@ def test_the_check_trt_parser_starts_with_the_run_and_its_step_uses_it(tmp_path:
     assert not any(waiting.values())  # no check_trt step: no worker
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--skip", "build", "--nms"],
+        ["--skip=fold", "--fp16"],
+        ["--tensorrt", "10.3"],
+        ["--tensorrt=11"],
+        ["--tensorrt", "8.6"],
+        ["--tensorrt", "10.16.1.11", "--shape", "x:2x4x8x8"],
+    ],
+)
+def test_the_parser_started_from_the_command_line_is_the_one_check_trt_asks(flags: list[str]) -> None:
+    """``gskit prepare`` starts its check_trt step's parser before its imports, guessing from the command
+    line: the guess is the flavour the step asks, or nothing (never a wrong one); with TensorRT-RTX alone
+    installed, the default recipe's parser is always guessed."""
+    from gskit.backends.trt_check import answering_flavour
+    from gskit.cli import _early_parser, build_parser
+    from gskit.cli.prepare import _recipe
+    from gskit.pipeline.prepare import _target
+
+    words = ["--debug", "prepare", str(EXAMPLE), "-o", "out", *flags]
+    recipe = _recipe(build_parser(words).parse_args(words))
+    step = next(s for s in recipe.steps if s.name == "check_trt")
+    asked = answering_flavour(step.options.backend, _target(recipe))
+    guessed = _early_parser(words)
+    assert guessed in (asked, None)
+    rtx_alone = importlib.util.find_spec("tensorrt") is None and importlib.util.find_spec("tensorrt_rtx")
+    if rtx_alone:
+        assert guessed == (None if asked == "static" else asked)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--skip", "check_trt"],
+        ["--skip=check_trt"],
+        ["--recipe", "r.yaml"],
+        ["--recipe=r.yaml"],
+        ["--rec", "r.yaml"],  # argparse takes an abbreviation
+        ["--tens", "8.6"],
+        ["--print-recipe"],
+        ["-h"],
+        ["--", "--skip", "check_trt"],
+    ],
+)
+def test_no_parser_is_started_from_a_command_line_that_does_not_say_it(flags: list[str]) -> None:
+    from gskit.cli import _early_parser
+
+    assert _early_parser(["prepare", str(EXAMPLE), "-o", "out", *flags]) is None
+    assert _early_parser(["check-trt", str(EXAMPLE)]) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+def test_gskit_prepare_starts_the_parser_before_its_imports_and_check_trt_uses_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The command starts the worker before it builds its parser (which imports onnx and the passes); the
+    check_trt step hands its task to that worker, the one worker of the run."""
+    import gskit.cli
+    from gskit.backends import trt
+
+    events: list[str] = []
+    started: list[object] = []
+    ran: list[object] = []
+    build_parser = gskit.cli.build_parser
+    monkeypatch.setattr(
+        gskit.cli, "build_parser", lambda words: events.append("parser") or build_parser(words)
+    )
+    start, run = trt._Worker.start, trt._Worker.run
+    monkeypatch.setattr(
+        trt._Worker, "start", lambda self: events.append("worker") or started.append(self) or start(self)
+    )
+    monkeypatch.setattr(trt._Worker, "run", lambda self, *a: ran.append(self) or run(self, *a))
+    assert main(["prepare", str(EXAMPLE), "-o", str(tmp_path / "out"), "--skip", "build"]) == 0
+    assert events[:2] == ["worker", "parser"] and len(started) == 1 and ran == started
+    assert not trt._WAITING
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["tensorrt"]["source"].startswith("tensorrt_rtx")
+
+
+def _workers_of(folder: Path) -> list[str]:
+    """Processes whose command line names a path under ``folder`` (a worker names its request file)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in text and "trt_worker" in text:
+            found.append(text)
+    return found
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx-cu13")
+@pytest.mark.parametrize("how", ["error", "interrupted", "done"])
+def test_the_parser_started_first_leaves_no_process_or_folder(tmp_path: Path, how: str) -> None:
+    """The worker started from the command line is stopped and its folder removed however the command ends:
+    an error before check_trt (a missing model), Ctrl-C while the command imports or runs, a whole run (the
+    worker that answered exits on its own, reaped while the command goes on)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    model = tmp_path / "missing.onnx" if how == "error" else EXAMPLE
+    words = ["prepare", str(model), "-o", str(tmp_path / "out"), "--skip", "build"]
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gskit.cli", *words],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    if how == "interrupted":
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(temp.glob("gskit-trt-*")) and proc.poll() is None:
+            time.sleep(0.01)
+        assert list(temp.glob("gskit-trt-*")), "the worker's folder was never made"
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == {"error": 2, "interrupted": 130, "done": 0}[how], err
+    assert not list(temp.glob("gskit-trt-*")) and not _workers_of(temp)
+
+
 def test_the_snapshot_of_the_final_graph_is_the_model_written(tmp_path: Path, monkeypatch) -> None:
     """A run whose last snapshot (check_trt's, validate's) shows the final graph writes that file instead of
     saving the graph again; the model is byte for byte the one a run without a snapshot writes, and a snapshot
@@ -999,3 +1121,39 @@ def test_the_snapshot_of_the_final_graph_is_the_model_written(tmp_path: Path, mo
     assert written["snapshot"][1] == ["step1"]  # validate's snapshot only: the final model is that file
     assert written["stale"][1] == ["step1", "outputs"]  # fold changed the graph after the snapshot
     assert b"gskit scripts/make_example_model.py" in written["snapshot"][0]  # the producer kept
+
+
+def test_the_summary_and_step_lines_to_a_pipe_are_the_text_rich_prints(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """To a pipe the step lines (stderr) and the summary (stdout) are written without rich
+    (``gskit.io.text``): the same bytes as rich's console, rows and lines rich wraps included."""
+    from types import SimpleNamespace
+
+    import gskit.cli.prepare as cli_prepare
+    from gskit.io import report as rich_report
+    from gskit.pipeline.prepare import StepResult, prepare
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    report = prepare(EXAMPLE, tmp_path / "out")
+    # a row the table wraps, and a step line longer than the console
+    report.steps.append(StepResult("build", None, 0.0, 12, 12, "skipped", "word " * 60))
+    monkeypatch.setattr(cli_prepare, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    rich_console = rich_report.console
+
+    def refused(stderr: bool = False) -> None:
+        raise AssertionError("rich's console was used")
+
+    printed = {}
+    for plain in (True, False):
+        monkeypatch.setattr(cli_prepare, "writes_plain", lambda stream, plain=plain: plain)
+        monkeypatch.setattr(rich_report, "console", refused if plain else rich_console)
+        progress = cli_prepare._Progress(quiet=False)
+        for step in report.steps:
+            progress.finished(step)
+        cli_prepare._print_summary(report)
+        printed[plain] = capsys.readouterr()
+    assert printed[True] == printed[False]
+    assert "\n(docker/)  (total 0.0s)\n" in printed[True].err and "validation passed\n" in printed[True].out
+    assert printed[True].out.count("│ word word") > 1  # the long row was wrapped

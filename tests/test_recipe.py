@@ -274,3 +274,52 @@ def test_the_order_is_checked_for_recipes_made_in_python_too() -> None:
     names = [s.name for s in fp16.steps]
     assert names.index("convert") < names.index("validate")
     check_validation_order(fp16)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [list(DEFAULT_STEPS), ["fold"], ["sanitize", "validate", "check_trt"], ["fold", "fold", "infer_shapes"]],
+)
+def test_a_recipe_of_steps_without_options_is_the_one_its_yaml_reads(names: list[str]) -> None:
+    """``make_recipe`` builds steps without options directly (the default recipe: no PyYAML import, no
+    round trip): the same steps, options and lines as reading the YAML it wrote for them."""
+    import yaml
+
+    made = make_recipe([(name, {}) for name in names])
+    text = yaml.safe_dump({"steps": [{name: {}} for name in names]}, sort_keys=False)
+    assert made == parse_recipe(text, source="<python>")
+    assert [step.line for step in made.steps] == [i + 2 for i in range(len(names))]
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ([], "'steps' is empty"),
+        ([("fold", {}), ("no_such_step", {})], r"<python>:3: unknown step 'no_such_step'"),
+        (
+            [("validate", {}), ("fold", {})],
+            r"<python>:3: step 'fold' changes the model after step 'validate'",
+        ),
+    ],
+)
+def test_a_recipe_of_steps_without_options_fails_as_its_yaml_does(entries: list, message: str) -> None:
+    with pytest.raises(GskitError, match=message):
+        make_recipe(entries)
+
+
+def test_the_default_recipe_imports_no_yaml() -> None:
+    """PyYAML (10 ms) loads where a recipe is read or printed, not for the default recipe of a run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from gskit.pipeline.prepare import default_recipe, recipe_with_overrides\n"
+        "recipe = recipe_with_overrides(default_recipe(), skip=['build'], tensorrt='10.3')\n"
+        "assert 'yaml' not in sys.modules, 'yaml imported'\n"
+        "recipe.to_yaml()\n"
+        "assert 'yaml' in sys.modules\n"
+        "print('OK')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "OK", done.stderr[-500:]

@@ -296,6 +296,30 @@ def test_plugin_named_like_an_onnx_op_does_not_break_onnx_reference() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_registering_plugin_schemas_lists_onnx_schemas_once() -> None:
+    """register_schemas has onnx.reference index every schema (one listing) and makes the standard op types
+    before the plugins' schemas join; the op types come from that index, not from a second listing (8-10
+    ms of each command that registers them), and are the set a listing gives."""
+    import subprocess
+    import sys
+
+    code = (
+        "import onnx.defs\n"
+        "real = onnx.defs.get_all_schemas_with_history\n"
+        "calls = []\n"
+        "onnx.defs.get_all_schemas_with_history = lambda: calls.append(1) or real()\n"
+        "from gskit.plugin import PluginRegistry, PluginSpec, ops\n"
+        "from gskit.passes.shapes import register_schemas\n"
+        "register_schemas(PluginRegistry([PluginSpec(name='Swish', namespace='acme')]))\n"
+        "assert len(calls) == 1, calls\n"
+        "listed = frozenset(s.name for s in real() if s.domain in ops.ONNX_DOMAINS)\n"
+        "assert ops.onnx_op_types() == listed and 'Relu' in listed and 'Swish' in listed\n"
+        "print('OK')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "OK", result.stderr[-800:]
+
+
 LN_AFTER_RESHAPE = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[N, 6, 8] x, int64[{k}] s) => (float[N, 48] y)

@@ -11,12 +11,17 @@ from gskit.io.text import plain_line, plain_table, wrap_words
 
 #: Words of the titles and cells drawn below: short, long, empty-ish, with markup-like and control text.
 WORDS = ["x", "y", "output", "max abs err", "2x4x8x8", "[bold]x[/]", "a\x1bb", "inputs", "-", "1e-05", "FAIL"]
+#: Longer phrases, as prepare's step summaries hold (they make tables wider than the console).
+PHRASES = ["ok: 3 replaced, 1 skipped (gskit::ClampSwish v1: 2 plugin;", "build with full TensorRT (docker/)"]
 
 
-def _rich(title: str, columns: list[str], rows: list[list[str]], lines: list[str], capsys) -> str:
+def _rich(
+    title: str, columns: list[str], rows: list[list[str]], lines: list[str], capsys, width: int = 160
+) -> str:
     """What gskit printed through rich (``report.console()`` on a captured, non-terminal stdout)."""
     capsys.readouterr()
     out = report.console()
+    out.width = width
     out.print(report.table(title, columns, rows))
     for line in lines:
         out.print(report.styled(line))
@@ -52,13 +57,48 @@ def test_plain_tables_are_the_bytes_rich_prints(capsys, monkeypatch) -> None:
     assert answered > 150
 
 
+def test_wide_tables_and_long_lines_are_the_bytes_rich_prints(capsys, monkeypatch) -> None:
+    """Tables wider than the console (rich narrows the widest columns and wraps their cells, the header's
+    cells at the bottom of their row) and lines longer than it (wrapped, a line keeping its trailing
+    spaces), at several console widths: where plain_table and plain_line answer, the text is rich's."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    rng = random.Random(7)
+    answered = wide = 0
+    for _ in range(400):
+        width = rng.choice([160, 160, 80, 40, 20, 12])
+        columns = [_text(rng, 20, most=3) or "c" for _ in range(rng.randint(1, 7))]
+        rows = [[_long_text(rng, rng.choice([4, 12, 30])) for _ in columns] for _ in range(rng.randint(0, 4))]
+        title = _text(rng, 120)
+        lines = [_long_text(rng, rng.choice([5, 40, 80]), longest=200) for _ in range(rng.randint(0, 2))]
+        table = plain_table(title, columns, rows, width)
+        shown = [plain_line(line, width) for line in lines]
+        if table is None or None in shown:
+            continue
+        answered += 1
+        wide += max(len(line) for line in table.splitlines()) >= width - 1
+        expected = _rich(title, columns, rows, lines, capsys, width)
+        assert table + "".join(shown) == expected, (width, title, columns, rows, lines)
+    assert answered > 80 and wide > 40
+
+
+def _long_text(rng: random.Random, most: int, longest: int = 12) -> str:
+    """Up to ``most`` words and phrases, sometimes with a long word and spaces at the end."""
+    words = [rng.choice(WORDS + PHRASES) for _ in range(rng.randint(0, most))]
+    if rng.random() < 0.3:
+        words.append("w" * rng.randint(1, longest))
+    end = " " * rng.randint(1, 3) if rng.random() < 0.2 else ""
+    return (" " * rng.randint(1, 3)).join(words) + end
+
+
 def test_plain_tables_leave_to_rich_what_rich_lays_out_otherwise() -> None:
-    """A table wider than the console (rich narrows and wraps columns), text that is not ASCII (cell widths
-    differ from lengths), and a line longer than the console (rich wraps it): None."""
+    """Text that is not ASCII (cell widths differ from lengths), a word longer than its narrowed column
+    (rich cuts it with an ellipsis) and columns with no room for their text: None."""
     assert plain_table("t", ["a" * 100, "b" * 100], [], 160) is None
     assert plain_table("t", ["a"], [["é"]], 160) is None
-    assert plain_line("x" * 161, 160) is None
+    assert plain_table("t", ["a b"] * 40, [], 80) is None
     assert plain_line("\u202eevil", 160) == "\\u202eevil\n"  # escaped first, as rich's console shows it
+    assert plain_line("x" * 161, 160) == "x" * 160 + "\nx\n"  # a word longer than the line: folded
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,11 @@ def _session(
     # their data file in anonymous memory (2.5 GB of MatMul weights: 7.5 s and 2.5 GB, against 0.04 s and
     # pages of the file). Outputs are the same bit for bit.
     options.add_session_config_entry("session.disable_prepacking", "1")
+    # Nor do its idle worker threads spin waiting for the next parallel op (onnxruntime's default): on a
+    # machine whose cores are shared they take CPU from the thread that runs the model, and a session is
+    # freed only once they stop spinning (2-6 ms a session of a small model on 2 cores). The work is split
+    # among the threads as before, so outputs are the same bit for bit.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     quiet_default_logger()
     if extensions:
         options.register_custom_ops_library(_extensions_library())
@@ -495,10 +500,7 @@ def _pyop_model(
     plugins: PluginRegistry | None,
 ) -> Iterator[onnx.ModelProto]:
     """The model with its plugin nodes turned into PyOps; every change is undone on exit."""
-    from gskit.passes.shapes import infer_shapes
-
-    typed = infer_shapes(model, plugins or PluginRegistry(), strict=False)
-    dtypes = _elem_types(typed)
+    dtypes = _plugin_dtypes(model, nodes, plugins)
     saved: list[tuple[onnx.GraphProto, list[onnx.NodeProto]]] = []
     added_import = False
     try:
@@ -520,6 +522,34 @@ def _pyop_model(
             graph.node.extend(original)
         if added_import:
             del model.opset_import[-1]
+
+
+def _plugin_dtypes(
+    model: onnx.ModelProto,
+    nodes: list[tuple[onnx.GraphProto, dict[int, PluginSpec]]],
+    plugins: PluginRegistry | None,
+) -> dict[str, int]:
+    """Element types by tensor name, for the tensors of the plugin nodes (what their PyOps are declared
+    with): the model's own where it types all of them and gives every node output of its graph a dtype and
+    a shape (a model gskit wrote: its infer_shapes step typed every tensor), else inferred.
+
+    Inference keeps the types a model declares, so it would only repeat them; skipping it spares the
+    registration of the plugins' onnx schemas and onnx's inference (tens of ms for a small model in a
+    process that has not inferred shapes before, such as ``gskit compare``).
+    """
+    from gskit.passes.shapes import infer_shapes, missing_shapes
+
+    declared = _elem_types(model)
+    needed = {
+        name
+        for graph, specs in nodes
+        for index in specs
+        for name in (*graph.node[index].input, *graph.node[index].output)
+        if name
+    }
+    if needed <= declared.keys() and not missing_shapes(model):
+        return declared
+    return _elem_types(infer_shapes(model, plugins or PluginRegistry(), strict=False))
 
 
 def _rewrite(node: onnx.NodeProto, spec: PluginSpec, dtypes: Mapping[str, int]) -> list[onnx.NodeProto]:

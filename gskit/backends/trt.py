@@ -11,16 +11,20 @@ Capability check: :mod:`gskit.backends.trt_check`. Engine build: :mod:`gskit.bac
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import logging
 import os
+import re
+import selectors
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,12 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from gskit.errors import GskitError
 from gskit.io.outputs import process_alive
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy loads where arrays are made: `gskit prepare` starts the worker before it
+    import numpy as np
     import onnx
 
     from gskit.backends.model_run import ModelRun
@@ -82,6 +85,28 @@ def resolve_backend(backend: str = "auto") -> str:
     if backend == "tensorrt_rtx" and importlib.util.find_spec("tensorrt_rtx") is None:
         raise GskitError("TensorRT-RTX is not installed: pip install 'gskit[rtx]'")
     return backend
+
+
+#: The parsers' line from TensorRT 10 on (INT64, local functions, IPluginV3): every TensorRT-RTX parser is of
+#: it, and so is gskit's newest known target (``gskit.backends.trt_check`` answers with a parser of the
+#: target's line only).
+_RTX_LINE_MAJOR = 10
+
+
+def default_check_parser(target: str | None) -> str | None:
+    """The parser that ``check_trt`` with ``backend="auto"`` asks for ``target`` (a version as typed, None:
+    the default target), where that is known without importing anything heavy; else None.
+
+    Known: TensorRT-RTX without full TensorRT, for the default target (the newest gskit knows, of the
+    10+ line) or a version of that line. Full TensorRT is not guessed: whether it answers takes importing it
+    (:func:`full_tensorrt_available`). ``gskit prepare`` starts this parser's worker before its imports.
+    """
+    if importlib.util.find_spec("tensorrt") is not None or importlib.util.find_spec("tensorrt_rtx") is None:
+        return None
+    if target is None:
+        return "tensorrt_rtx"
+    major = re.fullmatch(r"(\d+)(?:\.\d+)*", target.strip())
+    return "tensorrt_rtx" if major is not None and int(major[1]) >= _RTX_LINE_MAJOR else None
 
 
 def source_label(flavour: str, version: str) -> str:
@@ -162,20 +187,27 @@ def run_worker(
 
 
 @contextmanager
-def started_worker(flavour: str) -> Iterator[None]:
+def started_worker(flavour: str, *, debug: bool | None = None) -> Iterator[None]:
     """Start the worker of ``flavour`` now, waiting for its task: its interpreter and TensorRT load while the
     caller goes on (0.1-0.4 s), and the next :func:`run_worker` of that flavour hands its task to it.
 
     Nothing is started when ``flavour`` is no parser (``static``) or a worker of it already waits. On the way
-    out a worker that no task took is stopped.
+    out a worker that no task took is stopped, and its folder removed.
+
+    Args:
+        flavour: ``tensorrt``, ``tensorrt_rtx`` or ``static``.
+        debug: whether the task will run under --debug (the worker then prints its traceback on failure);
+            None: as the "gskit" logger's level says now. ``gskit prepare`` starts its worker before logging
+            is set up, and says it from the command line.
     """
     from gskit.backends.trt_worker import FLAVOURS, WAIT_FLAG
 
     if flavour not in FLAVOURS or flavour in _WAITING:
         yield
         return
+    traceback = _traceback_flag() if debug is None else "1" if debug else "0"
     with private_temp_folder("gskit-trt-") as tmp:
-        worker = _Worker(flavour, tmp, [*_worker_command(tmp), WAIT_FLAG, flavour])
+        worker = _Worker(flavour, tmp, [*_worker_command(tmp), WAIT_FLAG, flavour], traceback)
         worker.start()
         _WAITING[flavour] = worker
         try:
@@ -189,9 +221,9 @@ def started_worker(flavour: str) -> Iterator[None]:
 class _Worker:
     """One child interpreter running ``gskit.backends.trt_worker`` in its private folder ``folder``."""
 
-    def __init__(self, flavour: str, folder: Path, command: list[str]) -> None:
+    def __init__(self, flavour: str, folder: Path, command: list[str], traceback: str | None = None) -> None:
         self.flavour, self.folder, self.command = flavour, folder, command
-        self.traceback = _traceback_flag()
+        self.traceback = _traceback_flag() if traceback is None else traceback
         self.process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
@@ -221,31 +253,82 @@ class _Worker:
             self.start()
         assert self.process is not None
         try:
-            _, stderr = self.process.communicate(input="", timeout=timeout_s)
+            stderr = self._output(timeout_s)
         except subprocess.TimeoutExpired as err:
             self.stop()
             raise GskitError(
                 f"{self.flavour} {task} did not finish in {timeout_s} s; check the model size"
             ) from err
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the worker ends with the call
+            self.stop()
+            raise
         log.debug("%s %s worker log:\n%s", self.flavour, task, stderr)
-        code = self.process.returncode
-        if code != 0 or not response_path.is_file():
-            how = f"crashed (signal {-code})" if code < 0 else f"failed (exit {code})"
-            raise GskitError(f"{self.flavour} {task} {how}: {_tail(stderr)}")
-        return json.loads(response_path.read_text())
+        answer = _answer(response_path)
+        if answer is not None:
+            # The worker wrote its answer last and has closed its output: its exit (TensorRT's libraries
+            # unmapped, 10 ms and more) goes on while the caller does, and is reaped when it ends.
+            threading.Thread(target=self.process.wait, name="gskit-trt-reaper", daemon=True).start()
+            return answer
+        code = self.process.wait()
+        how = f"crashed (signal {-code})" if code < 0 else f"failed (exit {code})"
+        raise GskitError(f"{self.flavour} {task} {how}: {_tail(stderr)}")
+
+    def _output(self, timeout_s: int) -> str:
+        """Close the child's stdin (its "go") and read its stdout and stderr to their end, which it reaches
+        once it has written its answer (it closes both before it exits) or died; returns its stderr.
+
+        Raises:
+            subprocess.TimeoutExpired: its output is still open after ``timeout_s``.
+        """
+        process = self.process
+        assert process is not None and process.stdout is not None and process.stderr is not None
+        with contextlib.suppress(BrokenPipeError):  # a child that died already
+            process.stdin.close()  # type: ignore[union-attr]
+        deadline = time.monotonic() + timeout_s
+        logged: list[bytes] = []
+        with selectors.DefaultSelector() as selector:
+            for stream in (process.stdout, process.stderr):
+                selector.register(stream, selectors.EVENT_READ)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(self.command, timeout_s)
+                for key, _ in selector.select(left):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fileobj)
+                    elif key.fileobj is process.stderr:
+                        logged.append(data)
+        process.stdout.close()
+        process.stderr.close()
+        return b"".join(logged).decode(errors="replace")
 
     def stop(self) -> None:
-        """Stop the child if it still runs, and reap it."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-        if self.process is not None:
-            self.process.communicate()
+        """Stop the child if it still runs, reap it and close its pipes (``_output`` may have closed some)."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):  # nothing is left to write to the dead child
+                    stream.close()
 
 
 #: The worker :func:`started_worker` started, by flavour, until a task takes it.
 _WAITING: dict[str, _Worker] = {}
 #: The files of a task in the worker's folder (the worker's arguments name them).
 REQUEST_NAME, RESPONSE_NAME = "request.json", "response.json"
+
+
+def _answer(path: Path) -> dict | None:
+    """The worker's answer; None when it wrote none, or not all of it (it died while writing)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def _worker_command(folder: Path) -> list[str]:
@@ -385,6 +468,7 @@ def trt_runner(
     Raises:
         GskitError: ``path`` does not exist, or a plugin file cannot be loaded.
     """
+    import numpy as np
     import tensorrt
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import (
@@ -471,6 +555,8 @@ def run_once(runner: Any, feeds: Mapping[str, np.ndarray], what: str) -> dict[st
     Raises:
         GskitError: ``what``, then the first line of TensorRT's error.
     """
+    import numpy as np
+
     with one_line_errors(what), runner:
         outputs = runner.infer(_contiguous(feeds))
     return {name: np.array(value) for name, value in outputs.items()}
@@ -478,6 +564,8 @@ def run_once(runner: Any, feeds: Mapping[str, np.ndarray], what: str) -> dict[st
 
 def _contiguous(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """TensorRT copies inputs to the device as they lie in memory: a strided view must be made whole."""
+    import numpy as np
+
     return {name: np.ascontiguousarray(value) for name, value in feeds.items()}
 
 
@@ -564,6 +652,8 @@ class DebugTensors:
             context.set_all_tensors_debug_state(False)
             for name in names:
                 context.set_tensor_debug_state(name, True)
+        import numpy as np
+
         with one_line_errors("TensorRT failed to run the prepared model"):
             outputs = self.runner.infer(self.feeds)
         values = {name: np.array(value) for name, value in outputs.items()}

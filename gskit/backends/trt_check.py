@@ -243,7 +243,8 @@ def _check_trt(
     if registry is None:
         registry = load_plugins(None if plugins is None else [p for p in plugins if Path(p).is_dir()])
     nodes = list(model.graph.node)
-    plugin_issues = {i: _plugin_issue(i, node, registry, goal) for i, node in plugin_nodes(model)}
+    stubs: dict[int, tuple[str, ...]] = {}  # a spec's stub parts, read once for all its nodes
+    plugin_issues = {i: _plugin_issue(i, node, registry, goal, stubs) for i, node in plugin_nodes(model)}
     opset = _opset(model)
     if opset is not None and opset > table.opsets[1]:
         notes.append(
@@ -371,8 +372,14 @@ def _in_tensorrt_namespace(node: onnx.NodeProto) -> bool:
 
 
 def _plugin_issue(
-    index: int, node: onnx.NodeProto, registry: PluginRegistry, target: TensorRTTarget
+    index: int,
+    node: onnx.NodeProto,
+    registry: PluginRegistry,
+    target: TensorRTTarget,
+    stubs_of: dict[int, tuple[str, ...]] | None = None,
 ) -> NodeIssue:
+    """The issue of one plugin node; ``stubs_of`` keeps each spec's stub parts (by ``id``) for the next node
+    of the same plugin (they are read from its files: 1-2 ms a spec)."""
     namespace, name, version = plugin_key(node)
     shipped = shipped_plugin_of(node)
     # Only a node the parser looks up in TensorRT's namespace "" is TensorRT's plugin of that name.
@@ -407,7 +414,10 @@ def _plugin_issue(
             spec.node_attrs({k: attribute_value(v) for k, v in values.items()})
         except PluginError as err:
             problems.append(str(err))
-        stubs = stub_parts(spec)
+        stubs_of = {} if stubs_of is None else stubs_of
+        if id(spec) not in stubs_of:
+            stubs_of[id(spec)] = stub_parts(spec)
+        stubs = stubs_of[id(spec)]
         if stubs:
             known += f"; {describe_stubs(spec)}"
         if "trt_plugin" in stubs:  # TensorRT would load the plugin and run a kernel that raises

@@ -18,6 +18,7 @@ Tasks:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import importlib.util
@@ -263,4 +264,14 @@ def _run(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(_run(sys.argv[1:]))
+    code = _run(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The answer is written: the parent reads it once both outputs are closed, without waiting for the exit
+    # (TensorRT's libraries unmapped: 10 ms and more). No interpreter teardown either: TensorRT's destructors
+    # would add as much, for nothing.
+    os.close(1)
+    os.close(2)
+    with contextlib.suppress(OSError):  # the exit's work yields to the parent's, which goes on meanwhile
+        os.nice(19)
+    os._exit(code)

@@ -271,21 +271,22 @@ def _run(words: list[str], *, own_process: bool = False) -> int:
         if _named_command(words) is None and "--version" in words:
             print(f"gskit {_version()}")  # before the parser: it would import every command to say this
             return 0
-        with _imported_uncollected() if own_process else contextlib.nullcontext():
-            args = build_parser(words).parse_args(words)
-            name = f"gskit {args.command}"
-            level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
-            handler = logging.StreamHandler(_CurrentStderr())
-            handler.setFormatter(_VisibleFormatter("%(levelname)s %(name)s: %(message)s"))
-            logging.basicConfig(level=level, handlers=[handler])
-            _quiet_onnxruntime(level, args.command)
-            from gskit.io.outputs import guarding_inputs
+        with _parser_started_early(words):
+            with _imported_uncollected() if own_process else contextlib.nullcontext():
+                args = build_parser(words).parse_args(words)
+                name = f"gskit {args.command}"
+                level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
+                handler = logging.StreamHandler(_CurrentStderr())
+                handler.setFormatter(_VisibleFormatter("%(levelname)s %(name)s: %(message)s"))
+                logging.basicConfig(level=level, handlers=[handler])
+                _quiet_onnxruntime(level, args.command)
+                from gskit.io.outputs import guarding_inputs
 
-            display = _progress_display(enabled=not getattr(args, "json", False))  # imports rich if it draws
+                display = _progress_display(enabled=not getattr(args, "json", False))  # rich if it draws
 
-        # Whatever the command loads is its input: no output of it may replace one of those files.
-        with guarding_inputs(), display:
-            return int(args.func(args) or 0)
+            # Whatever the command loads is its input: no output of it may replace one of those files.
+            with guarding_inputs(), display:
+                return int(args.func(args) or 0)
     except GskitError as err:
         if interrupt.arrived():
             return _interrupted(name, interrupt.arrived())
@@ -325,6 +326,64 @@ def _run(words: list[str], *, own_process: bool = False) -> int:
             f"unexpected {type(err).__name__}: {first} (a gskit bug: rerun with `gskit --debug ...` for the "
             "traceback and report it)",
         )
+
+
+#: ``gskit prepare`` options after which its command line no longer says cheaply which parser its first
+#: check_trt step asks: another recipe (its YAML may name the backend), or a run that does no work.
+_RECIPE_UNKNOWN = ("--recipe", "--print-default-recipe", "--print-recipe", "--help", "--version")
+
+
+def _parser_started_early(words: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+    """For ``gskit prepare`` with the default recipe, the worker of the TensorRT parser its check_trt step
+    will ask, started before the command imports its modules (onnx, onnxruntime, the passes: 0.2-0.3 s), so
+    that the worker's interpreter and TensorRT load meanwhile; ``prepare`` hands the step's task to it
+    (``gskit.backends.trt.started_worker``).
+
+    Nothing starts where the command line does not say it for sure (:func:`_early_parser`). On the way out
+    (done, an error, Ctrl-C) a worker that no task took is stopped and its folder removed.
+    """
+    flavour = _early_parser(words)
+    if flavour is None:
+        return contextlib.nullcontext()
+    from gskit.backends.trt import started_worker
+
+    return started_worker(flavour, debug="--debug" in words)
+
+
+def _early_parser(words: Sequence[str]) -> str | None:
+    """The parser flavour that ``gskit prepare``'s first check_trt step asks, read from the command line
+    alone: the default recipe (no --recipe), check_trt not skipped, the target of --tensorrt or the default
+    (``gskit.backends.trt.default_check_parser``). None when that is not sure: another command, another
+    recipe, an abbreviated option that argparse might read as one of those, a "--" separator."""
+    if _named_command(words) != "prepare":
+        return None
+    command = next(i for i, word in enumerate(words) if word not in GLOBAL_FLAGS)
+    rest = list(words[command + 1 :])
+    skipped, version = [], None
+    while rest:
+        word = rest.pop(0)
+        if word in ("--", "-h"):
+            return None
+        if not word.startswith("--"):
+            continue
+        option, has_value, value = word.partition("=")
+        if option not in ("--skip", "--tensorrt"):
+            if any(known.startswith(option) for known in (*_RECIPE_UNKNOWN, "--skip", "--tensorrt")):
+                return None  # one of them, or an abbreviation argparse may take for one
+            continue
+        if not has_value:
+            if not rest:
+                return None
+            value = rest.pop(0)
+        if option == "--skip":
+            skipped.append(value)
+        else:
+            version = value
+    if "check_trt" in skipped:
+        return None
+    from gskit.backends.trt import default_check_parser
+
+    return default_check_parser(version)
 
 
 def _interrupted(name: str, signum: int | None) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -16,7 +15,7 @@ from gskit.cli.options import add_options, options_from_args
 from gskit.compare.options import CompareOptions, ComparisonHeader
 from gskit.errors import GskitError
 from gskit.io.shape_args import format_shape
-from gskit.io.text import PLAIN_WIDTH, is_terminal, plain_line, plain_table
+from gskit.io.text import PLAIN_WIDTH, plain_line, plain_table, writes_plain
 from gskit.plugin.discovery import implementation_paths, load_plugins
 
 if TYPE_CHECKING:  # each mode imports its own comparison when it runs
@@ -154,11 +153,8 @@ def _plain(
 ) -> str | None:
     """The text rich would print for :func:`_show`, where it prints no escapes and this text can say it;
     else None."""
-    environ = os.environ
-    if is_terminal(sys.stdout) or "FORCE_COLOR" in environ or "TTY_COMPATIBLE" in environ:
-        return None  # rich writes escapes (colours, bold) or may: it draws for a terminal
-    if not (getattr(sys.stdout, "encoding", None) or "utf-8").lower().startswith("utf") or os.name == "nt":
-        return None  # rich draws the box in ASCII, or for Windows' console
+    if not writes_plain(sys.stdout):
+        return None  # rich writes escapes (colours, bold) or may, or draws the box otherwise
     cells = [[_cell_text(c) for c in row] for row in rows]
     table = plain_table(title, columns, cells, PLAIN_WIDTH)
     lines = [

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, TextIO
 
 from gskit.cli import COMMANDS, add_plugins_option
 from gskit.errors import GskitError
 from gskit.io import progress
-from gskit.io.report import console, print_json, styled, table
+from gskit.io.strict_json import print_json
+from gskit.io.text import PLAIN_WIDTH, plain_line, plain_table, writes_plain
 from gskit.passes.transform import StepFlag
 from gskit.pipeline.prepare import (
     PrepareReport,
@@ -64,12 +66,67 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: A line of text: plain parts and (text, style) parts (a style only where rich prints it).
+Line = tuple[str | tuple[str, str], ...]
+#: A table: its title, its columns and its rows of cells.
+TableRows = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
+
+
+class _Printer:
+    """Tables and lines on stdout or stderr as ``gskit.io.report``'s console prints them.
+
+    Where rich would write no escapes (a pipe, a file) the same text is written directly
+    (``gskit.io.text.plain_table``, ``plain_line``), so that a plain run does not import rich for it.
+    """
+
+    def __init__(self, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Any = None
+
+    def show(self, tables: Sequence[TableRows] = (), lines: Sequence[Line] = ()) -> None:
+        stream = self._stream()
+        plain = _plain(tables, lines) if writes_plain(stream) else None
+        if plain is not None:
+            stream.write(plain)
+            stream.flush()  # as rich does after each print: the order with the other stream is kept
+            return
+        from gskit.io.report import console, styled, table
+
+        if self._console is None:
+            self._console = console(stderr=self._stderr)
+        for title, columns, rows in tables:
+            self._console.print(table(title, columns, rows))
+        for line in lines:
+            self._console.print(styled(*line))
+
+    def _stream(self) -> TextIO:
+        return sys.stderr if self._stderr else sys.stdout
+
+
+def _plain(tables: Sequence[TableRows], lines: Sequence[Line]) -> str | None:
+    """The text rich prints for the tables and lines where it writes no escapes, or None where this text
+    cannot say it (see ``plain_table``)."""
+    texts = [
+        plain_table(title, columns, [[_cell_text(c) for c in row] for row in rows], PLAIN_WIDTH)
+        for title, columns, rows in tables
+    ]
+    texts += [
+        plain_line("".join(p if isinstance(p, str) else p[0] for p in line), PLAIN_WIDTH) for line in lines
+    ]
+    return None if None in texts else "".join(text for text in texts if text is not None)
+
+
+def _cell_text(cell: Any) -> str:
+    """A cell as ``gskit.io.report.data`` shows it (``None``: empty)."""
+    return "" if cell is None else str(cell)
+
+
 class _Progress:
     """A spinner while a step runs (a progress task: a step's own bars, fold's batches, show below it), one
     line when it ends."""
 
     def __init__(self, quiet: bool) -> None:
-        self._console = console(stderr=True)
+        self._out = _Printer(stderr=True)
         self._quiet = quiet
         self._step = ExitStack()
         self._start = time.perf_counter()
@@ -85,14 +142,13 @@ class _Progress:
             result.status
         ]
         total = time.perf_counter() - self._start
-        self._console.print(
-            styled(
-                mark,
-                f" {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
-                f"{result.nodes_after:<6} {result.summary}  ",
-                (f"(total {total:.1f}s)", "dim"),
-            )
+        line: Line = (
+            mark,
+            f" {result.name:<13} {result.seconds:6.2f}s  {result.nodes_before:>6} -> "
+            f"{result.nodes_after:<6} {result.summary}  ",
+            (f"(total {total:.1f}s)", "dim"),
         )
+        self._out.show(lines=[line])
 
 
 def _add_flag(group: argparse._ArgumentGroup, flag: StepFlag) -> None:
@@ -151,9 +207,8 @@ def _recipe(args: argparse.Namespace) -> Recipe:
 
 
 def _print_summary(report: PrepareReport) -> None:
-    out = console()
-    out.print(
-        table(
+    tables: list[TableRows] = [
+        (
             "gskit prepare",
             ("step", "time (s)", "nodes before", "nodes after", "result"),
             [
@@ -161,10 +216,10 @@ def _print_summary(report: PrepareReport) -> None:
                 for s in report.steps
             ],
         )
-    )
+    ]
     if report.comparison is not None:
-        out.print(
-            table(
+        tables.append(
+            (
                 "validation against the original (onnxruntime)",
                 ("output", "shape", "max abs err", "max rel err", "result"),
                 [
@@ -180,20 +235,21 @@ def _print_summary(report: PrepareReport) -> None:
             )
         )
     target = report.target
-    out.print(f"prepared for TensorRT {target.get('tensorrt')} ({target.get('source')})")
     inserted = ", ".join(f"{k} x{v}" for k, v in report.plugins_inserted.items()) or "none"
     native = ", ".join(f"{k} x{v}" for k, v in report.native_inserted.items()) or "none"
-    out.print(f"plugins inserted: {inserted}; native ops written: {native}")
-    out.print(
-        f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html"
-    )
+    lines: list[Line] = [
+        (f"prepared for TensorRT {target.get('tensorrt')} ({target.get('source')})",),
+        (f"plugins inserted: {inserted}; native ops written: {native}",),
+        (f"wrote {report.prepared_model}, {report.output_dir}/report.json, {report.output_dir}/report.html",),
+    ]
     if report.passed is None:
-        out.print(
-            styled(
+        lines.append(
+            (
                 ("not validated", "yellow"),
                 ": the recipe has no validate step, so the written model was not compared with the original "
                 "(run `gskit compare` on it, or keep the validate step)",
             )
         )
     else:
-        out.print(styled(("validation passed", "green") if report.passed else ("validation FAILED", "red")))
+        lines.append((("validation passed", "green") if report.passed else ("validation FAILED", "red"),))
+    _Printer().show(tables, lines)

@@ -15,10 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib.metadata import Distribution, PackageNotFoundError, version
+from importlib.metadata import Distribution, PackageNotFoundError
 from pathlib import Path
 
 from gskit.io.text import visible
@@ -87,19 +88,41 @@ def environment_rows(now: datetime | None = None) -> list[tuple[str, str]]:
     rows = []
     for name in VERSIONED:
         try:
-            rows.append((name, version(name)))
+            rows.append((name, _field(Distribution.from_name(name), "Version")))
         except PackageNotFoundError:  # gskit run from a source tree that was never installed
             rows.append((name, "not installed"))
-    trt = {
-        d.metadata["Name"]: d.version
-        for d in _tensorrt_distributions()
-        if (d.metadata["Name"] or "").lower().replace("-", "_").startswith("tensorrt")
-        and not (d.metadata["Name"] or "").lower().endswith(("libs", "bindings"))
-    }
+    trt = {}
+    for dist in _tensorrt_distributions():
+        name = _field(dist, "Name") or ""
+        if name.lower().replace("-", "_").startswith("tensorrt") and not name.lower().endswith(
+            ("libs", "bindings")
+        ):
+            trt[name] = _field(dist, "Version")
     rows.extend(sorted(trt.items()) or [("tensorrt", "not installed")])
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     rows.append(("written (UTC)", when.strftime("%Y-%m-%d %H:%M:%S")))
     return rows
+
+
+def _field(dist: Distribution, name: str) -> str | None:
+    """A field of a distribution's metadata, as ``dist.metadata[name]`` reads it, from its header lines.
+
+    ``dist.metadata`` parses the whole file with the ``email`` package, long description included (a
+    millisecond or more a distribution, and the page lists up to a dozen). A field is a header line
+    ``Name: value`` (names are not case-sensitive) before the first empty line; where it is not found
+    there, ``dist.metadata`` answers as before.
+    """
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    head = text.partition("\n\n")[0] if not text.startswith("\n") else ""
+    if "\r" in head:  # line ends the email package reads otherwise than this
+        return dist.metadata[name]
+    lines = head.split("\n")
+    prefix = name.lower() + ":"
+    for index, line in enumerate(lines):
+        folded = index + 1 < len(lines) and lines[index + 1][:1] in (" ", "\t")
+        if line[: len(prefix)].lower() == prefix and not folded:
+            return line[len(prefix) :].lstrip(" \t")  # as the email package reads a header's value
+    return dist.metadata[name]
 
 
 def _tensorrt_distributions() -> list[Distribution]:
@@ -180,8 +203,62 @@ def render_svg(dot: str) -> str | None:
     return svg[start:] if start >= 0 else None
 
 
-def render_page(page: Page) -> str:
-    """The whole HTML document as a string."""
+#: Each region's (before, after) SVG drawing (None: not drawn), as :func:`start_drawings` hands them over.
+Drawings = list[tuple[str | None, str | None]]
+
+
+def start_drawings(regions: Sequence[Region]) -> Callable[[], Drawings]:
+    """Draw the regions' pictures in a thread from now; the call returned waits for them (for
+    :func:`render_page`).
+
+    Graphviz takes 10-20 ms even for small drawings, mostly its own start and its first text layout, time
+    the main thread spends on other work meanwhile. The drawings are those :func:`render_page` draws itself,
+    failures included (a drawing Graphviz cannot make is None, its warning logged when the drawings are
+    collected, where the page would have logged it); an exception the drawing raised is raised by the call.
+    """
+    if not regions:
+        return list
+    outcome: list[tuple[bool, object]] = []
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        """The drawing thread's log records wait for the collection (the page's place in the log)."""
+        if record.thread == thread.ident:
+            held.append(record)
+            return False
+        return True
+
+    def draw() -> None:
+        try:
+            outcome.append((True, _drawings(regions)))
+        except BaseException as err:  # noqa: BLE001  # handed to the caller below
+            outcome.append((False, err))
+
+    thread = threading.Thread(target=draw, name="gskit-graphviz", daemon=True)
+    log.addFilter(hold)
+    thread.start()
+
+    def drawn() -> Drawings:
+        thread.join()
+        log.removeFilter(hold)
+        for record in held:
+            log.handle(record)
+        held.clear()
+        ok, value = outcome[0]
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+    return drawn
+
+
+def render_page(page: Page, drawings: Callable[[], Drawings] | None = None) -> str:
+    """The whole HTML document as a string.
+
+    Args:
+        page: what the page shows.
+        drawings: the regions' pictures, started earlier with :func:`start_drawings` (None: drawn now).
+    """
     comparison_columns = ("output", "shape", "dtype", "max abs err", "max rel err", "atol", "rtol", "result")
     parts = [
         "<!DOCTYPE html>",
@@ -205,8 +282,8 @@ def render_page(page: Page) -> str:
         if page.regions
         else "",
     ]
-    drawings = _drawings(page.regions)
-    parts.extend(_region(index, region, drawings[index]) for index, region in enumerate(page.regions))
+    drawn = drawings() if drawings is not None else _drawings(page.regions)
+    parts.extend(_region(index, region, drawn[index]) for index, region in enumerate(page.regions))
     parts.append(f"<h2>Matches not replaced ({len(page.skipped)})</h2>")
     parts.append(
         _table(("plugin", "rule", "at node", "reason"), page.skipped, table_id="skipped")
@@ -233,7 +310,7 @@ def _verdict(page: Page) -> str:
     return f'<p class="verdict {verdict.lower()}" id="verdict">Validation {verdict}</p>'
 
 
-def _drawings(regions: Sequence[Region]) -> list[tuple[str | None, str | None]]:
+def _drawings(regions: Sequence[Region]) -> Drawings:
     """Each region's (before, after) SVG, all drawn by one Graphviz process (a drawing takes a millisecond;
     starting ``dot`` from this large process takes tens)."""
     sources = [

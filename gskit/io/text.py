@@ -11,6 +11,7 @@ as its escape (``\\x1b``, ``\\u202e``), on a terminal and in a pipe alike. JSON 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 
@@ -78,12 +79,13 @@ _HEAVY_HEAD = {
 def plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str | None:
     """A table as rich draws gskit's tables (:func:`gskit.io.report.table`) where it writes no escapes (a
     pipe, a file): the title wrapped at the table's width, then a ``HEAVY_HEAD`` box with every column as
-    wide as its widest cell plus a space on each side; ``width`` is the console's width.
+    wide as its widest cell plus a space on each side; ``width`` is the console's width. A table wider than
+    that is narrowed as rich narrows it (:func:`_narrowed`), and its cells are wrapped at words.
 
     The same text, byte for byte (``tests/test_text.py`` checks it against rich), without importing rich for
     the tables of a command's plain output. None where rich would do more than this: text that is not
-    printable ASCII after :func:`visible` (wide characters, combining marks), or a table wider than ``width``
-    (rich shrinks and wraps its columns).
+    printable ASCII after :func:`visible` (wide characters, combining marks), or columns so narrow that rich
+    has no room for their padding.
 
     Args:
         title: the title, as given to ``table`` (made :func:`visible` here).
@@ -96,37 +98,125 @@ def plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     name = visible(title)
     if not all(_printable_ascii(text) for text in (name, *head, *(c for row in body for c in row))):
         return None
-    sizes = [max([len(h), *(len(row[i]) for row in body)]) + 2 for i, h in enumerate(head)]
-    table_width = sum(sizes) + len(sizes) + 1
-    if table_width > width:
+    available = width - len(head) - 1  # the borders: one between columns and one at each edge
+    if available < 1:
         return None
+    # a column's natural width: its widest cell and a space of padding on each side
+    natural = [min(max([len(h), *(len(row[i]) for row in body)]) + 2, available) for i, h in enumerate(head)]
+    sizes = natural if sum(natural) <= available else _narrowed(natural, available)
+    if min(sizes) < 3:
+        return None  # rich lays out cells without room for their text otherwise
+    if any(
+        not _fits(cell, size - 2) for cells in (head, *body) for cell, size in zip(cells, sizes, strict=True)
+    ):
+        return None  # rich cuts a word longer than its cell's line, ending it with an ellipsis
+    table_width = sum(sizes) + len(sizes) + 1
 
     def rule(chars: str) -> str:
         left, line, between, right = chars
         return left + between.join(line * size for size in sizes) + right
 
-    def row(chars: str, cells: Sequence[str]) -> str:
+    def row(chars: str, cells: Sequence[str], bottom: bool = False) -> list[str]:
+        """A row's lines: each cell wrapped at its column's width, the shorter cells filled with blank
+        lines below (above, for the header: ``bottom``) to the height of the tallest."""
         left, _, between, right = chars
-        return left + between.join(f" {c}".ljust(size) for c, size in zip(cells, sizes, strict=True)) + right
+        wrapped = [wrap_words(cell, size - 2) for cell, size in zip(cells, sizes, strict=True)]
+        height = max(len(lines) for lines in wrapped)
+        filled = [[""] * (height - len(lines)) + lines if bottom else lines for lines in wrapped]
+        return [
+            left
+            + between.join(
+                f" {lines[i] if i < len(lines) else ''}".ljust(size)
+                for lines, size in zip(filled, sizes, strict=True)
+            )
+            + right
+            for i in range(height)
+        ]
 
     lines = [line.ljust(table_width) for line in wrap_words(name, table_width)] if name else []
-    lines += [rule(_HEAVY_HEAD["top"]), row(_HEAVY_HEAD["head"], head), rule(_HEAVY_HEAD["under_head"])]
-    lines += [row(_HEAVY_HEAD["row"], cells) for cells in body]
+    lines += [
+        rule(_HEAVY_HEAD["top"]),
+        *row(_HEAVY_HEAD["head"], head, bottom=True),
+        rule(_HEAVY_HEAD["under_head"]),
+    ]
+    lines += [line for cells in body for line in row(_HEAVY_HEAD["row"], cells)]
     lines.append(rule(_HEAVY_HEAD["bottom"]))
     return "\n".join(lines) + "\n"
 
 
+def _narrowed(widths: list[int], available: int) -> list[int]:
+    """Column widths (padding included) that fit ``available``, as rich's ``Table`` narrows a table wider
+    than its console: the widest columns shrink together towards the next widest (towards nothing where
+    all are as wide) until the table fits, then, if it still does not, every column gives its share of what
+    is left over; a column never ends wider than its natural width."""
+    narrowed = list(widths)
+    excess = sum(narrowed) - available
+    while sum(narrowed) and excess > 0:
+        widest = max(narrowed)
+        difference = widest - max(w if w != widest else 0 for w in narrowed)
+        if not difference:
+            break
+        ratios = [1 if w == widest else 0 for w in narrowed]
+        narrowed = _ratio_reduce(excess, ratios, [min(excess, difference)] * len(narrowed), narrowed)
+        excess = sum(narrowed) - available
+    if excess > 0:
+        narrowed = _ratio_reduce(excess, [1] * len(narrowed), narrowed, narrowed)
+    return [min(natural, width) for natural, width in zip(widths, narrowed, strict=True)]
+
+
+def _fits(text: str, width: int) -> bool:
+    """Whether every word of ``text`` fits a line of ``width`` (as rich measures a word: with the spaces
+    before it where it starts the text)."""
+    return all(len(match.group().rstrip()) <= width for match in _WORD.finditer(text))
+
+
+def _ratio_reduce(total: int, ratios: list[int], maximums: list[int], values: list[int]) -> list[int]:
+    """``values`` less ``total`` shared out by ``ratios`` (each share at most its maximum), shares rounded
+    as rich rounds them (Python's ``round``), the last share taking what rounding left."""
+    ratios = [ratio if maximum else 0 for ratio, maximum in zip(ratios, maximums, strict=True)]
+    total_ratio = sum(ratios)
+    if not total_ratio:
+        return list(values)
+    remaining, result = total, []
+    for ratio, maximum, value in zip(ratios, maximums, values, strict=True):
+        if ratio and total_ratio > 0:
+            share = min(maximum, round(ratio * remaining / total_ratio))
+            result.append(value - share)
+            remaining -= share
+            total_ratio -= ratio
+        else:
+            result.append(value)
+    return result
+
+
 def plain_line(text: str, width: int) -> str | None:
-    """A line as rich prints it where it writes no escapes: :func:`visible`, then ``\\n``; None where rich
-    would do more (not printable ASCII, or longer than ``width``: rich wraps it)."""
+    """A line as rich prints it where it writes no escapes: :func:`visible`, wrapped at words where it is
+    longer than ``width`` (a line keeps the spaces that end it, up to ``width``), then ``\\n``; None where
+    rich would do more (text that is not printable ASCII)."""
     shown = visible(text)
-    return shown + "\n" if _printable_ascii(shown) and len(shown) <= width else None
+    if not _printable_ascii(shown):
+        return None
+    if len(shown) <= width:
+        return shown + "\n"
+    lines = []
+    for piece in _pieces(shown, width):
+        excess = len(piece) - width
+        if excess > 0:  # spaces past the width go (rich's rstrip_end), then anything still past it
+            piece = piece[: len(piece) - min(excess, len(piece) - len(piece.rstrip()))][:width]
+        lines.append(piece)
+    return "\n".join(lines) + "\n"
 
 
 def wrap_words(text: str, width: int) -> list[str]:
     """``text`` (printable ASCII) in lines of at most ``width`` characters, as rich wraps a title: broken
     before a word that does not fit (a word keeps the spaces after it), a word longer than a line cut into
     pieces of ``width``, each line without its trailing spaces."""
+    return [piece.rstrip() for piece in _pieces(text, width)]
+
+
+def _pieces(text: str, width: int) -> list[str]:
+    """``text`` cut where rich breaks it to wrap it at ``width`` (rich's ``divide_line``), each piece with
+    the spaces that end it."""
     breaks: list[int] = []
     offset = 0
     for match in _WORD.finditer(text):
@@ -147,7 +237,7 @@ def wrap_words(text: str, width: int) -> list[str]:
             breaks.append(start)
             offset = len(word)
     bounds = [0, *breaks, len(text)]
-    return [text[a:b].rstrip() for a, b in zip(bounds, bounds[1:], strict=False)] or [""]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)] or [""]
 
 
 #: A word and the spaces around it, as rich splits text to wrap it.
@@ -161,6 +251,17 @@ def is_terminal(stream: object) -> bool:
         return bool(stream.isatty())  # type: ignore[attr-defined]
     except (AttributeError, ValueError):  # no isatty, or closed
         return False
+
+
+def writes_plain(stream: object) -> bool:
+    """Whether gskit's rich console (``gskit.io.report.console``) writes ``stream`` without escapes and in
+    the box characters that :func:`plain_table` draws: not a terminal, nothing in the environment that makes
+    rich draw as for one (``FORCE_COLOR``, ``TTY_COMPATIBLE``), a UTF-8 stream, not Windows' console."""
+    environ = os.environ
+    if is_terminal(stream) or "FORCE_COLOR" in environ or "TTY_COMPATIBLE" in environ:
+        return False
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return encoding.lower().startswith("utf") and os.name != "nt"
 
 
 def _printable_ascii(text: str) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -26,7 +27,7 @@ from onnx.defs import OpSchema
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.passes.tensor_types import elem_type
-from gskit.plugin.ops import onnx_op_types
+from gskit.plugin.ops import note_onnx_schemas, onnx_op_types
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import REQUIRED, ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo, attribute_value
 
@@ -87,9 +88,15 @@ def register_schemas(registry: PluginRegistry) -> None:
     """
     # onnx.reference indexes all registered schemas by op name on its first import and refuses a plugin
     # named like an ONNX op (e.g. acme::Swish); have it index the standard set before any plugin is added.
-    import onnx.reference.op_run  # noqa: F401
+    first_import = "onnx.reference.op_run" not in sys.modules
+    import onnx.reference.op_run
 
-    onnx_op_types()  # likewise the standard op types (made on first use), which plugin schemas are not
+    # likewise the standard op types (made on first use), which plugin schemas are not: from the index
+    # onnx.reference has just made of every schema, when it has (listing them again took 8-10 ms)
+    index = getattr(onnx.reference.op_run, "_schemas", None) if first_import else None
+    if isinstance(index, dict):
+        note_onnx_schemas(index.values())
+    onnx_op_types()
 
     by_op: dict[tuple[str, str], list[PluginSpec]] = {}
     for spec in registry:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -41,11 +41,13 @@ from gskit.passes.nms import PLUGIN_KEY
 from gskit.passes.transform import PassContext, PassResult, StepFlag, run_pass, step_flags
 from gskit.pipeline.outdir import claim_outdir
 from gskit.pipeline.recipe import Recipe, RecipeStep, check_validation_order, make_recipe
-from gskit.pipeline.report_page import render_report
 from gskit.pipeline.steps import DEFAULT_STEPS, PASSES, Build, CheckTrt, NotRun, Snapshots, step_status
 from gskit.plugin.discovery import load_plugins
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.target import TensorRTTarget, resolve_target
+
+if TYPE_CHECKING:  # the page's modules load when the pictures start or the page is written
+    from gskit.pipeline.report_page import RegionDrawings
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,8 @@ class _Run:
     snapshots: Snapshots
     #: False once a failed run dropped its engine (a failed run's set is its reports alone)
     keep_engine: bool = True
+    #: report.html's pictures, started once no step left changes the graph
+    drawings: RegionDrawings | None = None
 
     def reports(self, step: str) -> list[Any]:
         return self.context.reports(step)
@@ -328,7 +332,7 @@ def prepare(
             staged.mkdir()
             failure: GskitError | None = None
             try:
-                _run_steps(recipe, state, report, listener)
+                _run_steps(recipe, state, report, listener, original)
                 _stage(report, original, state, recipe, staged)
             except GskitError as err:
                 failure = _named_in(out_dir, staged, err)
@@ -485,10 +489,19 @@ def _check_input(recipe: Recipe, original: onnx.ModelProto) -> None:
             raise GskitError(f"step '{step.name}' (recipe line {step.line}): {err}") from err
 
 
-def _run_steps(recipe: Recipe, state: _Run, report: PrepareReport, listener: StepListener | None) -> None:
+def _run_steps(
+    recipe: Recipe,
+    state: _Run,
+    report: PrepareReport,
+    listener: StepListener | None,
+    original: onnx.ModelProto,
+) -> None:
     total = len(recipe.steps)
+    analyses = [PASSES[step.name].effect == "analysis" for step in recipe.steps]
     try:
         for index, step in enumerate(recipe.steps):
+            if all(analyses[index:]) and state.drawings is None:  # no step left changes the graph
+                state.drawings = _draw_regions(state.regions, original, state.graph)
             if listener:
                 listener.started(step.name, index, total)
             result, error = _timed_step(step, state)
@@ -512,6 +525,14 @@ def _run_steps(recipe: Recipe, state: _Run, report: PrepareReport, listener: Ste
                 state.registry.get(*PLUGIN_KEY).qualified_name if state.registry.get(*PLUGIN_KEY) else "nms"
             )
             report.plugins_inserted[label] = report.plugins_inserted.get(label, 0) + 1
+
+
+def _draw_regions(regions: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> RegionDrawings:
+    """report.html's pictures, started now (:func:`gskit.pipeline.report_page.draw_regions`): the page's
+    modules load here, not when the command starts."""
+    from gskit.pipeline.report_page import draw_regions
+
+    return draw_regions(regions, original, graph)
 
 
 def _timed_step(step: RecipeStep, state: _Run) -> tuple[StepResult, GskitError | None]:
@@ -555,6 +576,8 @@ def _write_reports(
     report: PrepareReport, original: onnx.ModelProto, state: _Run, staged: Path, recipe: Recipe
 ) -> None:
     """Write report.json and report.html into ``staged`` (a full disk names the file as OUTDIR's)."""
+    from gskit.pipeline.report_page import render_report  # the page's modules load when it is written
+
     json_name, html_name = REPORT_NAMES
     out_dir = Path(report.output_dir)
     with blaming(out_dir / json_name):
@@ -567,6 +590,7 @@ def _write_reports(
         skipped=state.skipped,
         recipe=recipe,
         written=staged / MODEL_NAME,
+        drawings=state.drawings,
     )
     with blaming(out_dir / html_name):
         (staged / html_name).write_text(page)

@@ -31,12 +31,13 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from gskit.errors import GskitError
 from gskit.io.limits import check_integers
+
+if TYPE_CHECKING:  # PyYAML loads where a recipe is read or written: the default recipe needs neither
+    import yaml
 
 #: A float as YAML 1.2 writes it; PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -81,6 +82,8 @@ class Recipe:
 
     def to_yaml(self) -> str:
         """The recipe as YAML with every option spelled out (what ``--print-default-recipe`` prints)."""
+        import yaml
+
         entries = []
         for step in self.steps:
             options = dataclasses.asdict(step.options)
@@ -133,6 +136,8 @@ def _read_recipe_text(path: Path) -> str:
 def _check_size(text: str, source: str) -> None:
     """Refuse YAML nested deeper than ``MAX_RECIPE_DEPTH``, from the event stream, before any node is built
     (composing nodes recurses once per level)."""
+    import yaml
+
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
@@ -149,6 +154,8 @@ def _check_size(text: str, source: str) -> None:
 def _check_expansion(root: yaml.Node, source: str) -> None:
     """Refuse a node graph whose aliases expand past ``MAX_RECIPE_NODES`` nodes (counted with a budget, so
     the check itself stays cheap)."""
+    import yaml
+
     budget = MAX_RECIPE_NODES
     pending: list[yaml.Node] = [root]
     while pending:
@@ -183,6 +190,8 @@ def parse_recipe(
         GskitError: the text is not YAML, has no steps or a key twice, or a step or option is unknown or of
             the wrong type (the message names ``source`` and the line).
     """
+    import yaml
+
     if registry is None:
         from gskit.pipeline.steps import STEP_OPTIONS
 
@@ -241,6 +250,8 @@ def _check_one_target(steps: tuple[RecipeStep, ...], tensorrt: str | None, sourc
 
 def _target(node: yaml.Node, source: str) -> str:
     """The version of ``target: {tensorrt: VERSION}``, checked (``gskit.plugin.target``)."""
+    import yaml
+
     from gskit.plugin.target import TensorRTTarget
 
     if not isinstance(node, yaml.MappingNode):
@@ -308,13 +319,42 @@ def make_recipe(
 ) -> Recipe:
     """A recipe from Python: ``[("fold", {"max_passes": 3}), ("validate", {})]``, validated the same way;
     ``tensorrt``: the target TensorRT version (``"10.3"``)."""
+    if tensorrt is None and not any(options for _, options in entries):
+        plain = _without_options([name for name, _ in entries], registry)
+        if plain is not None:
+            return plain
+    import yaml
+
     head = {"target": {"tensorrt": tensorrt}} if tensorrt is not None else {}
     steps = [{name: options} for name, options in entries]
     text = yaml.safe_dump({**head, "steps": steps}, sort_keys=False)
     return parse_recipe(text, source="<python>", registry=registry)
 
 
+def _without_options(names: list[str], registry: dict[str, type] | None) -> Recipe | None:
+    """The recipe :func:`make_recipe` reads from the YAML it writes for steps without options (``steps:`` on
+    line 1, the Nth step on line N + 1), made without writing and reading YAML (the default recipe: PyYAML's
+    import and the round trip were 20-30 ms of every ``gskit prepare``). None where the YAML's reading would
+    fail (no step, an unknown one, options refusing their defaults): it then says why."""
+    if registry is None:
+        from gskit.pipeline.steps import STEP_OPTIONS
+
+        registry = STEP_OPTIONS
+    if not names or any(name not in registry for name in names):
+        return None
+    try:
+        steps = tuple(RecipeStep(name, registry[name](), line=i + 2) for i, name in enumerate(names))
+    except (TypeError, ValueError, GskitError):
+        return None
+    _check_one_target(steps, None, "<python>")
+    recipe = Recipe(steps=steps, source="<python>")
+    check_validation_order(recipe)
+    return recipe
+
+
 def _parse_step(node: yaml.Node, source: str, registry: dict[str, type], base: Path | None) -> RecipeStep:
+    import yaml
+
     if isinstance(node, yaml.ScalarNode):
         name, options_node = node.value, None
     elif isinstance(node, yaml.MappingNode) and len(node.value) == 1:
@@ -367,6 +407,8 @@ def _where(source: str, node: yaml.Node) -> str:
 
 
 def _scalar_key(node: yaml.Node, source: str) -> str:
+    import yaml
+
     if not isinstance(node, yaml.ScalarNode):
         raise GskitError(f"{_where(source, node)}: a key must be a plain name, not a list or mapping")
     return node.value

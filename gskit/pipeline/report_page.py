@@ -6,7 +6,8 @@ replaced regions before and after, the matches replace left) from a run's ``Prep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.io import model as gsmodel
-from gskit.io.html_report import Page, Region, environment_rows, render_page
+from gskit.io.html_report import Drawings, Page, Region, environment_rows, render_page, start_drawings
 from gskit.pipeline.recipe import Recipe
 from gskit.pipeline.steps import Validate
 from gskit.plugin.ops import NodeSummary, op_label
@@ -22,6 +23,27 @@ from gskit.plugin.registry import PluginRegistry
 
 if TYPE_CHECKING:
     from gskit.pipeline.prepare import PrepareReport
+
+
+@dataclass(frozen=True)
+class RegionDrawings:
+    """The replaced regions as the page shows them, and their drawings under way (:func:`start_drawings`)."""
+
+    regions: list[Region]
+    drawn: Callable[[], Drawings]
+
+
+def draw_regions(replaced: list[Any], original: onnx.ModelProto, graph: gs.Graph) -> RegionDrawings:
+    """Start drawing the page's pictures of the replaced regions: Graphviz draws them (10-20 ms, most of it
+    its own start) while the run goes on, and :func:`render_report` collects them.
+
+    Args:
+        replaced: the replace steps' regions (``PrepareReport.regions``).
+        original: the input model (weights not loaded).
+        graph: the run's graph as no later step changes it (the after pictures show its plugin nodes).
+    """
+    regions = _regions(replaced, original, graph)
+    return RegionDrawings(regions, start_drawings(regions))
 
 
 def render_report(
@@ -33,6 +55,7 @@ def render_report(
     skipped: Sequence[tuple[str, Any]],
     recipe: Recipe,
     written: Path,
+    drawings: RegionDrawings | None = None,
 ) -> str:
     """The report page of a run.
 
@@ -44,7 +67,11 @@ def render_report(
         skipped: ``(plugin, Skip)`` for each match replace left, with the reason.
         recipe: the recipe that ran (how validation chose its inputs).
         written: where the prepared model is now (its size is shown).
+        drawings: the regions' pictures started by :func:`draw_regions` once the graph was final (None:
+            started now, drawn while the rest of the page is made).
     """
+    if drawings is None:
+        drawings = draw_regions(report.regions, original, graph)
     comparison = report.comparison
     summary = [
         ("input model", f"{report.model} ({_size(_model_files(Path(report.model), original))})"),
@@ -93,12 +120,12 @@ def render_report(
         steps=steps,
         comparison=rows,
         comparison_inputs=_comparison_inputs(comparison, original, recipe),
-        regions=_regions(report.regions, original, graph),
+        regions=drawings.regions,
         skipped=[(plugin, skip.rule, skip.anchor, skip.reason) for plugin, skip in skipped],
         environment=environment_rows(),
         error=report.error,
     )
-    return render_page(page)
+    return render_page(page, drawings.drawn)
 
 
 def _stub_lines(graph: gs.Graph, registry: PluginRegistry) -> list[str]:

@@ -17,7 +17,8 @@ warning) and loads without derived rules. torch is imported only to export (neve
 
 A function is the same function while its source, example input shapes and dtypes, attribute values,
 dtypes and exporters are: the cache key hashes them (a helper the function calls is not part of the key:
-``gskit plugin derive NAME`` refreshes the caches after changing one).
+``gskit plugin derive NAME`` refreshes the caches after changing one). The source is inspect's, kept in the
+user cache by the hash of the file's lines (:func:`function_source`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ import importlib.metadata
 import importlib.util
 import inspect
 import json
+import linecache
 import logging
 import os
 import stat
+import sys
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,7 +204,7 @@ def _source(
 ) -> DerivedSource:
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
     try:
-        text = inspect.getsource(fn)
+        text = function_source(fn)
         file = inspect.getsourcefile(fn)
     except (OSError, TypeError):
         code = getattr(fn, "__code__", None)
@@ -216,6 +220,77 @@ def _source(
     key = hashlib.sha256(f"{FORMAT}\n{material}".encode()).hexdigest()[:24]
     shipped = Path(cache) if cache is not None else (Path(file).parent / CACHE_FILE if file else None)
     return DerivedSource(name, key, shipped, fn, tuple(example_inputs), dict(attributes), dtypes, exporters)
+
+
+def function_source(fn: Any) -> str:
+    """``inspect.getsource(fn)``, read from the user cache when it holds the source of ``fn`` for these very
+    lines of its file (and this Python, whose ``inspect`` finds the block); else asked of inspect and cached.
+
+    inspect finds a function's block by tokenizing its file from the function on (4-5 ms for the shipped
+    plugins' functions, most of it compiling tokenize's patterns, in each process that loads them). The
+    lines are the file's as it is now (read again, and left in ``linecache`` where inspect reads them), so an
+    edited file is hashed anew and never served an old block. Functions only (no class, no wrapped or
+    unusual object); a missing, damaged or unwritable cache only means asking inspect.
+
+    Raises:
+        OSError, TypeError: as ``inspect.getsource`` (the source cannot be found).
+    """
+    if not isinstance(fn, types.FunctionType) or hasattr(fn, "__wrapped__"):
+        return inspect.getsource(fn)
+    file = inspect.getsourcefile(fn)
+    if not file:
+        return inspect.getsource(fn)
+    lines = _source_lines(fn, file)
+    if not lines:
+        return inspect.getsource(fn)
+    digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
+    path = user_cache_dir() / "function-sources" / f"{digest[:40]}-{_PYTHON}.json"
+    entry = f"{fn.__qualname__}:{fn.__code__.co_firstlineno}"
+    known = _read_sources(path)
+    text = known.get(entry)
+    if isinstance(text, str):
+        return text
+    text = inspect.getsource(fn)
+    if _source_lines(fn, file) == lines:  # inspect read the lines hashed (the file did not change between)
+        _write_sources(path, {**known, entry: text})
+    return text
+
+
+#: The Python whose inspect found the cached blocks (its rules changed between releases).
+_PYTHON = f"{sys.implementation.name}{'.'.join(str(v) for v in sys.version_info[:3])}"
+
+
+def _source_lines(fn: types.FunctionType, file: str) -> list[str]:
+    """The lines of ``file`` as they are now, left in ``linecache`` for inspect to read.
+
+    Read again each time: linecache keeps a file's lines while its size and modification time stay, so a
+    plugin edited within the same second to the same size (and loaded again in this process) kept the old
+    lines, and its function the old source and cache key.
+    """
+    module = inspect.getmodule(fn, file)
+    return linecache.updatecache(file, module.__dict__ if module else None)
+
+
+#: The cache files this process read or wrote, by path (their names hold the hash of the lines they serve).
+_SOURCES: dict[Path, dict[str, Any]] = {}
+
+
+def _read_sources(path: Path) -> dict[str, Any]:
+    if path not in _SOURCES:
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError):  # none yet, or damaged: asked of inspect and written again
+            data = {}
+        _SOURCES[path] = data if isinstance(data, dict) else {}
+    return _SOURCES[path]
+
+
+def _write_sources(path: Path, sources: Mapping[str, str]) -> None:
+    _SOURCES[path] = dict(sources)
+    try:
+        write_json_atomic(path, dict(sources))
+    except (OSError, GskitError) as err:  # a read-only cache: inspect is asked again next time
+        log.debug("could not cache function sources in %s: %s", path, err)
 
 
 def _describe_example(value: Any) -> Any:
@@ -235,10 +310,13 @@ def torch_version() -> str | None:
             return None
     except (ImportError, ValueError):  # a stub torch in sys.modules (None) reads as not installed
         return None
+    from gskit.plugin.discovery import metadata_header  # the plugin package imports this module
+
     try:
-        version = importlib.metadata.version("torch")
+        dist = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+    version = metadata_header(dist, "Version", lambda: dist.version)  # torch's long description unparsed
     return version.split("+", 1)[0]  # 2.13.0+cpu and 2.13.0+cu126 export alike
 
 

@@ -6,6 +6,7 @@ files into a :class:`~gskit.plugin.registry.PluginRegistry`, and the implementat
 from __future__ import annotations
 
 import dataclasses
+import email
 import importlib
 import importlib.util
 import logging
@@ -13,8 +14,9 @@ import os
 import py_compile
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import Distribution, EntryPoint, distributions
 from importlib.metadata import entry_points as _entry_points
 from pathlib import Path
 from typing import Any
@@ -143,9 +145,10 @@ def _source_specs(source: PluginSource, used_modules: set[str], loaded_files: se
         return list(source.specs)
     specs = []
     for spec_file in _spec_files(source.folder, explicit=source.explicit):
-        if spec_file.resolve() in loaded_files:
+        resolved = spec_file.resolve()
+        if resolved in loaded_files:
             continue
-        loaded_files.add(spec_file.resolve())
+        loaded_files.add(resolved)
         specs += load_spec_file(spec_file, _module_name(spec_file.parent.name, used_modules))
     return specs
 
@@ -163,8 +166,8 @@ def _installed_sources() -> list[PluginSource]:
                 f"shipped with gskit ({checkout / LOCAL_PLUGINS})", SHIPPED, checkout / LOCAL_PLUGINS
             )
         )
-    for ep in _entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist is not None else "?"
+    for ep in group_entry_points(ENTRY_POINT_GROUP):
+        dist = distribution_name(ep.dist) if ep.dist is not None else "?"
         shipped = _normalized(dist) == "gskit" and ep.name == SHIPPED_ENTRY_POINT
         if shipped and from_checkout:
             continue
@@ -175,6 +178,52 @@ def _installed_sources() -> list[PluginSource]:
         if specs:
             sources.append(PluginSource(origin, level, specs=tuple(specs)))
     return sources
+
+
+def group_entry_points(group: str) -> list[EntryPoint]:
+    """``importlib.metadata.entry_points(group=group)``: the same entry points, in the same order.
+
+    The standard call parses every installed distribution's entry points and sorts them all by group (4-8
+    ms of each command that loads plugins); here a distribution's ``entry_points.txt`` is parsed only when
+    its text names ``group``, which it must to hold an entry of it. Each distribution name counts once, the
+    first found on the path, as the standard call does (by the same normalized name).
+    """
+    seen: set[str] = set()
+    found: list[EntryPoint] = []
+    for dist in distributions():
+        name = getattr(dist, "_normalized_name", None)  # the key importlib.metadata tells them apart by
+        if not isinstance(name, str):  # an importlib.metadata without it: ask it
+            return list(_entry_points(group=group))
+        if name in seen:
+            continue
+        seen.add(name)
+        text = dist.read_text("entry_points.txt")
+        if text and group in text:
+            found += dist.entry_points.select(group=group)
+    return found
+
+
+def distribution_name(dist: Distribution) -> str | None:
+    """``dist.name`` (its metadata's ``Name``), parsing only the metadata's headers.
+
+    ``dist.name`` parses the whole metadata file each time, the long description included (gskit's README:
+    1-2 ms). The headers end at the first empty line, so the text up to one (``\n\n``, ``\r\n\r\n`` or
+    ``\r\r``) parses to the same headers; a distribution without a METADATA or PKG-INFO file, or without a
+    one-line ``Name``, is asked.
+    """
+    return metadata_header(dist, "Name", lambda: dist.name)
+
+
+def metadata_header(dist: Distribution, header: str, asked: Callable[[], str | None]) -> str | None:
+    """The one-line ``header`` of ``dist``'s metadata as ``dist.metadata[header]`` says it, parsing only the
+    headers; ``asked()`` (importlib's own answer) where that would differ: no METADATA or PKG-INFO file, no
+    such header, or a folded one (importlib reindents it)."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if not text:
+        return asked()
+    ends = [i + len(gap) for gap in ("\n\n", "\r\n\r\n", "\r\r") if (i := text.find(gap)) >= 0]
+    value = email.message_from_string(text[: min(ends)] if ends else text)[header]
+    return asked() if value is None or "\n" in value else value
 
 
 def _normalized(dist_name: str) -> str:
@@ -192,7 +241,7 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     path = Path(path).resolve()
     module_name = module_name or f"{PLUGIN_PACKAGE}.{path.parent.name}"
     _ensure_parent_package()
-    for name in [m for m in sys.modules if m == module_name or m.startswith(module_name + ".")]:
+    for name in _package_modules(module_name):
         del sys.modules[name]  # a reload must see the files as they are now
     # No bytecode written by the import: a timestamp-checked .pyc would be stale after two edits of a file
     # within a second (the same size). The files it imported get hash-checked ones instead, below.
@@ -228,12 +277,17 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
 def _imported_files(module_name: str, folder: Path) -> list[Path]:
     """The files in ``folder`` that the plugin module ``module_name`` and its submodules come from."""
     files = []
-    for name, module in list(sys.modules.items()):
-        if name == module_name or name.startswith(module_name + "."):
-            file = getattr(module, "__file__", None)
-            if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
-                files.append(Path(file))
+    for name in _package_modules(module_name):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
+            files.append(Path(file))
     return files
+
+
+def _package_modules(module_name: str) -> list[str]:
+    """The loaded modules ``module_name`` and its submodules (one pass over the loaded modules' names)."""
+    prefix = module_name + "."
+    return [name for name in list(sys.modules) if name == module_name or name.startswith(prefix)]
 
 
 def _hash_checked_bytecode(sources: Sequence[Path]) -> None:

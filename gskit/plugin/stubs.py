@@ -13,13 +13,14 @@ Files are read with ``ast``, never imported (a kernel may import torch or triton
 from __future__ import annotations
 
 import ast
-import inspect
+import functools
 import logging
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gskit.plugin.derive import function_source
 from gskit.plugin.spec import PluginSpec
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,24 @@ def describe_stubs(spec: PluginSpec) -> str:
 
 def is_stub_function(function: Callable[..., Any]) -> bool:
     """True when ``function``'s body is only a docstring and ``raise NotImplementedError``; False when its
-    source cannot be read (a builtin, a lambda in a string)."""
+    source cannot be read (a builtin, a lambda in a string).
+
+    The source is inspect's (``derive.function_source``: from the user cache for the file's lines as they are
+    now, so no tokenizing of the file), and each distinct source is parsed once: check-trt asks this for every
+    plugin node (1-2 ms a node, 10 for DeformConv2d).
+    """
     try:
-        source = textwrap.dedent(inspect.getsource(function))
+        source = textwrap.dedent(function_source(function))
+    except (OSError, TypeError):
+        return False
+    return _stub_source(source)
+
+
+@functools.lru_cache(maxsize=256)
+def _stub_source(source: str) -> bool:
+    try:
         tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
+    except SyntaxError:
         return False
     definition = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     return definition is not None and _raises_only(definition)
@@ -88,11 +102,24 @@ def _calls_kernel(path: Path) -> bool:
 
 
 def _parse(path: Path) -> ast.Module | None:
+    """The file's syntax tree (read each time; parsed once per distinct text), None when unreadable."""
     try:
-        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as err:
-        log.debug("%s: cannot read it to look for stubs: %s", path, err)
+        tree = _parsed(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        tree = err
+    if isinstance(tree, (SyntaxError, OSError, ValueError)):
+        log.debug("%s: cannot read it to look for stubs: %s", path, tree)
         return None
+    return tree
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str, filename: str) -> ast.Module | SyntaxError | ValueError:
+    """``ast.parse(text)``, or the error it raised (callers only read the tree)."""
+    try:
+        return ast.parse(text, filename=filename)
+    except (SyntaxError, ValueError) as err:
+        return err
 
 
 def _raises_only(definition: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

@@ -203,10 +203,12 @@ class OpBuilder:
 
         def make(*inputs: Any, _domain: str = "", _outputs: int = 1, **attrs: Any) -> Any:
             node = PNode(
-                op_type, _domain, tuple(_as_value(v) for v in inputs), attrs, _outputs, len(self.nodes)
+                op_type, _domain, tuple([_as_value(v) for v in inputs]), attrs, _outputs, len(self.nodes)
             )
             self.nodes.append(node)
-            outs = tuple(NodeOutput(node, i) for i in range(_outputs))
+            if _outputs == 1 and isinstance(_outputs, int):  # most nodes (loading the plugins makes 700)
+                return NodeOutput(node, 0)
+            outs = tuple([NodeOutput(node, i) for i in range(_outputs)])
             return outs[0] if _outputs == 1 else outs
 
         return make
