@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 #: Folds of larger inputs are not kept (test models written for the > 2 GB paths).
 MAX_KEPT_BYTES = 256 * 2**20
@@ -53,7 +54,14 @@ def _plugin_names(plugins: Any) -> list[str]:
 
 def keep(out_dir: Path, key: str, folded: onnx.ModelProto, report: Any, origin: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(folded, out_dir / f"{key}.onnx")
+    if any(uses_external_data(t) for t in folded.graph.initializer):
+        # batched mode's large results are read from a temporary data file, removed when the process ends:
+        # written beside the kept model (gskit's save streams them), so the comparison can read them
+        from gskit.io import model as gsmodel
+
+        gsmodel.save(folded, out_dir / f"{key}.onnx", external_data=True, check=False)
+    else:
+        onnx.save_model(folded, out_dir / f"{key}.onnx")
     fields = dataclasses.asdict(report) if dataclasses.is_dataclass(report) else {}
     (out_dir / f"{key}.json").write_text(
         json.dumps({"origin": origin, "report": fields}, indent=1, default=str)

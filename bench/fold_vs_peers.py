@@ -1,8 +1,12 @@
 """Node counts and times of gskit.passes.fold against Polygraphy's fold (and onnxsim / onnxslim when
 importable), all in one process.
 
-Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--runs N] [--json FILE] [--tools gskit,polygraphy]``
-(default: the nine light_*.onnx models shipped in the onnx wheel).
+Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--runs N] [--json FILE] [--tools gskit,polygraphy]
+[--baseline CHECKOUT]`` (default: the nine light_*.onnx models shipped in the onnx wheel).
+
+``--baseline CHECKOUT`` adds the tool ``baseline``: the ``gskit/passes/fold`` package of another checkout of
+gskit (main, say), loaded into this process under another name (the rest of gskit is this one's), so a change
+to fold is timed against the code before it under the same load, round by round.
 
 Per model, every tool first folds the model once unmeasured (its imports, onnxruntime's first session, sympy
 for the tools that run onnxruntime's symbolic shape inference: whichever tool ran first would otherwise pay
@@ -20,6 +24,7 @@ import resource
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,9 +60,42 @@ def _onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnxslim.slim(model)
 
 
-def tools(names: list[str] | None = None) -> dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]]:
-    """The tools to run: gskit, Polygraphy, and the peers that import (or those of ``names``)."""
-    found = {"gskit": _gskit, "polygraphy": _polygraphy}
+def baseline_fold(checkout: Path) -> Callable[[onnx.ModelProto], onnx.ModelProto]:
+    """``fold`` of ``CHECKOUT/gskit/passes/fold``, its modules loaded as ``gskit_baseline_fold.*`` (their
+    imports of one another renamed; every other gskit import is this checkout's)."""
+    folder = checkout / "gskit" / "passes" / "fold"
+    package = types.ModuleType("gskit_baseline_fold")
+    package.__path__ = []
+    sys.modules[package.__name__] = package
+    pending = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    # load in dependency order: a module whose imports of its siblings are all loaded goes next
+    while pending:
+        for stem in pending:
+            source = (folder / f"{stem}.py").read_text().replace("gskit.passes.fold.", "gskit_baseline_fold.")
+            needs = {m for m in pending if m != stem and f"gskit_baseline_fold.{m} " in source}
+            if needs:
+                continue
+            module = types.ModuleType(f"gskit_baseline_fold.{stem}")
+            module.__file__ = str(folder / f"{stem}.py")
+            sys.modules[module.__name__] = module
+            exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102  # a checkout of gskit
+            pending.remove(stem)
+            break
+        else:
+            raise RuntimeError(f"{folder}: modules import one another in a cycle: {pending}")
+    fold_fn = sys.modules["gskit_baseline_fold.fold_pass"].fold
+    return lambda model: fold_fn(model)[0]
+
+
+def tools(
+    names: list[str] | None = None, baseline: Path | None = None
+) -> dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]]:
+    """The tools to run: gskit, the baseline checkout's fold (``baseline``), Polygraphy, and the peers that
+    import (or those of ``names``)."""
+    found = {"gskit": _gskit}
+    if baseline is not None:
+        found["baseline"] = baseline_fold(baseline)
+    found["polygraphy"] = _polygraphy
     for name, fn in (("onnxsim", _onnxsim), ("onnxslim", _onnxslim)):
         try:
             __import__(name)
@@ -74,12 +112,12 @@ def _timed(fn: Callable[[onnx.ModelProto], onnx.ModelProto], data: bytes) -> tup
     return time.perf_counter() - start, out
 
 
-def bench(path: Path, runs: int = 3, names: list[str] | None = None) -> dict:
+def bench(path: Path, runs: int = 3, names: list[str] | None = None, baseline: Path | None = None) -> dict:
     """One row: the model's node count and size, and per tool nodes left, median seconds and each run's."""
     model = gsmodel.load(path)
     data = model.SerializeToString()
     row: dict = {"model": path.stem, "nodes": len(model.graph.node), "size_mib": round(len(data) / 2**20, 1)}
-    chosen = tools(names)
+    chosen = tools(names, baseline)
     times: dict[str, list[float]] = {name: [] for name in chosen}
     for name, fn in chosen.items():
         try:
@@ -106,17 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="measured rounds per model (default 3)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the rows to FILE")
     parser.add_argument(
-        "--tools", default=None, help="comma-separated subset of gskit,polygraphy,onnxsim,onnxslim"
+        "--tools", default=None, help="comma-separated subset of gskit,baseline,polygraphy,onnxsim,onnxslim"
+    )
+    parser.add_argument(
+        "--baseline", type=Path, default=None, metavar="CHECKOUT", help="also time CHECKOUT's fold package"
     )
     args = parser.parse_args(argv)
     names = args.tools.split(",") if args.tools else None
     rows = []
     for path in args.models or sorted(LIGHT_DIR.glob("light_*.onnx")):
-        rows.append(bench(path, args.runs, names))
+        rows.append(bench(path, args.runs, names, args.baseline))
         print(f"{path.stem}: done", file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
-    columns = list(tools(names))
+    columns = list(tools(names, args.baseline))
     print(f"{'model':<36}{'nodes':>7}" + "".join(f"{n:>22}" for n in columns))
     for row in rows:
         cells = []

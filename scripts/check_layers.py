@@ -51,6 +51,10 @@ LAZY_CORE_IMPORTS = {
         "gskit.backends.ort",
     ): "fold evaluates constant nodes on onnxruntime (batched mode)",
     (
+        "gskit.passes.fold.whole_graph",
+        "gskit.backends.ort",
+    ): "fold evaluates constant nodes on onnxruntime (whole graph)",
+    (
         "gskit.passes.tensor_types",
         "gskit.backends.ort",
     ): "onnxruntime ships the symbolic shape inference Polygraphy uses",

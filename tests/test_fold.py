@@ -16,6 +16,7 @@ from gskit.backends import ort as gsort
 from gskit.cli import main
 from gskit.errors import GskitError
 from gskit.io import model as gsmodel
+from gskit.io.gs_export import type_constant_nodes
 from gskit.passes.fold import fold
 
 
@@ -460,9 +461,23 @@ def test_constant_nodes_in_scalar_and_list_forms_keep_their_dtype(form, value, d
     assert got.dtype == dtype
 
 
-def test_graphs_with_nothing_to_evaluate_are_not_handed_to_graphsurgeon(monkeypatch):
-    """A body whose nodes all read a computed tensor has nothing to fold: graphsurgeon's copy and export of it
-    are skipped (most If/Loop bodies after the first pass), a body with a foldable node is still folded."""
+def _evaluated_graphs(monkeypatch) -> list[tuple[str, list[str]]]:
+    """Record each model fold hands onnxruntime: its graph's name and its nodes' ops."""
+    evaluated: list[tuple[str, list[str]]] = []
+    real = gsort.default_session
+
+    def session(payload: bytes):
+        model = onnx.ModelProto.FromString(payload)
+        evaluated.append((model.graph.name, [n.op_type for n in model.graph.node]))
+        return real(payload)
+
+    monkeypatch.setattr(gsort, "default_session", session)
+    return evaluated
+
+
+def test_graphs_with_nothing_to_evaluate_are_not_exported_or_run(monkeypatch):
+    """A body whose nodes all read a computed tensor has nothing to fold: nothing is exported or run for it
+    (most If/Loop bodies after the first pass), a body with a foldable node is still folded."""
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
@@ -476,13 +491,9 @@ def test_graphs_with_nothing_to_evaluate_are_not_handed_to_graphsurgeon(monkeypa
         }
         """
     )
-    folded_graphs = []
-    real = gs.Graph.fold_constants
-    monkeypatch.setattr(
-        gs.Graph, "fold_constants", lambda g, **kw: folded_graphs.append(g.name) or real(g, **kw)
-    )
+    evaluated = _evaluated_graphs(monkeypatch)
     folded, _ = fold(model)
-    assert folded_graphs == ["e"]  # the main graph and the then branch read only computed tensors
+    assert evaluated == [("e", ["Add"])]  # the main graph and the then branch read only computed tensors
     else_ops = [n.op_type for n in folded.graph.node[0].attribute[1].g.node]
     assert else_ops == ["Mul"]
 
@@ -533,9 +544,10 @@ def test_each_graph_is_cleaned_once_per_pass_whatever_its_depth(monkeypatch, rng
     _assert_same_outputs(model, folded, feeds)
 
 
-def test_graphsurgeon_copies_only_the_nodes_its_fold_looks_at(monkeypatch, rng):
-    """graphsurgeon's fold copies the graph it is given: it is given the nodes that may fold and their
-    readers, not the 40 nodes that only compute on the input."""
+def test_the_graph_is_not_copied_and_only_the_folding_nodes_are_run(monkeypatch, rng):
+    """graphsurgeon's fold copied the whole graph it was given before choosing what to evaluate; fold now
+    chooses on the graph itself and hands onnxruntime only the nodes that fold, not the 40 nodes that only
+    compute on the input."""
     chain = "\n".join(f"h{i + 1} = Relu(h{i})" for i in range(40))
     model = parse_model(f"""
     <ir_version: 8, opset_import: ["" : 17]>
@@ -550,11 +562,90 @@ def test_graphsurgeon_copies_only_the_nodes_its_fold_looks_at(monkeypatch, rng):
     monkeypatch.setattr(
         gs.Graph, "copy", lambda g, *a, **kw: copied.append(len(g.nodes)) or real(g, *a, **kw)
     )
+    evaluated = _evaluated_graphs(monkeypatch)
     folded, _ = fold(model)
-    assert copied == [3]  # Constant, Add, and Mul that reads the sum
+    assert copied == []
+    assert evaluated == [("g", ["Add"])]
     assert [n.op_type for n in folded.graph.node].count("Relu") == 40
     assert "Add" not in [n.op_type for n in folded.graph.node]
     _assert_same_outputs(model, folded, {"h0": rng.standard_normal(2).astype(np.float32)})
+
+
+#: graphsurgeon's own decisions, each of which fold's evaluation repeats: a reader named like a tensor (it
+#: compares node names with tensor names), a result over the size threshold by its declared shape and one
+#: over it only once computed, a dead node onnxruntime cannot run in a constant If's branch (its copy is
+#: cleaned, so the If is evaluated), quantization ops and a Constant node in each attribute form.
+_GRAPHSURGEON_CASES = """
+    <ir_version: 8, opset_import: ["" : 17, "custom" : 1]>
+    g (float[2] x) => (float[2] y, float[2] z, float[3000] big, float[2] w, int8[2] q, float[2] u) {
+      one = Constant <value = float[2] {1, 2}> ()
+      ints = Constant <value_ints = [2, 3]> ()
+      f = Constant <value_float = 1.5> ()
+      two = Add(one, one)
+      three = Mul(two, f)
+      three_again = Add(three, one)
+      y = Add(three_again, x)
+      z = Add(three, x)
+      len = Constant <value = int64[1] {3000}> ()
+      big = ConstantOfShape <value = float[1] {1}> (len)
+      shape_of = Cast <to = 1> (ints)
+      cond = Constant <value = bool[1] {1}> ()
+      w = If (cond) <then_branch = t () => (float[2] a) { dead = custom.Foo(one) a = Mul(two, one) },
+                     else_branch = e () => (float[2] b) { b = Relu(one) }>
+      sc = Constant <value_float = 0.5> ()
+      zp = Constant <value = int8[1] {0}> ()
+      q = QuantizeLinear(two, sc)
+      u = Add(shape_of, x)
+    }"""
+
+
+@pytest.mark.parametrize("size_threshold", [None, 16, 16 * 2**20])
+@pytest.mark.parametrize("source", ["cases", *[p.stem for p in LIGHT_MODELS[:4]]])
+def test_evaluation_makes_the_constants_graphsurgeon_makes(source, size_threshold):
+    """The whole-graph evaluation decides, runs and replaces as graphsurgeon's ``fold_constants`` (no shape
+    folding, no recursion or flattening, no partitioning) does on the same graph: the same tensors become
+    constants, with the same bytes, and the same nodes are asked whether to be excluded, in the same order."""
+    from gskit.passes.fold.whole_graph import evaluate_like_graphsurgeon
+
+    if source == "cases":
+        model = parse_model(_GRAPHSURGEON_CASES)
+        producers = {n.output[0]: n for n in model.graph.node}
+        producers["y"].name = "three_again"  # three_again's only reader is named like the tensor
+        producers["three_again"].name = "three"  # and three's readers: one named like a tensor, one not
+    else:
+        model = onnx.load(next(p for p in LIGHT_MODELS if p.stem == source))
+    asked: dict[str, list[str]] = {"gs": [], "gskit": []}
+
+    def excluder(key):
+        return lambda node: asked[key].append(node.name or node.op) or False
+
+    theirs = gsmodel.to_graph(model)
+    type_constant_nodes(theirs)  # as fold does first: graphsurgeon would lower a value_float as float64
+    theirs.fold_constants(
+        fold_shapes=False,
+        recurse_subgraphs=False,
+        partitioning=None,
+        flatten_subgraphs=False,
+        size_threshold=size_threshold,
+        should_exclude_node=excluder("gs"),
+        recurse_functions=False,
+    )
+    ours = gsmodel.to_graph(model)
+    type_constant_nodes(ours)
+    evaluate_like_graphsurgeon(ours, excluder("gskit"), size_threshold)
+    assert asked["gskit"] == asked["gs"]
+
+    def constants(graph: gs.Graph) -> dict[str, bytes]:
+        return {
+            name: np.asarray(t.values).tobytes() + str(np.asarray(t.values).dtype).encode()
+            for name, t in graph.tensors().items()
+            if isinstance(t, gs.Constant)
+        }
+
+    assert constants(ours) == constants(theirs)
+    assert [(n.name, n.op, [t.name for t in n.outputs]) for n in ours.nodes] == [
+        (n.name, n.op, [t.name for t in n.outputs]) for n in theirs.nodes
+    ]
 
 
 def test_a_result_read_by_folding_and_other_nodes_is_evaluated(rng):
@@ -605,3 +696,31 @@ def test_a_split_of_computed_uneven_sizes_keeps_its_shapes_unfolded(rng: np.rand
     folded, _ = fold(model)
     x = rng.standard_normal((2, 4, 3, 8)).astype(np.float32)
     np.testing.assert_array_equal(gsort.run(folded, {"x": x})["y"], x.transpose(0, 2, 1, 3))
+
+
+def test_lowered_constant_nodes_are_sized_without_asking_inference(monkeypatch, rng):
+    """A Constant node whose value was lowered reads nothing and makes nothing: its results weigh 0 bytes
+    without onnx's node inference being asked (341 of silero-vad's 441 questions); nodes with results are
+    still sized by inference, and the fold is the same."""
+    from gskit.passes.fold import cost
+
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+      a = Constant <value = float[2] {1, 2}> ()
+      b = Constant <value = float[2] {3, 4}> ()
+      c = Constant <value_float = 2.0> ()
+      s = Add(a, b)
+      t = Mul(s, c)
+      y = Add(t, x)
+    }""")
+    asked: list[str] = []
+    real = cost._node_outputs
+    monkeypatch.setattr(
+        cost, "_node_outputs", lambda node, *a, **kw: asked.append(node.op) or real(node, *a, **kw)
+    )
+    folded, report = fold(model)
+    assert asked == ["Add", "Mul"]
+    assert [n.op_type for n in folded.graph.node] == ["Add"]
+    assert not report.excluded
+    _assert_same_outputs(model, folded, {"x": rng.standard_normal(2).astype(np.float32)})

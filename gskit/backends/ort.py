@@ -157,6 +157,13 @@ class _NotedSegments(ort_segments.SegmentedSession):
 _SEGMENTED_RUNS: list[tuple[str, int]] = []
 
 
+def default_session(model: bytes) -> ort.InferenceSession:
+    """A CPU session with onnxruntime's default options (its graph optimizations on), as graphsurgeon's
+    ``fold_constants`` creates one: fold evaluates constant nodes with it, so its constants are the ones
+    graphsurgeon's evaluation gives."""
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
 def take_segmented_runs() -> list[tuple[str, int]]:
     """The runs since the last call that ran a model in segments, as (runner name, number of segments)."""
     runs = list(_SEGMENTED_RUNS)

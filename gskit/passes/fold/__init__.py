@@ -7,8 +7,10 @@
    default) is asked too,
 2. gskit's own shape folding: ``Shape`` (honouring its ``start``/``end`` attributes) and ``Shape -> Gather`` /
    ``Shape -> Slice`` (also through an integer ``Cast``) become constants where the dims they read are static,
-3. graphsurgeon's ``fold_constants`` evaluating every node whose inputs are all constant on onnxruntime, with
-   graphsurgeon's shape folding, cast elision, ``If`` flattening and subgraph recursion turned off,
+3. evaluation on onnxruntime of the nodes whose inputs are all constant, as graphsurgeon's ``fold_constants``
+   decides and runs it with its shape folding, cast elision, ``If`` flattening and subgraph recursion turned
+   off (``whole_graph.evaluate_like_graphsurgeon``: the same decisions, made on the graph instead of a copy;
+   with ``allow_partial``, graphsurgeon's own fold and its partitioning),
 4. gskit's own flattening of ``If`` nodes with a constant condition, and recursion into subgraphs,
 
 then cleans up and sorts the graph and gives graph outputs back the dtype and shape they had.
@@ -48,7 +50,7 @@ and nodes whose outputs are sequences or optionals. Constants around them still 
 
 The package's modules each own one part: ``fold_pass`` (``fold``, ``FOLD`` and the fixed-point loop),
 ``options`` (``FoldOptions``, ``FoldReport``), ``exclusion`` (what is never evaluated, and the size limits),
-``cost`` (what evaluating a node costs, judged before it runs), ``whole_graph`` (graphsurgeon's evaluation),
+``cost`` (what evaluating a node costs, judged before it runs), ``whole_graph`` (the whole-graph evaluation),
 ``batched`` (the batch-by-batch evaluation), ``shape_nodes`` (shape folding), ``constant_if`` (``If``
 flattening).
 """

@@ -15,7 +15,7 @@ def flatten_constant_ifs(graph: gs.Graph) -> int:
     Returns how many were inlined."""
     index = 0
     flattened = 0
-    used_names = set(graph.tensors())
+    used_names: set[str] | None = None  # the graph's tensor names, once an If is flattened
     while index < len(graph.nodes):
         node = graph.nodes[index]
         if (
@@ -34,6 +34,8 @@ def flatten_constant_ifs(graph: gs.Graph) -> int:
         if not isinstance(branch, gs.Graph) or len(branch.outputs) != len(node.outputs):
             index += 1  # a malformed If (a branch missing, outputs miscounted): left for the checker
             continue
+        if used_names is None:
+            used_names = set(graph.tensors())
         local = branch._local_tensors()
         for tensor in local.values():
             tensor.name = unique_name(f"{tensor.name}__{node.name or 'if'}", used_names)

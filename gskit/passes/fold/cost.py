@@ -78,12 +78,16 @@ class ResultSizes:
 
     def nbytes(self, node: gs.Node) -> tuple[int, Types] | None:
         """``(bytes of all of node's results, their types)``; None when unknown before evaluating."""
+        if not node.inputs and all(t.is_empty() for t in node.outputs) and not has_subgraphs(node):
+            # reads nothing and makes nothing (a Constant node whose value was lowered to a constant): what
+            # inference would say, without asking it (most of silero-vad's questions)
+            return 0, {}
         types: Types | None = {}
         try:
             types, data = self._input_types(node)
             if types is None:
                 return None
-            if any(True for _ in gsmodel.node_subgraphs(node)):
+            if has_subgraphs(node):
                 outputs = _loop_outputs(node, types, data, self.opsets)
             else:
                 outputs = _node_outputs(node, types, data, self.opsets)
@@ -180,6 +184,11 @@ def _trip_count(node: gs.Node) -> int | None:
     shape = constant_type(first)[1]
     axis = int(axes[0]) + len(shape) if int(axes[0]) < 0 else int(axes[0])
     return shape[axis] if 0 <= axis < len(shape) else None
+
+
+def has_subgraphs(node: gs.Node) -> bool:
+    """Whether ``node`` holds a graph attribute (If, Loop, Scan...)."""
+    return next(gsmodel.node_subgraphs(node), None) is not None
 
 
 def _read_tensors(node: gs.Node) -> Iterable[gs.Tensor]:
