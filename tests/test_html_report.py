@@ -211,14 +211,14 @@ def test_environment_versions_are_those_importlib_metadata_reads():
 def test_a_metadata_field_is_read_as_the_email_package_reads_it(tmp_path, text):
     from importlib.metadata import Distribution
 
-    from gskit.io.html_report import _field
+    from gskit.io.dist_metadata import metadata_field
 
     folder = tmp_path / "demo_pkg-1.2.3.dist-info"
     folder.mkdir()
     (folder / "METADATA").write_text(text, newline="")
     dist = Distribution.at(folder)
     for field in ("Name", "Version", "Summary"):
-        assert _field(dist, field) == dist.metadata[field]
+        assert metadata_field(dist, field) == dist.metadata[field]
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz (scripts/install-system-deps.sh)")

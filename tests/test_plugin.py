@@ -282,14 +282,15 @@ def test_plugin_entry_points_are_the_standard_calls(tmp_path, monkeypatch):
 
 
 def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch):
-    """distribution_name (and metadata_header, which torch_version asks for torch's Version) parse the
+    """distribution_name (and metadata_field, which torch_version asks for torch's Version) parse the
     metadata's headers only; they say what ``dist.name`` and ``dist.version`` say, whatever the line ends,
     with a long description that names another package, and for every installed distribution."""
     import importlib.metadata
     import importlib.util
 
+    from gskit.io.dist_metadata import metadata_field
     from gskit.plugin import derive
-    from gskit.plugin.discovery import distribution_name, metadata_header
+    from gskit.plugin.discovery import distribution_name
 
     body = "\n".join(["A long description.", "", "Name: impostor", "Version: 9.9", *["text"] * 2000])
     metadata = {
@@ -311,7 +312,7 @@ def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch
     assert [distribution_name(d) for d in dists][:3] == ["lf.Package", "CRLF_pkg", "cr-pkg"]
     installed = list(importlib.metadata.distributions())
     assert [distribution_name(d) for d in installed] == [d.name for d in installed]
-    assert [metadata_header(d, "Version", lambda: None) for d in [*dists, *installed]] == [
+    assert [metadata_field(d, "Version") for d in [*dists, *installed]] == [
         d.version for d in [*dists, *installed]
     ]
     derive.torch_version.cache_clear()

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from importlib.metadata import Distribution, PackageNotFoundError
 from pathlib import Path
 
+from gskit.io.dist_metadata import metadata_field
 from gskit.io.text import visible
 from gskit.plugin.ops import NodeSummary
 
@@ -88,41 +89,20 @@ def environment_rows(now: datetime | None = None) -> list[tuple[str, str]]:
     rows = []
     for name in VERSIONED:
         try:
-            rows.append((name, _field(Distribution.from_name(name), "Version")))
+            rows.append((name, metadata_field(Distribution.from_name(name), "Version")))
         except PackageNotFoundError:  # gskit run from a source tree that was never installed
             rows.append((name, "not installed"))
     trt = {}
     for dist in _tensorrt_distributions():
-        name = _field(dist, "Name") or ""
+        name = metadata_field(dist, "Name") or ""
         if name.lower().replace("-", "_").startswith("tensorrt") and not name.lower().endswith(
             ("libs", "bindings")
         ):
-            trt[name] = _field(dist, "Version")
+            trt[name] = metadata_field(dist, "Version")
     rows.extend(sorted(trt.items()) or [("tensorrt", "not installed")])
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     rows.append(("written (UTC)", when.strftime("%Y-%m-%d %H:%M:%S")))
     return rows
-
-
-def _field(dist: Distribution, name: str) -> str | None:
-    """A field of a distribution's metadata, as ``dist.metadata[name]`` reads it, from its header lines.
-
-    ``dist.metadata`` parses the whole file with the ``email`` package, long description included (a
-    millisecond or more a distribution, and the page lists up to a dozen). A field is a header line
-    ``Name: value`` (names are not case-sensitive) before the first empty line; where it is not found
-    there, ``dist.metadata`` answers as before.
-    """
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    head = text.partition("\n\n")[0] if not text.startswith("\n") else ""
-    if "\r" in head:  # line ends the email package reads otherwise than this
-        return dist.metadata[name]
-    lines = head.split("\n")
-    prefix = name.lower() + ":"
-    for index, line in enumerate(lines):
-        folded = index + 1 < len(lines) and lines[index + 1][:1] in (" ", "\t")
-        if line[: len(prefix)].lower() == prefix and not folded:
-            return line[len(prefix) :].lstrip(" \t")  # as the email package reads a header's value
-    return dist.metadata[name]
 
 
 def _tensorrt_distributions() -> list[Distribution]:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gskit.errors import GskitError, PluginError
+from gskit.io.dist_metadata import metadata_field
 from gskit.io.outputs import write_atomic
 
 if TYPE_CHECKING:  # the pattern package imports gskit.plugin.spec: imported inside the functions that need it
@@ -310,13 +311,11 @@ def torch_version() -> str | None:
             return None
     except (ImportError, ValueError):  # a stub torch in sys.modules (None) reads as not installed
         return None
-    from gskit.plugin.discovery import metadata_header  # the plugin package imports this module
-
     try:
         dist = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-    version = metadata_header(dist, "Version", lambda: dist.version)  # torch's long description unparsed
+    version = metadata_field(dist, "Version")  # torch's long description unparsed
     return version.split("+", 1)[0]  # 2.13.0+cpu and 2.13.0+cu126 export alike
 
 

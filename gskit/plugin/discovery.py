@@ -6,7 +6,6 @@ files into a :class:`~gskit.plugin.registry.PluginRegistry`, and the implementat
 from __future__ import annotations
 
 import dataclasses
-import email
 import importlib
 import importlib.util
 import logging
@@ -14,7 +13,7 @@ import os
 import py_compile
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import Distribution, EntryPoint, distributions
 from importlib.metadata import entry_points as _entry_points
@@ -23,6 +22,7 @@ from typing import Any
 
 from gskit.errors import PLUGIN_CODE_FAILURES, PluginError
 from gskit.io.code_files import import_file
+from gskit.io.dist_metadata import metadata_field
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import PluginSpec
 
@@ -211,19 +211,7 @@ def distribution_name(dist: Distribution) -> str | None:
     ``\r\r``) parses to the same headers; a distribution without a METADATA or PKG-INFO file, or without a
     one-line ``Name``, is asked.
     """
-    return metadata_header(dist, "Name", lambda: dist.name)
-
-
-def metadata_header(dist: Distribution, header: str, asked: Callable[[], str | None]) -> str | None:
-    """The one-line ``header`` of ``dist``'s metadata as ``dist.metadata[header]`` says it, parsing only the
-    headers; ``asked()`` (importlib's own answer) where that would differ: no METADATA or PKG-INFO file, no
-    such header, or a folded one (importlib reindents it)."""
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
-    if not text:
-        return asked()
-    ends = [i + len(gap) for gap in ("\n\n", "\r\n\r\n", "\r\r") if (i := text.find(gap)) >= 0]
-    value = email.message_from_string(text[: min(ends)] if ends else text)[header]
-    return asked() if value is None or "\n" in value else value
+    return metadata_field(dist, "Name")
 
 
 def _normalized(dist_name: str) -> str:
