@@ -184,3 +184,23 @@ def test_objects_other_than_plain_functions_are_asked_of_inspect(user_cache):
 
 class PathLike:
     """A class: its source is found otherwise (by name), so it is not cached."""
+
+
+def test_the_cache_keeps_the_newest_source_files_and_the_one_just_written(tmp_path, user_cache, monkeypatch):
+    """Each edit of a plugin file adds a source file to the cache: beyond SOURCE_FILES_KEPT the oldest written
+    go, the one just written stays, and an evicted file is only asked of inspect again."""
+    monkeypatch.setattr(derive, "SOURCE_FILES_KEPT", 3)
+    folder = user_cache / "function-sources"
+    folder.mkdir(parents=True)
+    for age in range(4):  # four files of earlier edits, the first the oldest
+        old = folder / f"old{age}.json"
+        old.write_text("{}")
+        os.utime(old, ns=(10**18 + age, 10**18 + age))
+    path = tmp_path / "fns.py"
+    path.write_text(MODULE)
+    module = _import(path, "gskit_test_sources_prune")
+    assert derive.function_source(module.swish) == inspect.getsource(module.swish)
+    left = sorted(p.name for p in folder.glob("*.json"))
+    assert len(left) == 3 and "old0.json" not in left and "old1.json" not in left and "old3.json" in left
+    written = [name for name in left if not name.startswith("old")]
+    assert len(written) == 1

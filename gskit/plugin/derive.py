@@ -286,12 +286,40 @@ def _read_sources(path: Path) -> dict[str, Any]:
     return _SOURCES[path]
 
 
+#: How many function-source files the cache keeps: each edit of a plugin file adds one, so a plugin
+#: author's edits would otherwise pile up. The oldest written go first; one still in use is asked of
+#: inspect again.
+SOURCE_FILES_KEPT = 256
+
+
 def _write_sources(path: Path, sources: Mapping[str, str]) -> None:
     _SOURCES[path] = dict(sources)
     try:
         write_json_atomic(path, dict(sources))
     except (OSError, GskitError) as err:  # a read-only cache: inspect is asked again next time
         log.debug("could not cache function sources in %s: %s", path, err)
+        return
+    _prune_sources(path.parent, keep=path)
+
+
+def _prune_sources(folder: Path, keep: Path) -> None:
+    """Remove the oldest-written source files of ``folder`` beyond :data:`SOURCE_FILES_KEPT`, never
+    ``keep``."""
+    try:
+        files = [
+            (entry.stat().st_mtime_ns, Path(entry.path))
+            for entry in os.scandir(folder)
+            if entry.name.endswith(".json")
+        ]
+    except OSError:  # the folder went away or cannot be listed: nothing to prune
+        return
+    excess = len(files) - SOURCE_FILES_KEPT
+    for _, old in sorted(files)[: max(excess, 0)]:
+        if old != keep:
+            try:
+                old.unlink()
+            except OSError:  # another process removed it, or a read-only folder
+                pass
 
 
 def _describe_example(value: Any) -> Any:
