@@ -497,6 +497,31 @@ def test_a_started_worker_no_task_took_is_stopped_on_the_way_out():
 
 
 @rtx
+def test_a_worker_interrupted_as_it_starts_is_stopped(monkeypatch):
+    """Ctrl-C while the worker is being spawned (the command line spawns it while it imports): the interrupt
+    takes effect once the child is gskit's to stop, and it is stopped and reaped; inside Popen it used to
+    leave a child that nothing stopped."""
+    import signal
+    import subprocess
+
+    from gskit.backends import trt
+
+    spawned = []
+    real = subprocess.Popen
+
+    def interrupted(*args, **kwargs):
+        spawned.append(real(*args, **kwargs))
+        signal.raise_signal(signal.SIGINT)  # arrives after the fork, before Popen returns
+        return spawned[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with trt.started_worker("tensorrt_rtx"):
+            pytest.fail("the block ran though the start was interrupted")
+    assert len(spawned) == 1 and spawned[0].returncode is not None and "tensorrt_rtx" not in trt._WAITING
+
+
+@rtx
 def test_check_trt_through_a_worker_started_before_it_reports_as_without(tmp_path):
     from gskit.backends import trt
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gskit.errors import GskitError
+from gskit.io.interrupt import signals_held
 from gskit.io.outputs import process_alive
 
 if TYPE_CHECKING:  # numpy loads where arrays are made: `gskit prepare` starts the worker before it
@@ -208,13 +209,17 @@ def started_worker(flavour: str, *, debug: bool | None = None) -> Iterator[None]
     traceback = _traceback_flag() if debug is None else "1" if debug else "0"
     with private_temp_folder("gskit-trt-") as tmp:
         worker = _Worker(flavour, tmp, [*_worker_command(tmp), WAIT_FLAG, flavour], traceback)
-        worker.start()
-        _WAITING[flavour] = worker
+        waiting = False  # True once the worker waits for a task: a task that takes it then stops it
         try:
+            worker.start()
+            _WAITING[flavour] = worker
+            waiting = True
             yield
         finally:
             if _WAITING.get(flavour) is worker:
                 del _WAITING[flavour]
+                worker.stop()
+            elif not waiting:  # Ctrl-C as it started (the command line starts it while it imports)
                 worker.stop()
 
 
@@ -234,16 +239,18 @@ class _Worker:
         env["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if self.flavour == "tensorrt_rtx" else "0"
         env[TRACEBACK_ENV] = self.traceback  # in the debug log
         # cwd is the private request folder: the caller's folder may hold modules named like the ones the
-        # worker imports (json.py), which Python would otherwise run first.
-        self.process = subprocess.Popen(
-            self.command,
-            env=env,
-            cwd=self.folder,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # worker imports (json.py), which Python would otherwise run first. A SIGINT or SIGTERM during the
+        # spawn takes effect once the child is ours to stop: inside Popen it left a child nobody would stop.
+        with signals_held():
+            self.process = subprocess.Popen(
+                self.command,
+                env=env,
+                cwd=self.folder,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
 
     def run(self, task: str, request: Mapping[str, Any], timeout_s: int) -> dict:
         """Hand the child its task (started now unless it waits) and return its answer."""
