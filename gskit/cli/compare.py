@@ -15,7 +15,7 @@ from gskit.cli.options import add_options, options_from_args
 from gskit.compare.options import CompareOptions, ComparisonHeader
 from gskit.errors import GskitError
 from gskit.io.shape_args import format_shape
-from gskit.io.text import PLAIN_WIDTH, plain_line, plain_table, writes_plain
+from gskit.io.text import Line, plain_output, writes_plain
 from gskit.plugin.discovery import implementation_paths, load_plugins
 
 if TYPE_CHECKING:  # each mode imports its own comparison when it runs
@@ -125,15 +125,11 @@ class Verdict(NamedTuple):
     passed: bool
 
 
-#: A line printed under a table: parts as ``gskit.io.report.styled`` takes them (text, or (text, style)).
-Line = tuple[str | tuple[str, str], ...]
-
-
 def _show(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], below: Sequence[Line]) -> None:
     """A table and the lines under it on stdout, as ``gskit.io.report`` prints them with rich.
 
     Where rich would write no escapes (stdout a pipe or a file) the same text is written directly
-    (``gskit.io.text.plain_table``), so that a plain run does not import rich for it.
+    (``gskit.io.text.plain_output``), so that a plain run does not import rich for it.
     """
     plain = _plain(title, columns, rows, below)
     if plain is not None:
@@ -155,21 +151,8 @@ def _plain(
     else None."""
     if not writes_plain(sys.stdout):
         return None  # rich writes escapes (colours, bold) or may, or draws the box otherwise
-    cells = [[_cell_text(c) for c in row] for row in rows]
-    table = plain_table(title, columns, cells, PLAIN_WIDTH)
-    lines = [
-        plain_line("".join(p if isinstance(p, str) else p[0] for p in line), PLAIN_WIDTH) for line in below
-    ]
-    if table is None or None in lines:
-        return None
-    return table + "".join(line for line in lines if line is not None)
-
-
-def _cell_text(cell: Any) -> str:
-    """A cell as its text (``gskit.io.report.data``; a verdict: its word)."""
-    if isinstance(cell, Verdict):
-        return "pass" if cell.passed else "FAIL"
-    return "" if cell is None else str(cell)
+    cells = [[("pass" if c.passed else "FAIL") if isinstance(c, Verdict) else c for c in row] for row in rows]
+    return plain_output([(title, columns, cells)], below)
 
 
 def _print_json(result: object) -> None:

@@ -13,7 +13,7 @@ from gskit.cli import COMMANDS, add_plugins_option
 from gskit.errors import GskitError
 from gskit.io import progress
 from gskit.io.strict_json import print_json
-from gskit.io.text import PLAIN_WIDTH, plain_line, plain_table, writes_plain
+from gskit.io.text import Line, Table, plain_output, writes_plain
 from gskit.passes.transform import StepFlag
 from gskit.pipeline.prepare import (
     PrepareReport,
@@ -66,26 +66,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-#: A line of text: plain parts and (text, style) parts (a style only where rich prints it).
-Line = tuple[str | tuple[str, str], ...]
-#: A table: its title, its columns and its rows of cells.
-TableRows = tuple[str, Sequence[str], Sequence[Sequence[Any]]]
-
-
 class _Printer:
     """Tables and lines on stdout or stderr as ``gskit.io.report``'s console prints them.
 
     Where rich would write no escapes (a pipe, a file) the same text is written directly
-    (``gskit.io.text.plain_table``, ``plain_line``), so that a plain run does not import rich for it.
+    (``gskit.io.text.plain_output``), so that a plain run does not import rich for it.
     """
 
     def __init__(self, stderr: bool = False) -> None:
         self._stderr = stderr
         self._console: Any = None
 
-    def show(self, tables: Sequence[TableRows] = (), lines: Sequence[Line] = ()) -> None:
+    def show(self, tables: Sequence[Table] = (), lines: Sequence[Line] = ()) -> None:
         stream = self._stream()
-        plain = _plain(tables, lines) if writes_plain(stream) else None
+        plain = plain_output(tables, lines) if writes_plain(stream) else None
         if plain is not None:
             stream.write(plain)
             stream.flush()  # as rich does after each print: the order with the other stream is kept
@@ -101,24 +95,6 @@ class _Printer:
 
     def _stream(self) -> TextIO:
         return sys.stderr if self._stderr else sys.stdout
-
-
-def _plain(tables: Sequence[TableRows], lines: Sequence[Line]) -> str | None:
-    """The text rich prints for the tables and lines where it writes no escapes, or None where this text
-    cannot say it (see ``plain_table``)."""
-    texts = [
-        plain_table(title, columns, [[_cell_text(c) for c in row] for row in rows], PLAIN_WIDTH)
-        for title, columns, rows in tables
-    ]
-    texts += [
-        plain_line("".join(p if isinstance(p, str) else p[0] for p in line), PLAIN_WIDTH) for line in lines
-    ]
-    return None if None in texts else "".join(text for text in texts if text is not None)
-
-
-def _cell_text(cell: Any) -> str:
-    """A cell as ``gskit.io.report.data`` shows it (``None``: empty)."""
-    return "" if cell is None else str(cell)
 
 
 class _Progress:
@@ -207,7 +183,7 @@ def _recipe(args: argparse.Namespace) -> Recipe:
 
 
 def _print_summary(report: PrepareReport) -> None:
-    tables: list[TableRows] = [
+    tables: list[Table] = [
         (
             "gskit prepare",
             ("step", "time (s)", "nodes before", "nodes after", "result"),

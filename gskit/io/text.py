@@ -264,5 +264,24 @@ def writes_plain(stream: object) -> bool:
     return encoding.lower().startswith("utf") and os.name != "nt"
 
 
+#: A line of text: plain parts and (text, style) parts, as ``gskit.io.report.styled`` takes them (the style
+#: only where rich prints it).
+Line = tuple[str | tuple[str, str], ...]
+#: A table: its title, its columns and its rows of cells (``None``: an empty cell).
+Table = tuple[str, Sequence[str], Sequence[Sequence[object]]]
+
+
+def plain_output(tables: Sequence[Table], lines: Sequence[Line], width: int = PLAIN_WIDTH) -> str | None:
+    """Tables, then lines, as gskit's rich console prints them where it writes no escapes
+    (:func:`plain_table`, :func:`plain_line`; a cell is its ``str``, ``None`` empty as rich shows it); None
+    where this text cannot say one of them."""
+    texts = [
+        plain_table(title, columns, [["" if c is None else str(c) for c in row] for row in rows], width)
+        for title, columns, rows in tables
+    ]
+    texts += [plain_line("".join(p if isinstance(p, str) else p[0] for p in line), width) for line in lines]
+    return None if None in texts else "".join(text for text in texts if text is not None)
+
+
 def _printable_ascii(text: str) -> bool:
     return text.isascii() and text.isprintable()
