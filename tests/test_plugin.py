@@ -282,15 +282,15 @@ def test_plugin_entry_points_are_the_standard_calls(tmp_path, monkeypatch):
 
 
 def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch):
-    """distribution_name (and metadata_field, which torch_version asks for torch's Version) parse the
-    metadata's headers only; they say what ``dist.name`` and ``dist.version`` say, whatever the line ends,
-    with a long description that names another package, and for every installed distribution."""
+    """metadata_field (asked for entry points' distribution Names by plugin discovery, for torch's Version by
+    torch_version) parses the metadata's headers only; it says what ``dist.name`` and ``dist.version`` say,
+    whatever the line ends, with a long description that names another package, and for every installed
+    distribution."""
     import importlib.metadata
     import importlib.util
 
     from gskit.io.dist_metadata import metadata_field
     from gskit.plugin import derive
-    from gskit.plugin.discovery import distribution_name
 
     body = "\n".join(["A long description.", "", "Name: impostor", "Version: 9.9", *["text"] * 2000])
     metadata = {
@@ -308,10 +308,10 @@ def test_distribution_names_come_from_the_metadata_headers(tmp_path, monkeypatch
     (pkg_info / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: egg\nVersion: 1.0\n\n" + body)
     dists = [importlib.metadata.PathDistribution(tmp_path / f"{stem}.dist-info") for stem in metadata]
     dists.append(importlib.metadata.PathDistribution(pkg_info))
-    assert [distribution_name(d) for d in dists] == [d.name for d in dists]
-    assert [distribution_name(d) for d in dists][:3] == ["lf.Package", "CRLF_pkg", "cr-pkg"]
+    assert [metadata_field(d, "Name") for d in dists] == [d.name for d in dists]
+    assert [metadata_field(d, "Name") for d in dists][:3] == ["lf.Package", "CRLF_pkg", "cr-pkg"]
     installed = list(importlib.metadata.distributions())
-    assert [distribution_name(d) for d in installed] == [d.name for d in installed]
+    assert [metadata_field(d, "Name") for d in installed] == [d.name for d in installed]
     assert [metadata_field(d, "Version") for d in [*dists, *installed]] == [
         d.version for d in [*dists, *installed]
     ]

@@ -15,7 +15,7 @@ import sys
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import Distribution, EntryPoint, distributions
+from importlib.metadata import EntryPoint, distributions
 from importlib.metadata import entry_points as _entry_points
 from pathlib import Path
 from typing import Any
@@ -167,7 +167,8 @@ def _installed_sources() -> list[PluginSource]:
             )
         )
     for ep in group_entry_points(ENTRY_POINT_GROUP):
-        dist = distribution_name(ep.dist) if ep.dist is not None else "?"
+        # the Name header alone: ep.dist.name parses the whole metadata (gskit's README: 1-2 ms)
+        dist = metadata_field(ep.dist, "Name") if ep.dist is not None else "?"
         shipped = _normalized(dist) == "gskit" and ep.name == SHIPPED_ENTRY_POINT
         if shipped and from_checkout:
             continue
@@ -201,17 +202,6 @@ def group_entry_points(group: str) -> list[EntryPoint]:
         if text and group in text:
             found += dist.entry_points.select(group=group)
     return found
-
-
-def distribution_name(dist: Distribution) -> str | None:
-    """``dist.name`` (its metadata's ``Name``), parsing only the metadata's headers.
-
-    ``dist.name`` parses the whole metadata file each time, the long description included (gskit's README:
-    1-2 ms). The headers end at the first empty line, so the text up to one (``\n\n``, ``\r\n\r\n`` or
-    ``\r\r``) parses to the same headers; a distribution without a METADATA or PKG-INFO file, or without a
-    one-line ``Name``, is asked.
-    """
-    return metadata_field(dist, "Name")
 
 
 def _normalized(dist_name: str) -> str:
