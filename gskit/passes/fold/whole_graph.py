@@ -105,10 +105,8 @@ def evaluate_like_graphsurgeon(graph: gs.Graph, exclude: Exclusion, size_thresho
     for node in graph.nodes:
         if node.op in _GS_NO_FOLD_OPS:
             continue
-        if not all(t.name in constants for t in node.inputs if not t.is_empty()):
-            continue
-        outer = [t for sub in gsmodel.node_subgraphs(node) for t in sub._foreign_tensors().values()]
-        if not all(t.name in constants for t in outer if not t.is_empty()):
+        reads = [*node.inputs, *_outer_tensors(node)]
+        if not all(t.name in constants for t in reads if not t.is_empty()):
             continue
         if any(isinstance(value, gs.Node.AttributeRef) for value in node.attrs.values()) or exclude(node):
             continue
@@ -176,17 +174,13 @@ def _needed(foldable: list[gs.Node], wanted: list[gs.Tensor]) -> list[gs.Node]:
         if id(node) in needed:
             continue
         needed.add(id(node))
-        reads = [*node.inputs]
-        reads += [t for sub in gsmodel.node_subgraphs(node) for t in sub._foreign_tensors().values()]
-        pending.extend(producers[id(t)] for t in reads if id(t) in producers)
+        pending.extend(producers[id(t)] for t in (*node.inputs, *_outer_tensors(node)) if id(t) in producers)
     return [node for node in foldable if id(node) in needed]
 
 
 def _run(graph: gs.Graph, nodes: list[gs.Node], outputs: list[gs.Tensor]) -> list[Any]:
     """``outputs`` computed by ``nodes`` on onnxruntime's default CPU session, as graphsurgeon runs them."""
-    part = gs.Graph.__new__(gs.Graph)
-    part.__dict__.update(graph.__dict__)  # name, opsets, IR version, functions: not re-registered
-    part.nodes, part.inputs, part.outputs = nodes, [], list(outputs)
+    part = _graph_of(graph, nodes, [], list(outputs))
     part.producer_name, part.producer_version = "", ""
     if any(has_subgraphs(node) for node in nodes):
         # graphsurgeon's cleanup of its copy also cleans the subgraphs of the nodes it keeps (dead nodes and
@@ -241,22 +235,28 @@ def evaluation_view(graph: gs.Graph) -> gs.Graph | None:
     if 2 * len(left_out) < len(graph.nodes) and not any(has_subgraphs(node) for node in left_out):
         # copying the few nodes left out costs less than the view (PaddleOCR's and layout models' graphs)
         return graph
-    view = gs.Graph.__new__(gs.Graph)
-    view.__dict__.update(graph.__dict__)  # name, opsets, IR version, functions: the same objects
-    view.nodes = kept
-    view.inputs = list(graph.inputs)
-    view.outputs = list(tensors.values())
-    return view
+    return _graph_of(graph, kept, list(graph.inputs), list(tensors.values()))
+
+
+def _graph_of(
+    graph: gs.Graph, nodes: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]
+) -> gs.Graph:
+    """A graph object holding ``nodes`` (the same node and tensor objects), with ``graph``'s name, opsets,
+    IR version and functions: the same objects, not registered again as ``gs.Graph()`` would."""
+    part = gs.Graph.__new__(gs.Graph)
+    part.__dict__.update(graph.__dict__)
+    part.nodes, part.inputs, part.outputs = nodes, inputs, outputs
+    return part
+
+
+def _outer_tensors(node: gs.Node) -> list[gs.Tensor]:
+    """The tensors from outside that the node's subgraphs read."""
+    return [t for sub in gsmodel.node_subgraphs(node) for t in sub._foreign_tensors().values()]
 
 
 def _outer_reads(node: gs.Node) -> list[str]:
     """Names of the tensors from outside that the node's subgraphs read."""
-    return [
-        t.name
-        for sub in gsmodel.node_subgraphs(node)
-        for t in sub._foreign_tensors().values()
-        if not t.is_empty()
-    ]
+    return [t.name for t in _outer_tensors(node) if not t.is_empty()]
 
 
 def drop_non_tensor_constants(graph: gs.Graph) -> None:
