@@ -105,9 +105,9 @@ def _parse(path: Path) -> ast.Module | None:
     """The file's syntax tree (read each time; parsed once per distinct text), None when unreadable."""
     try:
         tree = _parsed(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, ValueError) as err:  # unreadable, or not UTF-8 (UnicodeDecodeError)
         tree = err
-    if isinstance(tree, (SyntaxError, OSError, ValueError)):
+    if isinstance(tree, Exception):  # the file's error, or the syntax error _parsed kept
         log.debug("%s: cannot read it to look for stubs: %s", path, tree)
         return None
     return tree
