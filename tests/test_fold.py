@@ -724,3 +724,56 @@ def test_lowered_constant_nodes_are_sized_without_asking_inference(monkeypatch, 
     assert [n.op_type for n in folded.graph.node] == ["Add"]
     assert not report.excluded
     _assert_same_outputs(model, folded, {"x": rng.standard_normal(2).astype(np.float32)})
+
+
+def test_each_weight_is_sized_once_per_fold(monkeypatch, rng):
+    """Counting a TensorProto's raw bytes copies them: within a fold each weight is counted once, not once per
+    pass (a third of the fold of a 54 MB model); outside a fold nothing is remembered."""
+    from gskit.passes import tensor_types
+
+    weight = rng.standard_normal((200, 100)).astype(np.float32)  # 80 kB: inference gets it as a stub
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 200] x) => (float[N, 100] y) {
+      two = Constant <value = float[1] {2}> ()
+      four = Mul(two, two)
+      scaled = Mul(w, four)
+      y = MatMul(x, scaled)
+    }""")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
+    onnx.checker.check_model(model)
+    counted: list[str] = []
+    real = gsmodel.tensor_nbytes
+    monkeypatch.setattr(gsmodel, "tensor_nbytes", lambda t: counted.append(t.name) or real(t))
+    folded, report = fold(model)
+    assert report.passes == 2 and [n.op_type for n in folded.graph.node] == ["MatMul"]
+    assert counted.count("w") == 1
+    x = rng.standard_normal((3, 200)).astype(np.float32)
+    _assert_same_outputs(model, folded, {"x": x}, atol=1e-4)
+    constant = gsmodel.to_graph(model).tensors()["w"]
+    counted.clear()
+    assert tensor_types.constant_nbytes(constant) == tensor_types.constant_nbytes(constant) == weight.nbytes
+    assert counted == ["w", "w"]
+
+
+def test_symbolic_inference_prints_each_expression_once(monkeypatch):
+    """onnxruntime's symbolic inference prints the same sympy expressions at every node; each is printed once
+    and its answers are the ones it gives printing each time."""
+    from contextlib import nullcontext
+
+    from sympy.core._print_helpers import Printable
+
+    from gskit.passes import tensor_types
+
+    inferred = tensor_types.infer_types(parse_model(UNFIXABLE_SHAPE))
+    printed: list[str] = []
+    real = Printable.__str__
+    monkeypatch.setattr(Printable, "__str__", lambda expr: printed.append(real(expr)) or printed[-1])
+    remembered = tensor_types._symbolic_shapes(inferred)
+    assert printed and len(printed) == len(set(printed))
+    printed.clear()
+    monkeypatch.setattr(tensor_types, "_sympy_strings_remembered", nullcontext)
+    each_time = tensor_types._symbolic_shapes(inferred)
+    assert len(printed) > len(set(printed))  # without remembering, the same strings again
+    assert remembered.keys() == each_time.keys() and remembered["y"] == each_time["y"]
+    assert [d.dim_param for d in remembered["y"].type.tensor_type.shape.dim][0] == "N"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,11 +88,45 @@ def constant_elem_type(tensor: gs.Constant) -> int | None:
 # -- weightless views ----------------------------------------------------------------------------------------
 
 
+#: Within :func:`remembered_sizes`: the bytes of each lazily loaded constant's TensorProto already counted, by
+#: ``id`` of its LazyValues (which is kept with it, so the id stays its own).
+_LAZY_SIZES: ContextVar[dict[int, tuple[Any, Any, int]] | None] = ContextVar("_LAZY_SIZES", default=None)
+
+
+@contextmanager
+def remembered_sizes() -> Iterator[None]:
+    """Within the block, each lazily loaded constant's size is counted once.
+
+    Counting the bytes of a TensorProto's ``raw_data`` copies them (protobuf hands out a new bytes object),
+    and fold asks for every constant's size in every pass (which constants reach inference as stubs): on a
+    model of 50 MB of weights that was a third of fold's time. The block is one fold, whose constants'
+    protos nothing rewrites.
+    """
+    token = _LAZY_SIZES.set({})
+    try:
+        yield
+    finally:
+        _LAZY_SIZES.reset(token)
+
+
+def _lazy_nbytes(values: gs.ir.tensor.LazyValues) -> int:
+    """``gsmodel.tensor_nbytes`` of a LazyValues' TensorProto, counted once in :func:`remembered_sizes`."""
+    sizes = _LAZY_SIZES.get()
+    if sizes is None:
+        return gsmodel.tensor_nbytes(values.tensor)
+    known = sizes.get(id(values))
+    if known is not None and known[1] is values.tensor:
+        return known[2]
+    nbytes = gsmodel.tensor_nbytes(values.tensor)
+    sizes[id(values)] = (values, values.tensor, nbytes)
+    return nbytes
+
+
 def constant_nbytes(tensor: gs.Constant) -> int:
     """Bytes of a constant's values; for values still on disk, read from the TensorProto's header only."""
     values = tensor._values
     if isinstance(values, gs.ir.tensor.LazyValues):
-        return gsmodel.tensor_nbytes(values.tensor)
+        return _lazy_nbytes(values)
     return int(getattr(values, "nbytes", 0))
 
 
@@ -166,7 +201,7 @@ def _stub_for(tensor: gs.Constant, on_disk: bool) -> TensorProto | None:
         lazy = values.tensor
         if not isinstance(lazy, TensorProto):
             return None  # sparse
-        if not (on_disk and uses_external_data(lazy)) and gsmodel.tensor_nbytes(lazy) <= WEIGHTLESS_MAX_BYTES:
+        if not (on_disk and uses_external_data(lazy)) and _lazy_nbytes(values) <= WEIGHTLESS_MAX_BYTES:
             return None
         return TensorProto(name=tensor.name, data_type=lazy.data_type, dims=lazy.dims)
     if np.asarray(values).nbytes <= WEIGHTLESS_MAX_BYTES:
@@ -402,7 +437,8 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
     try:
-        inferred = ort_backend.symbolic_shape_inference(proto)
+        with _sympy_strings_remembered():
+            inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
         return {}
@@ -416,6 +452,37 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     for name in _after_guessed_splits(graphs, infos):
         infos.pop(name, None)
     return infos
+
+
+@contextmanager
+def _sympy_strings_remembered() -> Iterator[None]:
+    """Within the block, each sympy expression is printed once.
+
+    onnxruntime's symbolic inference keeps dims as the strings of sympy expressions and prints the same few
+    expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times, which
+    was 60% of the inference's time. An expression is immutable and its string depends only on it (its type
+    and structure: the key), so every string is the one sympy would print.
+    """
+    from sympy.core._print_helpers import Printable  # sympy is loaded: onnxruntime's inference imports it
+
+    original = Printable.__dict__["__str__"]
+    printed: dict[tuple[type, Any], str] = {}
+
+    def remembered(expr: Any) -> str:
+        try:
+            key = (type(expr), expr)
+            text = printed.get(key)
+        except TypeError:  # an unhashable object (a mutable matrix): printed each time
+            return original(expr)
+        if text is None:
+            text = printed[key] = original(expr)
+        return text
+
+    Printable.__str__ = remembered  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Printable.__str__ = original  # type: ignore[method-assign]
 
 
 def _after_guessed_splits(

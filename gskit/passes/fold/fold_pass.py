@@ -26,6 +26,7 @@ from gskit.passes.tensor_types import (
     constant_nbytes,
     export_graph,
     infer_tensor_types,
+    remembered_sizes,
 )
 from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, run_pass
 from gskit.plugin.ops import op_counts, plugin_keys
@@ -95,7 +96,8 @@ class _Fold(GraphPass[FoldOptions]):
             )
 
     def call(self, model: Any, options: FoldOptions, context: PassContext) -> PassResult:
-        folded, report = _fold(model, options, context.plugins, context.spill_dir)
+        with remembered_sizes():  # one fold: each constant's size counted once, not once per pass
+            folded, report = _fold(model, options, context.plugins, context.spill_dir)
         return PassResult(
             folded,
             # shapes folded into constants change the graph even when the node count stays
