@@ -5,8 +5,9 @@ Usage: ``python bench/fold_vs_peers.py [MODEL ...] [--runs N] [--json FILE] [--t
 [--baseline CHECKOUT]`` (default: the nine light_*.onnx models shipped in the onnx wheel).
 
 ``--baseline CHECKOUT`` adds the tool ``baseline``: the ``gskit/passes/fold`` package of another checkout of
-gskit (main, say), loaded into this process under another name (the rest of gskit is this one's), so a change
-to fold is timed against the code before it under the same load, round by round.
+gskit (main, say) and its ``gskit/passes/tensor_types.py``, loaded into this process under another name (the
+rest of gskit is this one's), so a change to fold is timed against the code before it under the same load,
+round by round.
 
 Per model, every tool first folds the model once unmeasured (its imports, onnxruntime's first session, sympy
 for the tools that run onnxruntime's symbolic shape inference: whichever tool ran first would otherwise pay
@@ -61,22 +62,30 @@ def _onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def baseline_fold(checkout: Path) -> Callable[[onnx.ModelProto], onnx.ModelProto]:
-    """``fold`` of ``CHECKOUT/gskit/passes/fold``, its modules loaded as ``gskit_baseline_fold.*`` (their
-    imports of one another renamed; every other gskit import is this checkout's)."""
+    """``fold`` of ``CHECKOUT/gskit/passes/fold`` and the ``gskit/passes/tensor_types.py`` it infers shapes
+    with, their modules loaded as ``gskit_baseline_fold.*`` (their imports of one another renamed; every
+    other gskit import is this checkout's)."""
     folder = checkout / "gskit" / "passes" / "fold"
     package = types.ModuleType("gskit_baseline_fold")
     package.__path__ = []
     sys.modules[package.__name__] = package
-    pending = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    files = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+    files["tensor_types"] = checkout / "gskit" / "passes" / "tensor_types.py"
+    pending = sorted(files)
     # load in dependency order: a module whose imports of its siblings are all loaded goes next
     while pending:
         for stem in pending:
-            source = (folder / f"{stem}.py").read_text().replace("gskit.passes.fold.", "gskit_baseline_fold.")
+            source = (
+                files[stem]
+                .read_text()
+                .replace("gskit.passes.fold.", "gskit_baseline_fold.")
+                .replace("gskit.passes.tensor_types ", "gskit_baseline_fold.tensor_types ")
+            )
             needs = {m for m in pending if m != stem and f"gskit_baseline_fold.{m} " in source}
             if needs:
                 continue
             module = types.ModuleType(f"gskit_baseline_fold.{stem}")
-            module.__file__ = str(folder / f"{stem}.py")
+            module.__file__ = str(files[stem])
             sys.modules[module.__name__] = module
             exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102  # a checkout of gskit
             pending.remove(stem)
