@@ -777,3 +777,45 @@ def test_symbolic_inference_prints_each_expression_once(monkeypatch):
     assert len(printed) > len(set(printed))  # without remembering, the same strings again
     assert remembered.keys() == each_time.keys() and remembered["y"] == each_time["y"]
     assert [d.dim_param for d in remembered["y"].type.tensor_type.shape.dim][0] == "N"
+
+
+def test_one_inference_walks_the_graphs_and_their_tensors_once(monkeypatch):
+    """Shape inference of a graph with subgraphs lists the subgraphs and each graph's tensors once, for the
+    stubbed export, the inferred types, the Shape inputs and symbolic inference's answers alike."""
+    import sys
+
+    from gskit.passes import tensor_types
+
+    walked: list[str] = []
+
+    def counted(method_name: str):
+        real = getattr(gs.Graph, method_name)
+
+        def method(self, *args, **kwargs):
+            if sys._getframe(1).f_globals["__name__"] == tensor_types.__name__:
+                walked.append(f"{method_name}:{self.name}")
+            return real(self, *args, **kwargs)
+
+        return method
+
+    graph = gsmodel.to_graph(
+        parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4, H, W] x, bool c) => (float[N, 4, K, W] y, int64[4] s) {
+          p = MaxPool <kernel_shape = [2, 1], strides = [2, 1]> (x)
+          y = If(c) <
+            then_branch = t () => (float[N, 4, K, W] a) { a = Relu(p) },
+            else_branch = e () => (float[N, 4, K, W] b) { b = Neg(p) }
+          >
+          s = Shape(p)
+        }""")
+    )
+    asked = []
+    real_symbolic = tensor_types._symbolic_shapes
+    monkeypatch.setattr(tensor_types, "_symbolic_shapes", lambda p: asked.append(1) or real_symbolic(p))
+    for method_name in ("subgraphs", "tensors"):
+        monkeypatch.setattr(gs.Graph, method_name, counted(method_name))
+    tensor_types.infer_tensor_types(graph)
+    assert asked == [1]  # p's height is unknown to onnx: symbolic inference is asked and its answers applied
+    assert sorted(walked) == ["subgraphs:g", "tensors:e", "tensors:g", "tensors:t"]
+    assert graph.tensors()["p"].shape[:2] == ["N", 4]  # inferred

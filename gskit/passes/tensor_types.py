@@ -175,13 +175,25 @@ def _stub(tensor: TensorProto) -> TensorProto:
     return stub
 
 
+def _tensor_maps(graphs: tuple[gs.Graph, ...]) -> list[dict[str, gs.Tensor]]:
+    """Each graph's tensors by name (a walk of all its nodes: asked once per inference, not once per step)."""
+    return [sub.tensors() for sub in graphs]
+
+
+def _with_subgraphs(graph: gs.Graph) -> tuple[gs.Graph, ...]:
+    return (graph, *graph.subgraphs(recursive=True))
+
+
 @contextmanager
-def _stubbed_constants(graph: gs.Graph, on_disk: bool) -> Iterator[None]:
-    """Large constants of ``graph`` and its subgraphs export as stubs until the block exits."""
+def _stubbed_constants(
+    graph: gs.Graph, on_disk: bool, tensor_maps: list[dict[str, gs.Tensor]] | None = None
+) -> Iterator[None]:
+    """Large constants of ``graph`` and its subgraphs export as stubs until the block exits
+    (``tensor_maps``: :func:`_tensor_maps` of them, when the caller has it)."""
     swapped: list[tuple[gs.Constant, Any]] = []
     try:
-        for sub in (graph, *graph.subgraphs(recursive=True)):
-            for tensor in sub.tensors().values():
+        for tensors in tensor_maps if tensor_maps is not None else _tensor_maps(_with_subgraphs(graph)):
+            for tensor in tensors.values():
                 if not isinstance(tensor, gs.Constant):
                     continue
                 proto = _stub_for(tensor, on_disk)
@@ -371,8 +383,11 @@ def infer_tensor_types(
     only when another tensor read by a ``Shape`` is unknown; otherwise its earlier answers are applied again.
     """
     odd_types = odd_types or GsLosses()
+    # the graphs and their tensors, walked once: exporting and inferring change no node and no name
+    graphs = _with_subgraphs(graph)
+    tensor_maps = _tensor_maps(graphs)
     try:
-        with _stubbed_constants(graph, on_disk=False):
+        with _stubbed_constants(graph, on_disk=False, tensor_maps=tensor_maps):
             proto = export_graph(graph, odd_types)
         inferred = infer_types(proto)
     except Exception as err:  # onnx raises several types; the passes still work without the extra shapes
@@ -382,8 +397,8 @@ def infer_tensor_types(
     for proto_graph in gsmodel.graph_protos(inferred.graph):
         for info in proto_graph.value_info:
             infos.setdefault(info.name, info)
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for name, tensor in sub.tensors().items():
+    for tensors in tensor_maps:
+        for name, tensor in tensors.items():
             info = infos.get(name)
             if info is None or not isinstance(tensor, gs.Variable):
                 continue
@@ -391,12 +406,12 @@ def infer_tensor_types(
     if not symbolic or dtypes_only:
         return
     memo = SymbolicMemo() if symbolic_memo is None else symbolic_memo
-    unknown = _unknown_shape_inputs(graph)
+    unknown = _unknown_shape_inputs(graphs)
     if unknown - memo.asked:
         memo.infos = _symbolic_shapes(inferred)
         memo.asked |= unknown
     if unknown:
-        _apply_symbolic_shapes(graph, memo.infos)
+        _apply_symbolic_shapes(tensor_maps, memo.infos)
 
 
 @dataclass
@@ -409,12 +424,12 @@ class SymbolicMemo:
     infos: dict[str, onnx.ValueInfoProto] = field(default_factory=dict)
 
 
-def _unknown_shape_inputs(graph: gs.Graph) -> set[str]:
-    """The tensors that a ``Shape``, in the graph or a subgraph, reads while their rank is unknown or a dim is
-    one onnx could not name (``unk__N``)."""
+def _unknown_shape_inputs(graphs: tuple[gs.Graph, ...]) -> set[str]:
+    """The tensors that a ``Shape``, in a graph or a subgraph (``graphs``: both), reads while their rank is
+    unknown or a dim is one onnx could not name (``unk__N``)."""
     return {
         n.inputs[0].name
-        for sub in (graph, *graph.subgraphs(recursive=True))
+        for sub in graphs
         for n in sub.nodes
         if n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
     }
@@ -537,12 +552,15 @@ def _split_evenly(node: onnx.NodeProto, infos: Mapping[str, onnx.ValueInfoProto]
     return len(sizes) <= 1
 
 
-def _apply_symbolic_shapes(graph: gs.Graph, infos: Mapping[str, onnx.ValueInfoProto]) -> None:
-    """Only the fixed sizes symbolic inference derived are taken over: a shape onnx left unknown, or a dim
-    onnx could only name ``unk__N``."""
+def _apply_symbolic_shapes(
+    tensor_maps: list[dict[str, gs.Tensor]], infos: Mapping[str, onnx.ValueInfoProto]
+) -> None:
+    """Only the fixed sizes symbolic inference derived are taken over (on the tensors of ``tensor_maps``,
+    :func:`_tensor_maps` of a graph and its subgraphs): a shape onnx left unknown, or a dim onnx could only
+    name ``unk__N``."""
     if not infos:
         return
-    tensors = (t for sub in (graph, *graph.subgraphs(recursive=True)) for t in sub.tensors().values())
+    tensors = (t for tensors in tensor_maps for t in tensors.values())
     for tensor in tensors:
         info = infos.get(tensor.name)
         if info is None or not isinstance(tensor, gs.Variable):
