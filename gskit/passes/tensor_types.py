@@ -451,8 +451,10 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
+    nodes = sum(len(g.node) for g in gsmodel.graph_protos(proto.graph))
+    printing = _sympy_strings_remembered() if nodes >= _REMEMBER_PRINTS_FROM_NODES else nullcontext()
     try:
-        with _sympy_strings_remembered():
+        with printing:
             inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
@@ -467,6 +469,11 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     for name in _after_guessed_splits(graphs, infos):
         infos.pop(name, None)
     return infos
+
+
+#: Models of fewer nodes print too few expressions for remembering them to pay: swapping sympy's ``__str__``
+#: clears the attribute cache of every sympy class (about 1 ms; encoder_model's whole inference is 3 ms).
+_REMEMBER_PRINTS_FROM_NODES = 100
 
 
 @contextmanager
