@@ -824,3 +824,27 @@ def test_one_inference_walks_the_graphs_and_their_tensors_once(monkeypatch):
     assert asked == [1]  # p's height is unknown to onnx: symbolic inference is asked and its answers applied
     assert sorted(walked) == ["subgraphs:g", "tensors:e", "tensors:g", "tensors:t"]
     assert graph.tensors()["p"].shape[:2] == ["N", 4]  # inferred
+
+
+def test_removed_nodes_are_printed_only_where_graphsurgeon_shows_the_lines(monkeypatch, capsys):
+    """graphsurgeon's cleanup prints each node it removes for an ultra_verbose log line: fold does not pay
+    for printing nodes its logger drops, and prints them where the lines are shown."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+      one = Constant <value = float[2] {1, 2}> ()
+      two = Add(one, one)
+      four = Mul(two, two)
+      y = Add(four, x)
+    }""")
+    printed: list[str] = []
+    real = gs.Node.__str__
+    monkeypatch.setattr(gs.Node, "__str__", lambda node: printed.append(node.op) or real(node))
+    folded, _ = fold(model)
+    assert [n.op_type for n in folded.graph.node] == ["Add"] and printed == []
+    logger = gs.logger.G_LOGGER
+    monkeypatch.setattr(logger, "severity", logger.ULTRA_VERBOSE)
+    fold(model)
+    shown = capsys.readouterr().out
+    assert "Removing unused node:  (Add)" in shown and "Removing unused node:  (Mul)" in shown
+    assert {"Add", "Mul"} <= set(printed)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import onnx
@@ -221,7 +223,30 @@ def _clean(graph: gs.Graph) -> None:
     """Remove unused nodes and sort, this graph only: its subgraphs were cleaned by their own passes, and
     cleaning them again (graphsurgeon's default recursion) repeated the work once per level of nesting,
     which on silero-vad's nested ``If`` bodies cost more than the folding."""
-    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False).toposort(recurse_subgraphs=False)
+    with _removed_nodes_unprinted():
+        graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
+    graph.toposort(recurse_subgraphs=False)
+
+
+@contextmanager
+def _removed_nodes_unprinted() -> Iterator[None]:
+    """graphsurgeon's cleanup prints each node it removes (``"Removing unused node: {}".format(node)``) for
+    an ``ultra_verbose`` line that its logger then drops, below its severity: while its logger drops those
+    lines, a node prints as nothing (every folded node was printed, attributes and all, once per pass)."""
+    logger = gs.logger.G_LOGGER
+    if logger.severity <= logger.ULTRA_VERBOSE:  # the lines are shown: print the nodes
+        yield
+        return
+    printed = gs.Node.__dict__["__str__"]
+    gs.Node.__str__ = _unprinted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        gs.Node.__str__ = printed  # type: ignore[method-assign]
+
+
+def _unprinted(node: gs.Node) -> str:
+    return ""
 
 
 def _still_present(graph: gs.Graph, entries: dict[str, str]) -> dict[str, str]:
