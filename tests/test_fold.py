@@ -764,22 +764,25 @@ def test_each_weight_is_sized_once_per_fold(monkeypatch, rng):
 
 
 def test_symbolic_inference_prints_each_expression_once(monkeypatch):
-    """onnxruntime's symbolic inference prints the same sympy expressions at every node; on a model of 100
-    nodes or more each is printed once, and its answers are the ones it gives printing each time."""
-    from sympy.core._print_helpers import Printable
+    """onnxruntime's symbolic inference prints the same sympy expressions at every node; each is printed once,
+    and its answers are the ones it gives printing each time."""
+    from contextlib import nullcontext
+
+    from sympy.printing import str as sympy_str
 
     from gskit.passes import tensor_types
 
     inferred = tensor_types.infer_types(parse_model(UNFIXABLE_SHAPE))
     printed: list[str] = []
-    real = Printable.__str__
-    monkeypatch.setattr(Printable, "__str__", lambda expr: printed.append(real(expr)) or printed[-1])
-    each_time = tensor_types._symbolic_shapes(inferred)  # 6 nodes: not worth remembering
-    assert len(printed) > len(set(printed))
-    printed.clear()
-    monkeypatch.setattr(tensor_types, "_REMEMBER_PRINTS_FROM_NODES", 6)
+    real = sympy_str.sstr
+    monkeypatch.setattr(sympy_str, "sstr", lambda expr, **kw: printed.append(real(expr, **kw)) or printed[-1])
     remembered = tensor_types._symbolic_shapes(inferred)
     assert printed and len(printed) == len(set(printed))
+    assert sympy_str.sstr is not real  # the counting one is back
+    printed.clear()
+    monkeypatch.setattr(tensor_types, "_sympy_strings_remembered", nullcontext)
+    each_time = tensor_types._symbolic_shapes(inferred)
+    assert len(printed) > len(set(printed))  # without remembering, the same strings again
     assert remembered.keys() == each_time.keys() and remembered["y"] == each_time["y"]
     assert [d.dim_param for d in remembered["y"].type.tensor_type.shape.dim][0] == "N"
 

@@ -451,10 +451,8 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
-    nodes = sum(len(g.node) for g in gsmodel.graph_protos(proto.graph))
-    printing = _sympy_strings_remembered() if nodes >= _REMEMBER_PRINTS_FROM_NODES else nullcontext()
     try:
-        with printing:
+        with _sympy_strings_remembered():
             inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
@@ -471,11 +469,6 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return infos
 
 
-#: Models of fewer nodes print too few expressions for remembering them to pay: swapping sympy's ``__str__``
-#: clears the attribute cache of every sympy class (about 1 ms; encoder_model's whole inference is 3 ms).
-_REMEMBER_PRINTS_FROM_NODES = 100
-
-
 @contextmanager
 def _sympy_strings_remembered() -> Iterator[None]:
     """Within the block, each sympy expression is printed once.
@@ -483,28 +476,30 @@ def _sympy_strings_remembered() -> Iterator[None]:
     onnxruntime's symbolic inference keeps dims as the strings of sympy expressions and prints the same few
     expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times, which
     was 60% of the inference's time. An expression is immutable and its string depends only on it (its type
-    and structure: the key), so every string is the one sympy would print.
+    and structure) and the printer's settings: the key. sympy's ``__str__`` imports ``sstr`` from its module
+    at each call, so that is where the remembering one goes (replacing ``__str__`` itself cleared every
+    sympy class's attribute cache, about 1 ms a time).
     """
-    from sympy.core._print_helpers import Printable  # sympy is loaded: onnxruntime's inference imports it
+    from sympy.printing import str as sympy_str  # sympy is loaded: onnxruntime's inference imports it
 
-    original = Printable.__dict__["__str__"]
-    printed: dict[tuple[type, Any], str] = {}
+    original = sympy_str.sstr
+    printed: dict[tuple[Any, ...], str] = {}
 
-    def remembered(expr: Any) -> str:
+    def remembered(expr: Any, **settings: Any) -> str:
         try:
-            key = (type(expr), expr)
+            key = (type(expr), expr, *sorted(settings.items()))
             text = printed.get(key)
-        except TypeError:  # an unhashable object (a mutable matrix): printed each time
-            return original(expr)
+        except TypeError:  # an unhashable object (a mutable matrix) or setting: printed each time
+            return original(expr, **settings)
         if text is None:
-            text = printed[key] = original(expr)
+            text = printed[key] = original(expr, **settings)
         return text
 
-    Printable.__str__ = remembered  # type: ignore[method-assign]
+    sympy_str.sstr = remembered
     try:
         yield
     finally:
-        Printable.__str__ = original  # type: ignore[method-assign]
+        sympy_str.sstr = original
 
 
 def _after_guessed_splits(
