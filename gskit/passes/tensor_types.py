@@ -452,7 +452,7 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
     try:
-        with _sympy_strings_remembered():
+        with _sympy_results_remembered():
             inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
@@ -470,36 +470,47 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 
 
 @contextmanager
-def _sympy_strings_remembered() -> Iterator[None]:
-    """Within the block, each sympy expression is printed once.
+def _sympy_results_remembered() -> Iterator[None]:
+    """Within the block, sympy prints each expression once and simplifies each once.
 
     onnxruntime's symbolic inference keeps dims as the strings of sympy expressions and prints the same few
-    expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times, which
-    was 60% of the inference's time. An expression is immutable and its string depends only on it (its type
-    and structure) and the printer's settings: the key. sympy's ``__str__`` imports ``sstr`` from its module
-    at each call, so that is where the remembering one goes (replacing ``__str__`` itself cleared every
-    sympy class's attribute cache, about 1 ms a time).
+    expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times (60%
+    of the inference's time); silero-vad's ``Slice`` nodes simplified 8 expressions 40 times. An expression
+    is immutable, and what it prints as and simplifies to depends only on it (its type and structure) and
+    the settings: the key. sympy's ``__str__`` imports ``sstr`` from its module at each call, and the
+    inference calls ``sympy.simplify``: those two names are where the remembering functions go (replacing
+    ``__str__`` itself cleared every sympy class's attribute cache, about 1 ms a time).
     """
-    from sympy.printing import str as sympy_str  # sympy is loaded: onnxruntime's inference imports it
+    import sympy  # loaded: onnxruntime's inference imports it
+    from sympy.printing import str as sympy_str
 
-    original = sympy_str.sstr
-    printed: dict[tuple[Any, ...], str] = {}
-
-    def remembered(expr: Any, **settings: Any) -> str:
-        try:
-            key = (type(expr), expr, *sorted(settings.items()))
-            text = printed.get(key)
-        except TypeError:  # an unhashable object (a mutable matrix) or setting: printed each time
-            return original(expr, **settings)
-        if text is None:
-            text = printed[key] = original(expr, **settings)
-        return text
-
-    sympy_str.sstr = remembered
+    originals = (sympy_str.sstr, sympy.simplify)
+    sympy_str.sstr = _remembering(sympy_str.sstr)
+    sympy.simplify = _remembering(sympy.simplify)
     try:
         yield
     finally:
-        sympy_str.sstr = original
+        sympy_str.sstr, sympy.simplify = originals
+
+
+def _remembering(function: Any) -> Any:
+    """``function(expr, **settings)``, its result for an equal expression of the same type and the same
+    settings given again instead of computed again."""
+    results: dict[tuple[Any, ...], Any] = {}
+
+    def remembered(expr: Any, *args: Any, **settings: Any) -> Any:
+        if args:  # positional settings: not worth a key
+            return function(expr, *args, **settings)
+        try:
+            key = (type(expr), expr, *sorted(settings.items()))
+            if key in results:
+                return results[key]
+        except TypeError:  # an unhashable object (a mutable matrix) or setting: computed each time
+            return function(expr, **settings)
+        result = results[key] = function(expr, **settings)
+        return result
+
+    return remembered
 
 
 def _after_guessed_splits(
