@@ -408,7 +408,7 @@ def infer_tensor_types(
     memo = SymbolicMemo() if symbolic_memo is None else symbolic_memo
     unknown = _unknown_shape_inputs(graphs)
     if unknown - memo.asked:
-        memo.infos = _symbolic_shapes(inferred)
+        memo.infos = _symbolic_shapes(inferred, memo.sympy_results)
         memo.asked |= unknown
     if unknown:
         _apply_symbolic_shapes(tensor_maps, memo.infos)
@@ -422,6 +422,8 @@ class SymbolicMemo:
 
     asked: set[str] = field(default_factory=set)
     infos: dict[str, onnx.ValueInfoProto] = field(default_factory=dict)
+    #: what sympy printed and simplified for it, kept for its next call (:func:`_sympy_results_remembered`)
+    sympy_results: dict[str, dict[tuple[Any, ...], Any]] = field(default_factory=dict)
 
 
 def _unknown_shape_inputs(graphs: tuple[gs.Graph, ...]) -> set[str]:
@@ -439,9 +441,12 @@ def _invented_dims(shape: Any) -> bool:
     return any(isinstance(d, str) and d.startswith("unk__") for d in shape)
 
 
-def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+def _symbolic_shapes(
+    proto: onnx.ModelProto, sympy_results: dict[str, dict[tuple[Any, ...], Any]] | None = None
+) -> dict[str, onnx.ValueInfoProto]:
     """Second opinion: onnxruntime's symbolic shape inference, as Polygraphy uses, on the graph and its
-    subgraphs; its value infos by tensor name ({} where it fails).
+    subgraphs; its value infos by tensor name ({} where it fails). ``sympy_results``: what sympy computed
+    in earlier calls (:func:`_sympy_results_remembered`), added to.
 
     onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``, or on every dim of a ``Slice``
     whose starts are computed (in a ``Loop`` body: the iteration number); onnxruntime's inference computes
@@ -452,7 +457,7 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
     try:
-        with _sympy_results_remembered():
+        with _sympy_results_remembered(sympy_results):
             inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
@@ -470,8 +475,12 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 
 
 @contextmanager
-def _sympy_results_remembered() -> Iterator[None]:
-    """Within the block, sympy prints each expression once and simplifies each once.
+def _sympy_results_remembered(
+    results: dict[str, dict[tuple[Any, ...], Any]] | None = None,
+) -> Iterator[None]:
+    """Within the block, sympy prints each expression once and simplifies each once (``results``: what it
+    printed and simplified in earlier blocks, by function, added to: a fold's passes ask about the same
+    dims).
 
     onnxruntime's symbolic inference keeps dims as the strings of sympy expressions and prints the same few
     expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times (60%
@@ -484,19 +493,19 @@ def _sympy_results_remembered() -> Iterator[None]:
     import sympy  # loaded: onnxruntime's inference imports it
     from sympy.printing import str as sympy_str
 
+    results = {} if results is None else results
     originals = (sympy_str.sstr, sympy.simplify)
-    sympy_str.sstr = _remembering(sympy_str.sstr)
-    sympy.simplify = _remembering(sympy.simplify)
+    sympy_str.sstr = _remembering(sympy_str.sstr, results.setdefault("sstr", {}))
+    sympy.simplify = _remembering(sympy.simplify, results.setdefault("simplify", {}))
     try:
         yield
     finally:
         sympy_str.sstr, sympy.simplify = originals
 
 
-def _remembering(function: Any) -> Any:
+def _remembering(function: Any, results: dict[tuple[Any, ...], Any]) -> Any:
     """``function(expr, **settings)``, its result for an equal expression of the same type and the same
-    settings given again instead of computed again."""
-    results: dict[tuple[Any, ...], Any] = {}
+    settings given again (kept in ``results``) instead of computed again."""
 
     def remembered(expr: Any, *args: Any, **settings: Any) -> Any:
         if args:  # positional settings: not worth a key
