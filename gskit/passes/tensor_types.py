@@ -18,6 +18,7 @@ map value types; ``TYPE_PROTO`` attributes such as ``Optional``'s ``type``).
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -484,23 +485,27 @@ def _sympy_results_remembered(
 
     onnxruntime's symbolic inference keeps dims as the strings of sympy expressions and prints the same few
     expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times (60%
-    of the inference's time); silero-vad's ``Slice`` nodes simplified 8 expressions 40 times. An expression
-    is immutable, and what it prints as and simplifies to depends only on it (its type and structure) and
-    the settings: the key. sympy's ``__str__`` imports ``sstr`` from its module at each call, and the
-    inference calls ``sympy.simplify``: those two names are where the remembering functions go (replacing
-    ``__str__`` itself cleared every sympy class's attribute cache, about 1 ms a time).
+    of the inference's time); silero-vad's ``Slice`` nodes simplified 8 expressions 40 times, SLANet's
+    ``Resize`` nodes 8 expressions 50 times (simplify simplifies the parts of an expression again). An
+    expression is immutable, and what it prints as and simplifies to depends only on it (its type and
+    structure) and the settings: the key. sympy's ``__str__`` imports ``sstr`` from its module at each
+    call, and the inference calls ``sympy.simplify``: those names are where the remembering functions go
+    (replacing ``__str__`` itself cleared every sympy class's attribute cache, about 1 ms a time).
     """
     import sympy  # loaded: onnxruntime's inference imports it
     from sympy.printing import str as sympy_str
 
+    # simplify calls itself through its own module's name
+    simplify_module = importlib.import_module("sympy.simplify.simplify")
     results = {} if results is None else results
-    originals = (sympy_str.sstr, sympy.simplify)
+    originals = (sympy_str.sstr, sympy.simplify, simplify_module.simplify)
     sympy_str.sstr = _remembering(sympy_str.sstr, results.setdefault("sstr", {}))
-    sympy.simplify = _remembering(sympy.simplify, results.setdefault("simplify", {}))
+    simplify = _remembering(sympy.simplify, results.setdefault("simplify", {}))
+    sympy.simplify = simplify_module.simplify = simplify
     try:
         yield
     finally:
-        sympy_str.sstr, sympy.simplify = originals
+        sympy_str.sstr, sympy.simplify, simplify_module.simplify = originals
 
 
 def _remembering(function: Any, results: dict[tuple[Any, ...], Any]) -> Any:
