@@ -267,17 +267,19 @@ def import_plugin_module(name: str, package: types.ModuleType | None = None) -> 
     """
     parent = name.rpartition(".")[0]
     where = getattr(package, "__file__", None) or parent or name
+    before = set(sys.modules)
     no_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         with _package_in_place(parent, package):
             module = importlib.import_module(name)
+            added = [sys.modules[n] for n in sys.modules.keys() - before]
     except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
         raise PluginError(f"{where}: cannot import {name}: {type(err).__name__}: {err}") from err
     finally:
         sys.dont_write_bytecode = no_bytecode
     folders = [Path(p) for p in getattr(package, "__path__", ())]
-    if not no_bytecode and folders:
-        _hash_checked_bytecode(_imported_files(parent, folders[0]))
+    if not no_bytecode and folders:  # the files this import read (the spec's were cached when it loaded)
+        _hash_checked_bytecode(_files_in(added, folders[0]))
     return module
 
 
@@ -303,9 +305,14 @@ def _package_in_place(parent: str, package: types.ModuleType | None) -> Iterator
 
 def _imported_files(module_name: str, folder: Path) -> list[Path]:
     """The files in ``folder`` that the plugin module ``module_name`` and its submodules come from."""
+    return _files_in([sys.modules.get(name) for name in _package_modules(module_name)], folder)
+
+
+def _files_in(modules: Sequence[types.ModuleType | None], folder: Path) -> list[Path]:
+    """The Python files in ``folder`` that ``modules`` come from."""
     files = []
-    for name in _package_modules(module_name):
-        file = getattr(sys.modules.get(name), "__file__", None)
+    for module in modules:
+        file = getattr(module, "__file__", None)
         if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
             files.append(Path(file))
     return files
