@@ -47,7 +47,7 @@ def pytest_configure(config):
     """The suite's own user cache (derived patterns, function sources), removed after the run: tests and the
     commands they start never write into the user's ``~/.cache/gskit``. A cache given with
     ``$GSKIT_CACHE_DIR`` is used as given."""
-    from gskit.plugin.derive import CACHE_ENV
+    from gskit.io.user_cache import CACHE_ENV
 
     if CACHE_ENV not in os.environ:
         folder = tempfile.mkdtemp(prefix="gskit-test-cache-")
