@@ -631,3 +631,57 @@ def test_a_hard_link_gskit_did_not_make_is_still_refused(tmp_path, rng) -> None:
     os.link(other.with_name("o.onnx.data"), tmp_path / "other" / "second-name")
     with pytest.raises(GskitError, match="hard links"):
         load(other, load_weights=False)
+
+
+def test_large_weights_exported_apart_make_the_model_graphsurgeons_export_makes(
+    rng: np.random.Generator, monkeypatch
+) -> None:
+    """``to_model`` writes large weights into the model after graphsurgeon's export (``weights_apart``): the
+    model is byte for byte the one graphsurgeon's export makes of them, for arrays of several dtypes, a
+    weight held as a TensorProto, one that is also a graph output, one with a data location and small ones,
+    and the graph keeps its own values."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import weights_apart
+
+    big = (128, 512)
+    held = numpy_helper.from_array(rng.standard_normal(big).astype(np.float32), "held")
+    x = gs.Variable("x", np.float32, big)
+    weights = {
+        "f32": rng.standard_normal(big).astype(np.float32),
+        "f16": rng.standard_normal(big).astype(np.float16),
+        "i64": rng.integers(-9, 9, big).astype(np.int64),
+        "flag": rng.integers(0, 2, big).astype(bool),
+        "small": rng.standard_normal((4,)).astype(np.float32),
+        "strided": rng.standard_normal((512, 128)).astype(np.float32).T,
+    }
+    constants = {name: gs.Constant(name, values) for name, values in weights.items()}
+    constants["held"] = gs.Constant("held", gs.ir.tensor.LazyValues(held))
+    located = rng.standard_normal(big).astype(np.float32)  # the export writes its data_location field
+    constants["located"] = gs.Constant("located", located, data_location=onnx.TensorProto.DEFAULT)
+    constants["as_output"] = gs.Constant("as_output", rng.standard_normal(big).astype(np.float32))
+    nodes = [
+        gs.Node("Add", name=f"add_{name}", inputs=[x, constant], outputs=[gs.Variable(f"y_{name}")])
+        for name, constant in constants.items()
+        if name not in ("small", "flag", "i64", "f16")
+    ]
+    nodes.append(gs.Node("Identity", name="id", inputs=[constants["small"]], outputs=[gs.Variable("s")]))
+    for name in ("flag", "i64", "f16"):
+        nodes.append(
+            gs.Node(
+                "Identity", name=f"id_{name}", inputs=[constants[name]], outputs=[gs.Variable(f"{name}_copy")]
+            )
+        )
+    outputs = [out for node in nodes for out in node.outputs] + [constants["as_output"]]
+    graph = gs.Graph(nodes=nodes, inputs=[x], outputs=outputs, opset=17)
+    before = {name: c._values for name, c in constants.items()}
+
+    with weights_apart.exporting_weights_apart(graph) as apart:
+        taken = sorted(apart)
+    assert taken == ["as_output", "f16", "f32", "flag", "held", "i64", "strided"]  # not small, not located
+    apart_bytes = to_model(graph).SerializeToString()
+    monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)  # graphsurgeon exports every weight
+    with weights_apart.exporting_weights_apart(graph) as apart:
+        assert not apart
+    assert to_model(graph).SerializeToString() == apart_bytes
+    assert {name: c._values for name, c in constants.items()} == before  # the same objects

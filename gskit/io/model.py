@@ -50,6 +50,7 @@ from gskit.io.outputs import (
     place_file,
     remember_input,
 )
+from gskit.io.weights_apart import exporting_weights_apart, restore_weights
 from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
@@ -319,10 +320,16 @@ def to_model(graph: gs.Graph) -> onnx.ModelProto:
     """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load.
 
     Empty list attributes (``axes=[]``), which graphsurgeon cannot export, are written with their kind;
-    optional and opaque value types with theirs; map types and sequences of sequences without a type.
+    optional and opaque value types with theirs; map types and sequences of sequences without a type. Large
+    weights go into the model once, after the export (:mod:`gskit.io.weights_apart`).
     """
-    with gs_export.exporting_empty_lists(graph) as marker, gs_export.exporting_value_types(graph) as types:
+    with (
+        gs_export.exporting_empty_lists(graph) as marker,
+        gs_export.exporting_value_types(graph) as types,
+        exporting_weights_apart(graph) as weights,
+    ):
         model = gs.export_onnx(graph, do_type_check=False)
+    restore_weights(model, weights)
     gs_export.restore_empty_lists(model, marker)
     gs_export.restore_value_types(model, types)
     # IR 4 is the first to allow initializers that are not graph inputs, which graphsurgeon always writes.

@@ -1,0 +1,106 @@
+"""A graph's large weights kept out of graphsurgeon's export and put into the exported model once.
+
+graphsurgeon's export copies a weight four times on its way into the model: the array's bytes
+(``tobytes``), those bytes into a ``TensorProto``, that tensor into the ``GraphProto`` and the graph into the
+``ModelProto`` (``onnx.helper.make_graph``/``make_model`` copy their parts). A weight it already holds as a
+``TensorProto`` (a lazily loaded initializer) is copied twice. Each copy is fresh memory: on a 5 MB model
+those copies, and the page faults that come with them, were most of an export's time.
+
+:func:`exporting_weights_apart` gives each large top-level weight, for the time of the export, a stand-in
+with the weight's header only (name, type, dims); :func:`restore_weights` then writes the payload into the
+exported tensor: the array's bytes (two copies) or the held tensor (one). The model is the one the export
+would have made, field for field (``tests/test_model.py``). A weight of another form (a dtype graphsurgeon
+converts on export, a set data location, values outside ``raw_data``, data on disk) is exported as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
+
+#: Weights smaller than this are exported as graphsurgeon does: their copies cost less than the stand-in.
+APART_MIN_BYTES = 64 * 1024
+#: numpy kinds whose ``tobytes`` is what graphsurgeon writes as ``raw_data`` (bool, ints, floats, complex).
+_RAW_KINDS = frozenset("biufc")
+
+
+@contextmanager
+def exporting_weights_apart(graph: gs.Graph) -> Iterator[dict[str, Any]]:
+    """While exporting ``graph``: its large weights are header-only stand-ins.
+
+    Yields the weights kept apart, by tensor name (a numpy array, or the ``TensorProto`` held), for
+    :func:`restore_weights`. The weights are put back afterwards: the caller's graph is left as it was.
+    """
+    swapped: list[tuple[gs.Constant, Any]] = []
+    apart: dict[str, Any] = {}
+    for tensor in graph.tensors().values():
+        if not isinstance(tensor, gs.Constant):
+            continue
+        values = tensor._values
+        header = _array_header(tensor, values) if isinstance(values, np.ndarray) else _held_header(values)
+        if header is None:
+            continue
+        header.name = tensor.name
+        swapped.append((tensor, values))
+        apart[tensor.name] = values if isinstance(values, np.ndarray) else values.tensor
+        if not isinstance(values, np.ndarray):
+            values.tensor.name = tensor.name  # what the export does to a held tensor
+        tensor._values = gs.ir.tensor.LazyValues(header)
+    try:
+        yield apart
+    finally:
+        for tensor, values in swapped:
+            tensor._values = values
+
+
+def restore_weights(model: onnx.ModelProto, apart: dict[str, Any]) -> None:
+    """Write the payload of each weight :func:`exporting_weights_apart` kept apart into ``model``."""
+    if not apart:
+        return
+    for tensor in model.graph.initializer:
+        source = apart.get(tensor.name)
+        if source is None:
+            continue
+        if isinstance(source, np.ndarray):
+            tensor.raw_data = source.tobytes()
+        else:
+            tensor.CopyFrom(source)
+
+
+def _array_header(tensor: gs.Constant, values: np.ndarray) -> onnx.TensorProto | None:
+    """The header graphsurgeon's ``constant_to_onnx_tensor`` writes for an array it exports unconverted."""
+    if values.nbytes < APART_MIN_BYTES or values.dtype.kind not in _RAW_KINDS:
+        return None
+    if tensor.data_location is not None:
+        return None  # the export sets it on the tensor
+    data_type = dtype_to_onnx(values.dtype)
+    if data_type != dtype_to_onnx(tensor.export_dtype):
+        return None  # converted on export (float32 to bfloat16 or float8)
+    header = onnx.TensorProto()
+    header.data_type = data_type
+    header.dims.extend(values.shape)
+    return header
+
+
+def _held_header(values: Any) -> onnx.TensorProto | None:
+    """A held tensor's type and dims, when its payload is ``raw_data`` in the proto (the whole tensor is
+    copied into the exported one afterwards)."""
+    if type(values) is not gs.ir.tensor.LazyValues:  # a weight on disk (DiskValues) or sparse
+        return None
+    held = values.tensor
+    if not isinstance(held, onnx.TensorProto) or not held.HasField("raw_data"):
+        return None
+    if held.data_location != onnx.TensorProto.DEFAULT or held.external_data:
+        return None
+    if held.ByteSize() < APART_MIN_BYTES:  # the size without reading the payload out (a copy)
+        return None
+    header = onnx.TensorProto()  # what graphsurgeon reads of it while exporting; the payload brings the rest
+    header.data_type = held.data_type
+    header.dims.extend(held.dims)
+    return header
