@@ -685,3 +685,24 @@ def test_large_weights_exported_apart_make_the_model_graphsurgeons_export_makes(
         assert not apart
     assert to_model(graph).SerializeToString() == apart_bytes
     assert {name: c._values for name, c in constants.items()} == before  # the same objects
+
+
+def test_the_external_data_threshold_counts_data_not_serialized_bytes(tmp_path: Path, monkeypatch) -> None:
+    """``save`` chooses external data when the tensors hold more than the threshold, counted as their data
+    (the raw bytes, or dims x item size for typed fields), not their serialized size, which it reads first
+    as a bound: small int64 values serialize in 2 bytes each, raw data in a few bytes more than it holds."""
+    import gskit.io.model as gsm
+
+    raw = numpy_helper.from_array(np.zeros(1000, np.float32), "raw")  # 4000 bytes of data
+    typed = helper.make_tensor("typed", TensorProto.INT64, [1000], [1] * 1000)  # 8000 bytes, ~2000 serialized
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "raw"], ["y"])], "g", [x], [y], [raw, typed])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for limit, external in ((11_999, True), (12_000, False), (3_999, True), (4_000, False)):
+        monkeypatch.setattr(gsm, "EXTERNAL_DATA_THRESHOLD", limit)
+        tensors = [raw] if limit < 5000 else [raw, typed]
+        model.graph.ClearField("initializer")
+        model.graph.initializer.extend(tensors)
+        written = gsm.save(model, tmp_path / str(limit) / "m.onnx")
+        assert (written.parent / "m.onnx.data").is_file() == external, limit

@@ -178,8 +178,8 @@ def save(
     data_name = path.name + ".data"
     tensors = list(_get_all_tensors(proto))
     if external_data is None:
-        external_data = (
-            any(uses_external_data(t) for t in tensors) or _tensor_bytes(tensors) > EXTERNAL_DATA_THRESHOLD
+        external_data = any(uses_external_data(t) for t in tensors) or _tensor_bytes_over(
+            tensors, EXTERNAL_DATA_THRESHOLD
         )
     data_path = path.parent / data_name
     # Both names before anything is written: the data file's name is taken (or a stale one removed) even
@@ -775,8 +775,16 @@ def _read_external(tensor: TensorProto, base_dir: str) -> bytes:
         return f.read(int(length)) if length is not None else f.read()
 
 
-def _tensor_bytes(tensors: list[TensorProto]) -> int:
-    return sum(tensor_nbytes(t) for t in tensors)
+def _tensor_bytes_over(tensors: list[TensorProto], limit: int) -> bool:
+    """Whether the tensors (none of them on disk) hold more than ``limit`` bytes of data.
+
+    A tensor's serialized size bounds its ``raw_data`` from above and is known without reading the data out
+    (each read of ``raw_data`` is a copy of it): the data are counted only when that bound is over the limit.
+    """
+    bound = sum(t.ByteSize() if t.HasField("raw_data") else tensor_nbytes(t) for t in tensors)
+    if bound <= limit:
+        return False
+    return sum(tensor_nbytes(t) for t in tensors) > limit
 
 
 def _refuse_overwriting_sources(tensors: list[TensorProto], data_path: Path) -> None:
