@@ -11,7 +11,8 @@ process does: ``gskit ARGS`` runs ``gskit.cli.main`` as the installed entry poin
 Every command runs once unmeasured (the bytecode cache, ``$PYTHONPYCACHEPREFIX``, and the page cache are warm
 afterwards, as they are for a user's second command), then ``runs`` times: the row has the median wall time,
 the highest peak, and the modules of the last run. A child that prints a JSON line with ``seconds`` (the
-floors and the library paths: the work after imports) also gets the median of those.
+floors and the library paths: the work after imports) also gets the median of those. :func:`measure_pair`
+runs two commands in turn (a command and its floor) and gives each pair's wall-time ratio.
 """
 
 from __future__ import annotations
@@ -122,36 +123,90 @@ def measure_process(
     warmup: bool = True,
 ) -> Measured:
     """Run ``command`` (once unmeasured when ``warmup``, then ``runs`` times); see the module docstring."""
-    env = dict(env or pycache_env())
-    result = Measured()
-    works: list[float] = []
-    peaks: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="gskit-probe-") as probe_dir:
-        env["GSKIT_BENCH_PROBE"] = str(Path(probe_dir) / "probe.txt")
+    with _Runs(command, env) as measuring:
         for index in range(runs + (1 if warmup else 0)):
-            if command.fresh is not None:
-                shutil.rmtree(command.fresh, ignore_errors=True)
-            Path(env["GSKIT_BENCH_PROBE"]).unlink(missing_ok=True)
-            once = _run_once(command, timeout, cwd, env)
-            if once["status"] != "ok":
-                result.status, result.note, result.returncode = once["status"], once["note"], once["code"]
+            if not measuring.once(timeout, cwd, counted=not (warmup and index == 0)):
                 break
-            result.returncode = once["code"]
-            if warmup and index == 0:
-                continue
-            result.all_seconds.append(round(once["seconds"], 4))
-            peak, modules = _read_probe(Path(env["GSKIT_BENCH_PROBE"]))
-            if peak is not None:
-                peaks.append(peak)
-                result.modules = modules
-            result.output = once["output"]
-            if isinstance(once["output"].get("seconds"), (int, float)):
-                works.append(float(once["output"]["seconds"]))
-    if result.all_seconds:
-        result.seconds = statistics.median(result.all_seconds)
-    result.peak_rss = max(peaks) if peaks else None
-    result.work_seconds = statistics.median(works) if works else None
-    return result
+        return measuring.result()
+
+
+def measure_pair(
+    first: Command,
+    second: Command,
+    *,
+    runs: int = 3,
+    timeout: float = 120.0,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    warmup: bool = True,
+) -> tuple[Measured, Measured, list[float]]:
+    """Run the two commands in turn (first, second, first, ...; each once unmeasured when ``warmup``):
+    a drift of the machine's speed during the runs then slows both alike.
+
+    Returns:
+        Each command's numbers and the wall-time ratio first/second of each pair in which both ran.
+    """
+    ratios: list[float] = []
+    with _Runs(first, env) as one, _Runs(second, env) as two:
+        for index in range(runs + (1 if warmup else 0)):
+            counted = not (warmup and index == 0)
+            if not (one.once(timeout, cwd, counted=counted) and two.once(timeout, cwd, counted=counted)):
+                break
+            if counted:
+                ratios.append(round(one.last_seconds / two.last_seconds, 4))
+        return one.result(), two.result(), ratios
+
+
+class _Runs:
+    """The runs of one command and what they measured (a context: its probe file's folder)."""
+
+    def __init__(self, command: Command, env: dict[str, str] | None) -> None:
+        self.command = command
+        self.env = dict(env or pycache_env())
+        self.measured = Measured()
+        self.last_seconds = 0.0
+        self._works: list[float] = []
+        self._peaks: list[int] = []
+        self._folder = tempfile.TemporaryDirectory(prefix="gskit-probe-")
+        self.env["GSKIT_BENCH_PROBE"] = str(Path(self._folder.name) / "probe.txt")
+
+    def __enter__(self) -> _Runs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._folder.cleanup()
+
+    def once(self, timeout: float, cwd: Path | None, *, counted: bool) -> bool:
+        """One run; False (and the status says why) when it failed or timed out."""
+        result, probe = self.measured, Path(self.env["GSKIT_BENCH_PROBE"])
+        if self.command.fresh is not None:
+            shutil.rmtree(self.command.fresh, ignore_errors=True)
+        probe.unlink(missing_ok=True)
+        once = _run_once(self.command, timeout, cwd, self.env)
+        if once["status"] != "ok":
+            result.status, result.note, result.returncode = once["status"], once["note"], once["code"]
+            return False
+        result.returncode = once["code"]
+        if not counted:
+            return True
+        self.last_seconds = once["seconds"]
+        result.all_seconds.append(round(once["seconds"], 4))
+        peak, modules = _read_probe(probe)
+        if peak is not None:
+            self._peaks.append(peak)
+            result.modules = modules
+        result.output = once["output"]
+        if isinstance(once["output"].get("seconds"), (int, float)):
+            self._works.append(float(once["output"]["seconds"]))
+        return True
+
+    def result(self) -> Measured:
+        result = self.measured
+        if result.all_seconds:
+            result.seconds = statistics.median(result.all_seconds)
+        result.peak_rss = max(self._peaks) if self._peaks else None
+        result.work_seconds = statistics.median(self._works) if self._works else None
+        return result
 
 
 def _run_once(command: Command, timeout: float, cwd: Path | None, env: dict[str, str]) -> dict[str, Any]:

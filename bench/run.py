@@ -21,7 +21,9 @@ Suites (each measurement runs in its own child process, see ``bench/peers.py``):
   (default recipe) and ``gskit compare`` on the bundled example and light models beside the library calls
   (``prepare()``, ``compare()``) and their floors (``bench/floors.py``: one onnxruntime session run once; a
   plain two-session comparison), and ``gskit --version``/``--help``/``inspect`` beside ``python -c pass`` and
-  ``python -c "import onnx"``, with the packages each process imported.
+  ``python -c "import onnx"``, with the packages each process imported. Each command and its floor run in
+  turn (command, floor, command, ...): the ratio is the median of the pairs' ratios, which a drift of the
+  machine's speed during the runs does not move as it moves two medians taken minutes apart.
 
 ``--quick`` (a few minutes on a busy machine): light_squeezenet, ExampleNet, a 1k-node transformer,
 replace on 1k and 10k nodes, a 200 MB stand-in for the large model (labelled as such), and the ``cli``
@@ -53,7 +55,7 @@ if str(REPO) not in sys.path:
 
 from bench import models  # noqa: E402
 from bench.peers import ATOL, FOLD_TOOLS, NOLIMIT, PREPARE_STEPS, RTOL, Row, measure  # noqa: E402
-from bench.processes import WATCHED, Command, measure_process, pycache_env  # noqa: E402
+from bench.processes import WATCHED, Command, Measured, measure_pair, measure_process, pycache_env  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -389,6 +391,28 @@ class _CliRuns:
         measured = measure_process(
             command, runs=self.runs, timeout=self.timeout, cwd=self.cwd, env=self.env, warmup=self.warmup
         )
+        return _record(self._row(model, tool, command, measured))
+
+    def pair(
+        self, model: str, tool: str, command: Command, floor_tool: str, floor: Command
+    ) -> tuple[Row, Row]:
+        """Measure ``command`` and its floor in turn (``bench.processes.measure_pair``): the command's row
+        gets the median of the per-pair ratios, which a drift of the machine's speed does not move."""
+        mine, theirs, ratios = measure_pair(
+            command,
+            floor,
+            runs=self.runs,
+            timeout=self.timeout,
+            cwd=self.cwd,
+            env=self.env,
+            warmup=self.warmup,
+        )
+        floor_row = _record(self._row(model, floor_tool, floor, theirs))
+        row = self._row(model, tool, command, mine)
+        _against(row, floor_row, pair_ratios=ratios)
+        return _record(row), floor_row
+
+    def _row(self, model: str, tool: str, command: Command, measured: Measured) -> Row:
         row = Row("cli", model, tool, status=measured.status, seconds=measured.seconds, note=measured.note)
         row.runs, row.peak_rss = len(measured.all_seconds), measured.peak_rss
         # prepare and compare exit 0 when the outputs matched; the floors and library calls say it in JSON
@@ -405,7 +429,7 @@ class _CliRuns:
             "modules": len(measured.modules),
         }
         log.info("cli %s %s: %s %s s", model, tool, row.status, row.seconds)
-        return _record(row)
+        return row
 
 
 def _cli_startup_rows(cli: _CliRuns, model: Path) -> list[Row]:
@@ -427,13 +451,12 @@ def _cli_model_rows(cli: _CliRuns, label: str, model: Path, work: Path) -> list[
     """prepare, then compare of the original with what it wrote: the command, the library call, the floor."""
     out, lib_out = work / "prepared", work / "library"
     floor_command = Command("code", [FLOOR_SESSION, str(model)], label="bench/floors.py session MODEL")
-    session = cli.row(label, "floor: one session", floor_command)
-    prepare_cli = cli.row(
-        label, "gskit prepare", Command("gskit", ["prepare", str(model), "-o", str(out)], fresh=out)
+    prepare_command = Command("gskit", ["prepare", str(model), "-o", str(out)], fresh=out)
+    prepare_cli, session = cli.pair(
+        label, "gskit prepare", prepare_command, "floor: one session", floor_command
     )
     lib_command = Command("code", [LIBRARY_PREPARE, str(model), str(lib_out)], lib_out, "prepare(MODEL, OUT)")
     prepare_lib = cli.row(label, "library prepare()", lib_command)
-    _against(prepare_cli, session)
     _against(prepare_lib, session, work_time=True)
     rows = [session, prepare_cli, prepare_lib]
     prepared = out / "model.onnx"
@@ -444,14 +467,15 @@ def _cli_model_rows(cli: _CliRuns, label: str, model: Path, work: Path) -> list[
         plain = not _has_custom_nodes(prepared)
         floor_pair = pair if plain else [str(model), str(model)]
         floor_command = Command("code", [FLOOR_COMPARE, *floor_pair], label="bench/floors.py compare A B")
-        two = cli.row(label, "floor: two sessions", floor_command)
+        compare_command = Command("gskit", ["compare", *pair])
+        compare_cli, two = cli.pair(
+            label, "gskit compare", compare_command, "floor: two sessions", floor_command
+        )
         if not plain:
             two.detail["floor_note"] = "the prepared model has plugin nodes: the original twice"
-        compare_cli = cli.row(label, "gskit compare", Command("gskit", ["compare", *pair]))
         compare_lib = cli.row(
             label, "library compare()", Command("code", [LIBRARY_COMPARE, *pair], label="compare(A, B)")
         )
-        _against(compare_cli, two)
         _against(compare_lib, two, work_time=True)
         rows += [two, compare_cli, compare_lib]
     shutil.rmtree(work, ignore_errors=True)
@@ -468,14 +492,21 @@ def _has_custom_nodes(path: Path) -> bool:
     return any(node.domain not in ORT_DOMAINS for node in proto.graph.node)
 
 
-def _against(row: Row, floor: Row, *, work_time: bool = False) -> None:
-    """Set ``row``'s ratio to ``floor``: whole process to whole process, or (``work_time``, a library call)
-    the call's time to the floor's work after its imports."""
+def _against(
+    row: Row, floor: Row, *, work_time: bool = False, pair_ratios: list[float] | None = None
+) -> None:
+    """Set ``row``'s ratio to ``floor``: whole process to whole process (``pair_ratios``: the median of the
+    ratios of runs made in turn), or (``work_time``, a library call) the call's time to the floor's work after
+    its imports."""
     row.detail["floor"] = floor.tool
     mine = row.detail["work_seconds"] if work_time else row.seconds
     theirs = floor.detail["work_seconds"] if work_time else floor.seconds
     row.detail["ratio"] = round(mine / theirs, 3) if mine and theirs else None
     row.detail["ratio_of"] = "work after imports" if work_time else "whole process"
+    if pair_ratios:
+        row.detail["pair_ratios"] = pair_ratios
+        row.detail["ratio"] = round(statistics.median(pair_ratios), 3)
+        row.detail["ratio_of"] = f"whole process, median of {len(pair_ratios)} pairs run in turn"
     if row.peak_rss and floor.peak_rss:
         row.detail["peak_ratio"] = round(row.peak_rss / floor.peak_rss, 3)
 

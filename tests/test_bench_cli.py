@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.processes import Command, measure_process, pycache_env
+from bench.processes import Command, measure_pair, measure_process, pycache_env
 from bench.run import _cli_model_rows, _cli_startup_rows, _CliRuns, goals
 
 
@@ -40,6 +41,22 @@ def test_process_probe_reads_peak_modules_and_work_seconds(tmp_path: Path) -> No
     assert raised.status == "failed" and "ZeroDivisionError" in raised.note
 
 
+def test_a_pair_runs_in_turn_and_its_ratios_are_of_the_same_pairs(tmp_path: Path) -> None:
+    log = tmp_path / "order.txt"
+    code = "import sys, time; open(sys.argv[1], 'a').write(sys.argv[2]); time.sleep(float(sys.argv[3]))"
+    slow, fast = (
+        Command("code", [code, str(log), name, pause]) for name, pause in (("A", "0.2"), ("B", "0.05"))
+    )
+    first, second, ratios = measure_pair(slow, fast, runs=3, timeout=60, warmup=True)
+    assert log.read_text() == "AB" * 4  # the unmeasured first pair, then three in turn
+    assert len(first.all_seconds) == len(second.all_seconds) == len(ratios) == 3
+    expected = [a / b for a, b in zip(first.all_seconds, second.all_seconds, strict=True)]
+    assert ratios == pytest.approx(expected, rel=1e-3)  # each pair's own (the seconds are rounded apart)
+    failing = Command("code", ["raise SystemExit(3)"])
+    first, second, ratios = measure_pair(slow, failing, runs=2, timeout=60, warmup=False)
+    assert second.status == "failed" and ratios == [] and len(first.all_seconds) == 1
+
+
 def test_cli_suite_rows_floors_ratios_and_goals(tmp_path: Path) -> None:
     model = _tiny_model(tmp_path / "tiny.onnx")
     cli = _CliRuns(runs=1, timeout=180, env=pycache_env(tmp_path / "cache"), warmup=False, cwd=tmp_path)
@@ -65,15 +82,18 @@ def test_cli_suite_rows_floors_ratios_and_goals(tmp_path: Path) -> None:
     pairs = {
         "gskit --version": ("floor: python -c pass", "whole process"),
         "gskit inspect": ("floor: python -c import onnx", "whole process"),
-        "gskit prepare": ("floor: one session", "whole process"),
+        "gskit prepare": ("floor: one session", "whole process, median of 1 pairs run in turn"),
         "library prepare()": ("floor: one session", "work after imports"),
-        "gskit compare": ("floor: two sessions", "whole process"),
+        "gskit compare": ("floor: two sessions", "whole process, median of 1 pairs run in turn"),
         "library compare()": ("floor: two sessions", "work after imports"),
     }
     for tool, (floor, basis) in pairs.items():
         row = by_tool[tool]
         assert row.detail["floor"] == floor and row.detail["ratio_of"] == basis
         assert row.detail["ratio"] > 0
+    for tool in ("gskit prepare", "gskit compare"):  # the pair's own ratio, not the ratio of two medians
+        row, floor = by_tool[tool], by_tool[pairs[tool][0]]
+        assert row.detail["pair_ratios"] == pytest.approx([row.seconds / floor.seconds], rel=1e-3)
     # the floors did the work they stand for: onnxruntime, and no gskit
     for floor in ("floor: one session", "floor: two sessions"):
         assert "onnxruntime" in by_tool[floor].detail["imports"]

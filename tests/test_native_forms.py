@@ -273,6 +273,19 @@ def test_versions_parse_and_compare_as_numbers() -> None:
         TensorRTTarget.parse(10.1)  # YAML's 10.10
 
 
+def test_a_version_newer_than_gskit_knows_is_taken_and_its_reports_say_whose_facts_apply(tmp_path) -> None:
+    newest = ".".join(map(str, NEWEST_KNOWN))
+    note = f"newer than any TensorRT gskit knows: gskit's facts of {newest} apply"
+    assert TensorRTTarget.parse("105").source == f"--tensorrt 105; {note}"  # 10.5 mistyped shows
+    assert TensorRTTarget.parse(newest).source == f"--tensorrt {newest}"
+    assert TensorRTTarget.parse("105", "").source == ""  # internal comparisons carry no source
+    example = REPO / "gskit" / "data" / "example.onnx"
+    report = prepare(
+        example, tmp_path / "out", recipe=parse_recipe('target: {tensorrt: "99"}\nsteps: [replace]\n')
+    )
+    assert report.target == {"tensorrt": "99.0", "source": f"target of <recipe> 99; {note}"}
+
+
 def test_default_target_is_the_installed_tensorrt_else_the_newest_known() -> None:
     target = default_target()
     installed = installed_tensorrt()

@@ -309,6 +309,8 @@ def prepare(
             raise GskitError(f"{model_path}: the model has no graph outputs; there is nothing to prepare")
         _check_input(recipe, original)
         registry = load_plugins(plugin_dirs)
+        if any(step.name == "replace" for step in recipe.steps):
+            registry.import_patterns()  # a bad rule fails here, before any step runs, not in the middle
         for name in _set_names(recipe):  # before the work: a name that cannot be written fails now
             check_output(out_dir / name)
         with claim_outdir(out_dir) as work:

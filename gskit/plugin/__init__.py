@@ -4,6 +4,7 @@
 :class:`PluginSpec` (attributes, tensor info, output rules, reference) and the rules checked when it loads.
 ``registry``: the loaded specs, looked up by key or node. ``discovery``: where plugins come from (shipped,
 installed under the ``gskit.plugins`` entry point, ``$GSKIT_PLUGINS``, ``./plugins``) and loading them.
+``deferred``: ``patterns_in``, a plugin's patterns imported when first read (only replacing reads them).
 ``derive``: ``from_torch``, a plugin's patterns derived from the PyTorch code it replaces, and their caches.
 ``native``: a plugin's native forms (the ONNX op a TensorRT version runs natively) and the choice of a form
 for a target; ``target``: the TensorRT version a model is prepared for. ``scaffold``: the folder ``gskit
@@ -15,6 +16,7 @@ plugin runs is not here: ``gskit.backends.ort`` runs its reference, ``gskit.back
 it with TensorRT. Core layer (docs/architecture.md).
 """
 
+from gskit.plugin.deferred import patterns_in
 from gskit.plugin.derive import from_torch
 from gskit.plugin.discovery import load_plugins, load_spec_file
 from gskit.plugin.native import NativeForm
@@ -30,6 +32,7 @@ __all__ = [
     "TensorInfo",
     "per_channel_of",
     "same_as_input",
+    "patterns_in",
     # Patterns derived from the PyTorch code a plugin replaces (torch imported only to derive)
     "from_torch",
     # Where plugins come from

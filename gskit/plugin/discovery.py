@@ -5,6 +5,7 @@ files into a :class:`~gskit.plugin.registry.PluginRegistry`, and the implementat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -13,7 +14,7 @@ import os
 import py_compile
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, distributions
 from importlib.metadata import entry_points as _entry_points
@@ -252,11 +253,66 @@ def load_spec_file(path: str | os.PathLike, module_name: str | None = None) -> l
     return specs  # validated when added to a registry
 
 
+def import_plugin_module(name: str, package: types.ModuleType | None = None) -> types.ModuleType:
+    """Import the module ``name`` of a plugin package as :func:`load_spec_file` imports the package: no
+    timestamp-checked bytecode written, hash-checked bytecode after, any failure one line naming the file.
+
+    Args:
+        name: the module's full name (``gskit_plugins.rms_norm.patterns``).
+        package: the package module it belongs to, as it was when its spec loaded: the module comes from
+            that package's folder even when a later load put another package under the same name.
+
+    Raises:
+        PluginError: the module's code failed or it cannot be found.
+    """
+    parent = name.rpartition(".")[0]
+    where = getattr(package, "__file__", None) or parent or name
+    before = set(sys.modules)
+    no_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        with _package_in_place(parent, package):
+            module = importlib.import_module(name)
+            added = [sys.modules[n] for n in sys.modules.keys() - before]
+    except PLUGIN_CODE_FAILURES as err:  # user code: any failure becomes one line naming the file
+        raise PluginError(f"{where}: cannot import {name}: {type(err).__name__}: {err}") from err
+    finally:
+        sys.dont_write_bytecode = no_bytecode
+    folders = [Path(p) for p in getattr(package, "__path__", ())]
+    if not no_bytecode and folders:  # the files this import read (the spec's were cached when it loaded)
+        _hash_checked_bytecode(_files_in(added, folders[0]))
+    return module
+
+
+@contextlib.contextmanager
+def _package_in_place(parent: str, package: types.ModuleType | None) -> Iterator[None]:
+    """``package`` under its name in ``sys.modules`` while one of its modules is imported: a later load of
+    a folder of the same name put another package there (its modules are put back afterwards)."""
+    if package is None or sys.modules.get(parent) is package:
+        yield
+        return
+    prefix = parent + "."
+    current = {n: m for n, m in sys.modules.items() if n == parent or n.startswith(prefix)}
+    for n in current:
+        del sys.modules[n]
+    sys.modules[parent] = package
+    try:
+        yield
+    finally:
+        for n in [n for n in sys.modules if n == parent or n.startswith(prefix)]:
+            del sys.modules[n]
+        sys.modules.update(current)
+
+
 def _imported_files(module_name: str, folder: Path) -> list[Path]:
     """The files in ``folder`` that the plugin module ``module_name`` and its submodules come from."""
+    return _files_in([sys.modules.get(name) for name in _package_modules(module_name)], folder)
+
+
+def _files_in(modules: Sequence[types.ModuleType | None], folder: Path) -> list[Path]:
+    """The Python files in ``folder`` that ``modules`` come from."""
     files = []
-    for name in _package_modules(module_name):
-        file = getattr(sys.modules.get(name), "__file__", None)
+    for module in modules:
+        file = getattr(module, "__file__", None)
         if file and file.endswith(".py") and Path(file).resolve().is_relative_to(folder):
             files.append(Path(file))
     return files

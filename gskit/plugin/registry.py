@@ -11,6 +11,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
+from gskit.plugin.deferred import deferred
 from gskit.plugin.ops import node_key
 from gskit.plugin.spec import PluginSpec, validate_spec
 
@@ -86,6 +87,18 @@ class PluginRegistry:
         """ONNX domains used by the plugins."""
         return {s.domain for s in self._specs.values()}
 
+    def import_patterns(self) -> None:
+        """Import every plugin's patterns that wait to be read (``patterns_in``), with their checks: a run
+        that will replace calls it first, so that a bad rule fails before any step runs.
+
+        Raises:
+            PluginError: a plugin's patterns cannot be imported or a rule is bad (naming the file).
+        """
+        for spec in self._specs.values():
+            waiting = deferred(spec.patterns)
+            if waiting is not None:
+                waiting.rules()
+
     def check_plugin_ops(self) -> None:
         """A pattern that names an op of its own plugin's namespace names a loaded plugin of it.
 
@@ -95,18 +108,25 @@ class PluginRegistry:
         Raises:
             PluginError: naming the pattern, the op and the plugins of that namespace.
         """
-        names: dict[str, set[str]] = {}
         for spec in self._specs.values():
-            names.setdefault(spec.domain, set()).add(spec.name)
-        for spec in self._specs.values():
-            for rule in spec.patterns:
-                for domain, op in sorted(rule.ops()):
-                    if domain == spec.domain and op not in names[domain]:
-                        raise PluginError(
-                            f"{spec.source or spec.qualified_name}: pattern '{rule.name}' names op "
-                            f"'{domain}::{op}', but no loaded plugin of namespace '{domain}' is called {op} "
-                            f"(there are: {', '.join(sorted(names[domain]))})"
-                        )
+            waiting = deferred(spec.patterns)
+            if waiting is None:
+                self._check_plugin_ops(spec)
+            else:  # checked when a reader imports them, against the plugins loaded then
+                waiting.check_when_loaded(
+                    f"ops of {spec.qualified_name}", lambda spec=spec: self._check_plugin_ops(spec)
+                )
+
+    def _check_plugin_ops(self, spec: PluginSpec) -> None:
+        names = {s.name for s in self._specs.values() if s.domain == spec.domain}
+        for rule in spec.patterns:
+            for domain, op in sorted(rule.ops()):
+                if domain == spec.domain and op not in names:
+                    raise PluginError(
+                        f"{spec.source or spec.qualified_name}: pattern '{rule.name}' names op "
+                        f"'{domain}::{op}', but no loaded plugin of namespace '{domain}' is called {op} "
+                        f"(there are: {', '.join(sorted(names))})"
+                    )
 
 
 def _version_key(version: str) -> tuple[Any, ...]:

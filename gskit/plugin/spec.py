@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
 from gskit.plugin import libnvinfer
+from gskit.plugin.deferred import deferred
 from gskit.plugin.native import NativeForm, validate_native_forms
 from gskit.plugin.ops import (
     DEFAULT_DOMAINS,
@@ -177,7 +178,9 @@ class PluginSpec:
         attributes: the plugin fields the node carries.
         infer: output dtype/shape rule; must keep symbolic dims.
         reference: numpy implementation used to run plugin nodes on onnxruntime.
-        patterns: what this plugin replaces (objects from ``gskit.passes.patterns``), tried in order.
+        patterns: what this plugin replaces (objects from ``gskit.passes.patterns``), tried in order: a
+            tuple, or :func:`gskit.plugin.deferred.patterns_in` to import them when a command first reads
+            them (only replacing does: ``compare`` or ``check-trt`` then never builds them).
         doc: one paragraph for people.
         source: file the spec was loaded from (set by the loader).
         supports_fp16: the plugin takes float16 inputs; otherwise ``gskit convert --fp16`` keeps its node in
@@ -203,7 +206,7 @@ class PluginSpec:
     attributes: tuple[Attribute, ...] = ()
     infer: InferFn = field(default_factory=same_as_input)
     reference: ReferenceFn | None = None
-    patterns: tuple[Any, ...] = ()
+    patterns: Sequence[Any] = ()
     doc: str = ""
     source: Path | None = None
     supports_fp16: bool = False
@@ -391,9 +394,11 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
     """Check a spec and return it with ``source`` set.
 
     Checks: identity fields are non-empty strings, inputs/outputs are names, attributes have distinct names
-    that do not shadow routing attributes, and defaults are values the TensorRT parser can pass. Warns when
-    the name is also an ONNX op name (the TensorRT parser ignores domains: such a node reaches the plugin
-    only with TensorRT >= 10.15 and a ``plugin_namespace`` attribute).
+    that do not shadow routing attributes, defaults are values the TensorRT parser can pass, and the patterns
+    are rules (:func:`check_patterns`). Warns when the name is also an ONNX op name (the TensorRT parser
+    ignores domains: such a node reaches the plugin only with TensorRT >= 10.15 and a ``plugin_namespace``
+    attribute). With patterns given as ``patterns_in``, the native forms and the patterns are checked, and
+    the name warned of, when the patterns are first read.
 
     Raises:
         PluginError: naming the file (or the spec) and the problem.
@@ -430,6 +435,19 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
                 coerce_attribute(spec, attr, attr.default)
             except PluginError as err:
                 raise PluginError(f"{where}: default of {err}") from err
+    waiting = deferred(spec.patterns)
+    if waiting is None:
+        _check_node_making(spec, where)
+    else:
+        # When a reader imports the rules (replacing), with the same messages: the checks start onnx's
+        # schema registry (20 ms), which a command that only runs plugin nodes (compare) never needs.
+        waiting.check_when_loaded(f"rules of {spec.qualified_name}", lambda: _check_node_making(spec, where))
+    return spec
+
+
+def _check_node_making(spec: PluginSpec, where: str) -> None:
+    """What concerns the nodes a spec's rules make, each read against onnx's schemas: the native forms, the
+    rules themselves, and a name ONNX has too."""
     validate_native_forms(spec, where)
     check_patterns(spec, where)
     if onnx.defs.has(spec.name):
@@ -439,7 +457,6 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
             where,
             spec.name,
         )
-    return spec
 
 
 def _check_identity(spec: PluginSpec, where: str) -> None:

@@ -47,6 +47,9 @@ class TensorRTTarget:
     def parse(cls, text: str | int | float, source: str | None = None) -> TensorRTTarget:
         """``"8.6"``, ``"10.15"``, ``"11"`` (11.0), ``"10.16.1.11"`` (patch and build dropped).
 
+        A version newer than :data:`NEWEST_KNOWN` is taken, its ``source`` saying that the facts of the
+        newest known apply (the parser tables, the native forms).
+
         Raises:
             GskitError: not a version, or older than the oldest TensorRT gskit knows.
         """
@@ -67,17 +70,16 @@ class TensorRTTarget:
                 f"--tensorrt {written}: gskit knows TensorRT {_dotted(OLDEST_KNOWN)} and later; "
                 f"prepare for {_dotted(OLDEST_KNOWN)} or newer"
             )
-        return cls(found, source if source is not None else f"--tensorrt {written}")
+        said = source if source is not None else f"--tensorrt {written}"
+        if said and found > NEWEST_KNOWN:  # say it where the target is reported: a typo (105 for 10.5) shows
+            newest = _dotted(NEWEST_KNOWN)
+            said += f"; newer than any TensorRT gskit knows: gskit's facts of {newest} apply"
+        return cls(found, said)
 
     def at_least(self, other: str | tuple[int, int]) -> bool:
         """True when this target is ``other`` (``"10.15"``) or newer."""
         wanted = other if isinstance(other, tuple) else TensorRTTarget.parse(other, "").version
         return self.version >= wanted
-
-    @property
-    def beyond_known(self) -> bool:
-        """Newer than the newest TensorRT gskit knows: its facts are those of :data:`NEWEST_KNOWN`."""
-        return self.version > NEWEST_KNOWN
 
 
 def resolve_target(given: str | int | TensorRTTarget | None) -> TensorRTTarget:

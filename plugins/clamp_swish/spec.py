@@ -6,9 +6,8 @@ followed by ``x / (1 + exp(-x))``; exported to ONNX it becomes a Clip (or Max) a
 
 from __future__ import annotations
 
-from gskit.plugin import PluginSpec, same_as_input
+from gskit.plugin import PluginSpec, patterns_in, same_as_input
 
-from .patterns import PATTERNS
 from .reference import clamp_swish
 
 SPEC = PluginSpec(
@@ -20,6 +19,6 @@ SPEC = PluginSpec(
     attributes=(),
     infer=same_as_input(0),
     reference=clamp_swish,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     doc="Swish of the input clamped at zero: x' = max(x, 0), y = x' * sigmoid(x'). Output: x's dtype, shape.",
 )

@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from gskit.errors import PluginError
-from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, TensorInfo
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, TensorInfo, patterns_in
 
-from .patterns import PATTERNS
 from .reference import deform_conv2d, output_size
 
 
@@ -93,7 +92,7 @@ SPEC = PluginSpec(
     ),
     infer=infer,
     reference=deform_conv2d,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     native=(
         NativeForm(
             "DeformConv",

@@ -16,9 +16,8 @@ import numpy as np
 from onnx import TensorProto
 
 from gskit.errors import PluginError
-from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo, libnvinfer
+from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo, libnvinfer, patterns_in
 
-from .patterns import PATTERNS
 from .reference import efficient_nms
 
 
@@ -73,7 +72,7 @@ SPEC = PluginSpec(
     ),
     infer=infer,
     reference=efficient_nms,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     supports_fp16=True,
     doc=(
         "TensorRT's EfficientNMS_TRT (libnvinfer_plugin, deprecated since 10.12 in favour of INMSLayer): "

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, same_as_input
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, patterns_in, same_as_input
 
-from .patterns import PATTERNS
 from .reference import group_norm
 
 
@@ -36,7 +35,7 @@ SPEC = PluginSpec(
     ),
     infer=same_as_input(0),
     reference=group_norm,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     native=(
         NativeForm(
             "GroupNormalization",

@@ -13,9 +13,8 @@ is), below 8.6 the plugin node.
 
 from __future__ import annotations
 
-from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, per_channel_of
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, patterns_in, per_channel_of
 
-from .patterns import PATTERNS
 from .reference import layer_norm
 
 SPEC = PluginSpec(
@@ -29,7 +28,7 @@ SPEC = PluginSpec(
     ),
     infer=per_channel_of(0, 1),
     reference=layer_norm,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     native=(
         NativeForm(
             "LayerNormalization",

@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 
 from gskit.errors import PluginError
-from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo, libnvinfer
+from gskit.plugin import Attribute, AttrType, PluginSpec, TensorInfo, libnvinfer, patterns_in
 
-from .patterns import PATTERNS
 from .reference import modulated_deform_conv2d
 
 
@@ -66,7 +65,7 @@ SPEC = PluginSpec(
     ),
     infer=infer,
     reference=modulated_deform_conv2d,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     supports_fp16=True,
     doc=(
         "TensorRT's ModulatedDeformConv2d v2 (libnvinfer_plugin, TensorRT >= 10.11; v1 from 8.6, deprecated):"

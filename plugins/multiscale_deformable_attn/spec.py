@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 
 from gskit.errors import PluginError
-from gskit.plugin import PluginSpec, TensorInfo, libnvinfer
+from gskit.plugin import PluginSpec, TensorInfo, libnvinfer, patterns_in
 
-from .patterns import PATTERNS
 from .reference import multiscale_deformable_attn
 
 LEVELS = ((6, 5), (3, 3), (2, 1))
@@ -70,7 +69,7 @@ SPEC = PluginSpec(
     attributes=(),
     infer=infer,
     reference=multiscale_deformable_attn,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     supports_fp16=True,
     doc=(
         "TensorRT's multi-scale deformable attention (Deformable DETR): per query and head, attention-"

@@ -17,9 +17,8 @@ TensorRT 10.3 (JetPack 6) or 8.6.
 
 from __future__ import annotations
 
-from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, per_channel_of
+from gskit.plugin import Attribute, AttrType, NativeForm, PluginSpec, patterns_in, per_channel_of
 
-from .patterns import PATTERNS
 from .reference import rms_norm
 
 SPEC = PluginSpec(
@@ -33,7 +32,7 @@ SPEC = PluginSpec(
     ),
     infer=per_channel_of(0, 1, dtype_of=1),
     reference=rms_norm,
-    patterns=PATTERNS,
+    patterns=patterns_in(".patterns", __package__),  # built when replacing reads them
     native=(
         NativeForm(
             "RMSNormalization",
