@@ -19,6 +19,7 @@ from gskit.errors import GskitError, ModelCheckError
 from gskit.io.model import (
     EXTERNAL_TENSOR_MIN_BYTES,
     MAX_ORT_IR_VERSION,
+    check_file,
     load,
     resolve_output,
     save,
@@ -706,3 +707,30 @@ def test_the_external_data_threshold_counts_data_not_serialized_bytes(tmp_path: 
         model.graph.initializer.extend(tensors)
         written = gsm.save(model, tmp_path / str(limit) / "m.onnx")
         assert (written.parent / "m.onnx.data").is_file() == external, limit
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_the_check_of_a_save_judges_the_bytes_written(
+    tmp_path: Path, monkeypatch, external_data: bool
+) -> None:
+    """A model saved as one file is checked from the bytes just written, not read back from the file (a copy
+    of every weight); with external data the file is checked by path (its folder holds the data). Either
+    way the verdict and its message are those of onnx's checker on the file."""
+    checked: list[object] = []
+    real_check = onnx.checker.check_model
+
+    def recording(model, *args, **kwargs):
+        checked.append(model)
+        return real_check(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", recording)
+    with pytest.raises(ModelCheckError) as failed:
+        save(_bad_model(), tmp_path / "m.onnx", external_data=external_data)
+    unchecked = save(_bad_model(), tmp_path / "plain" / "m.onnx", check=False, external_data=external_data)
+    with pytest.raises(ModelCheckError) as from_file:
+        check_file(unchecked)
+    assert str(failed.value) == str(from_file.value)
+    assert "nowhere" in str(failed.value)
+    assert isinstance(checked[0], bytes) != external_data
+    if not external_data:
+        assert checked[0] == unchecked.read_bytes()

@@ -212,6 +212,7 @@ def _write_atomically(
     tmp_dir = make_scratch_folder(path.parent, f".{path.name}.")
     try:
         tmp_model = tmp_dir / path.name
+        payload: bytes | None = None  # the file's bytes, when they are one serialized message here
         with _ir_version_for_onnxruntime(proto):
             if external_data:
                 with blaming(data_path):
@@ -230,7 +231,7 @@ def _write_atomically(
                 with blaming(path):
                     tmp_model.write_bytes(payload)
         if check:
-            check_file(tmp_model)
+            check_file(tmp_model, payload)
         tmp_data = tmp_dir / data_name
         wrote_data = tmp_data.is_file() and tmp_data.stat().st_size > 0
         if wrote_data:
@@ -243,10 +244,15 @@ def _write_atomically(
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def check_file(path: str | os.PathLike) -> None:
-    """Run onnx's checker on a model file (works past 2 GB); raise ModelCheckError naming the problem."""
+def check_file(path: str | os.PathLike, payload: bytes | None = None) -> None:
+    """Run onnx's checker on a model file (works past 2 GB); raise ModelCheckError naming the problem.
+
+    ``payload``: the file's bytes, when the caller has them and the model has no external data (the checker
+    reads a file only to know its folder, where external data would lie): it checks them without reading
+    the file again (a copy of every weight).
+    """
     try:
-        onnx.checker.check_model(str(path))
+        onnx.checker.check_model(str(path) if payload is None else payload)
     except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.checker.ValidationError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         raise ModelCheckError(f"{Path(path).name}: model fails onnx's checker: {first}") from err
