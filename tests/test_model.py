@@ -678,7 +678,8 @@ def test_large_weights_exported_apart_make_the_model_graphsurgeons_export_makes(
     before = {name: c._values for name, c in constants.items()}
 
     with weights_apart.exporting_weights_apart(graph) as apart:
-        taken = sorted(apart)
+        taken = sorted(name for name, constant in constants.items() if constant._values is not before[name])
+        assert len(apart) == len(taken)
     assert taken == ["as_output", "f16", "f32", "flag", "held", "i64", "strided"]  # not small, not located
     apart_bytes = to_model(graph).SerializeToString()
     monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)  # graphsurgeon exports every weight
@@ -734,3 +735,37 @@ def test_the_check_of_a_save_judges_the_bytes_written(
     assert isinstance(checked[0], bytes) != external_data
     if not external_data:
         assert checked[0] == unchecked.read_bytes()
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_large_weight_a_subgraph_reads_is_exported_in_full_there_too(
+    rng: np.random.Generator, monkeypatch, held: bool
+) -> None:
+    """graphsurgeon writes an outer weight that an If branch reads as an initializer of that branch as well:
+    each copy gets the payload, and the model is the one graphsurgeon's export makes."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import weights_apart
+
+    shape = (128, 512)
+    values = rng.standard_normal(shape).astype(np.float32)
+    weight = gs.Constant(
+        "w", gs.ir.tensor.LazyValues(numpy_helper.from_array(values, "w")) if held else values
+    )
+    x, cond = gs.Variable("x", np.float32, shape), gs.Variable("c", np.bool_, ())
+    branches = {}
+    for name, op in (("then_branch", "Add"), ("else_branch", "Sub")):
+        out = gs.Variable(f"{name}_out", np.float32, shape)
+        branches[name] = gs.Graph(nodes=[gs.Node(op, inputs=[x, weight], outputs=[out])], outputs=[out])
+    y, z = gs.Variable("y", np.float32, shape), gs.Variable("z", np.float32, shape)
+    nodes = [
+        gs.Node("If", inputs=[cond], outputs=[y], attrs=branches),
+        gs.Node("Mul", inputs=[y, weight], outputs=[z]),
+    ]
+    graph = gs.Graph(nodes=nodes, inputs=[x, cond], outputs=[z], opset=17)
+
+    apart = to_model(graph)
+    then_branch = apart.graph.node[0].attribute[0].g
+    assert [numpy_helper.to_array(t).tobytes() for t in then_branch.initializer] == [values.tobytes()]
+    monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)
+    assert to_model(graph).SerializeToString() == apart.SerializeToString()

@@ -1,4 +1,4 @@
-"""A graph's large weights kept out of graphsurgeon's export and put into the exported model once.
+"""A graph's large weights kept out of graphsurgeon's export and put into the exported model after it.
 
 graphsurgeon's export copies a weight four times on its way into the model: the array's bytes
 (``tobytes``), those bytes into a ``TensorProto``, that tensor into the ``GraphProto`` and the graph into the
@@ -6,15 +6,18 @@ graphsurgeon's export copies a weight four times on its way into the model: the 
 ``TensorProto`` (a lazily loaded initializer) is copied twice. Each copy is fresh memory: on a 5 MB model
 those copies, and the page faults that come with them, were most of an export's time.
 
-:func:`exporting_weights_apart` gives each large top-level weight, for the time of the export, a stand-in
-with the weight's header only (name, type, dims); :func:`restore_weights` then writes the payload into the
-exported tensor: the array's bytes (two copies) or the held tensor (one). The model is the one the export
-would have made, field for field (``tests/test_model.py``). A weight of another form (a dtype graphsurgeon
-converts on export, a set data location, values outside ``raw_data``, data on disk) is exported as before.
+:func:`exporting_weights_apart` gives each large weight of the top-level graph, for the time of the export, a
+stand-in holding its header only (type, dims) and a mark; :func:`restore_weights` then writes the payload
+into every exported tensor that carries the mark (graphsurgeon also writes a weight a subgraph reads from
+the outer graph as an initializer of that subgraph): the array's bytes (two copies) or the held tensor (one).
+The model is the one the export would have made, field for field (``tests/test_model.py``). A weight of
+another form (a dtype graphsurgeon converts on export, a set data location, values outside ``raw_data``,
+data on disk) is exported as before.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx.external_data_helper import _get_all_tensors
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 
 #: Weights smaller than this are exported as graphsurgeon does: their copies cost less than the stand-in.
@@ -32,25 +36,29 @@ _RAW_KINDS = frozenset("biufc")
 
 @contextmanager
 def exporting_weights_apart(graph: gs.Graph) -> Iterator[dict[str, Any]]:
-    """While exporting ``graph``: its large weights are header-only stand-ins.
+    """While exporting ``graph``: its large weights are header-only stand-ins, each marked in its
+    ``doc_string`` (a field graphsurgeon writes for no weight).
 
-    Yields the weights kept apart, by tensor name (a numpy array, or the ``TensorProto`` held), for
+    Yields the weights kept apart, by mark (a numpy array, or the ``TensorProto`` held), for
     :func:`restore_weights`. The weights are put back afterwards: the caller's graph is left as it was.
     """
+    prefix = f"gskit-weight-{uuid.uuid4().hex}:"
     swapped: list[tuple[gs.Constant, Any]] = []
     apart: dict[str, Any] = {}
     for tensor in graph.tensors().values():
         if not isinstance(tensor, gs.Constant):
             continue
         values = tensor._values
-        header = _array_header(tensor, values) if isinstance(values, np.ndarray) else _held_header(values)
+        held = not isinstance(values, np.ndarray)
+        header = _held_header(values) if held else _array_header(tensor, values)
         if header is None:
             continue
-        header.name = tensor.name
-        swapped.append((tensor, values))
-        apart[tensor.name] = values if isinstance(values, np.ndarray) else values.tensor
-        if not isinstance(values, np.ndarray):
+        mark = f"{prefix}{len(apart)}"
+        header.doc_string = mark
+        if held:
             values.tensor.name = tensor.name  # what the export does to a held tensor
+        apart[mark] = values.tensor if held else values
+        swapped.append((tensor, values))
         tensor._values = gs.ir.tensor.LazyValues(header)
     try:
         yield apart
@@ -60,14 +68,16 @@ def exporting_weights_apart(graph: gs.Graph) -> Iterator[dict[str, Any]]:
 
 
 def restore_weights(model: onnx.ModelProto, apart: dict[str, Any]) -> None:
-    """Write the payload of each weight :func:`exporting_weights_apart` kept apart into ``model``."""
+    """Write the payload of each weight :func:`exporting_weights_apart` kept apart into every tensor of
+    ``model`` that carries its mark (initializers of the graph and of its subgraphs, tensor attributes)."""
     if not apart:
         return
-    for tensor in model.graph.initializer:
-        source = apart.get(tensor.name)
+    for tensor in _get_all_tensors(model):
+        source = apart.get(tensor.doc_string) if tensor.doc_string else None
         if source is None:
             continue
         if isinstance(source, np.ndarray):
+            tensor.ClearField("doc_string")
             tensor.raw_data = source.tobytes()
         else:
             tensor.CopyFrom(source)
@@ -90,7 +100,7 @@ def _array_header(tensor: gs.Constant, values: np.ndarray) -> onnx.TensorProto |
 
 def _held_header(values: Any) -> onnx.TensorProto | None:
     """A held tensor's type and dims, when its payload is ``raw_data`` in the proto (the whole tensor is
-    copied into the exported one afterwards)."""
+    copied into each exported one afterwards)."""
     if type(values) is not gs.ir.tensor.LazyValues:  # a weight on disk (DiskValues) or sparse
         return None
     held = values.tensor
