@@ -679,12 +679,12 @@ def test_large_weights_exported_apart_make_the_model_graphsurgeons_export_makes(
 
     with weights_apart.exporting_weights_apart(graph) as apart:
         taken = sorted(name for name, constant in constants.items() if constant._values is not before[name])
-        assert len(apart) == len(taken)
+        assert len(apart.sources) == len(taken) and not apart.everywhere
     assert taken == ["as_output", "f16", "f32", "flag", "held", "i64", "strided"]  # not small, not located
     apart_bytes = to_model(graph).SerializeToString()
     monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)  # graphsurgeon exports every weight
     with weights_apart.exporting_weights_apart(graph) as apart:
-        assert not apart
+        assert not apart.sources
     assert to_model(graph).SerializeToString() == apart_bytes
     assert {name: c._values for name, c in constants.items()} == before  # the same objects
 
@@ -767,5 +767,28 @@ def test_a_large_weight_a_subgraph_reads_is_exported_in_full_there_too(
     apart = to_model(graph)
     then_branch = apart.graph.node[0].attribute[0].g
     assert [numpy_helper.to_array(t).tobytes() for t in then_branch.initializer] == [values.tobytes()]
+    monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)
+    assert to_model(graph).SerializeToString() == apart.SerializeToString()
+
+
+def test_a_large_weight_also_used_as_an_attribute_is_exported_in_full_there_too(
+    rng: np.random.Generator, monkeypatch
+) -> None:
+    """A weight that a node also holds as an attribute (a Constant node's value) is written there by
+    graphsurgeon's export as well: that copy gets the payload too."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import weights_apart
+
+    shape = (128, 512)
+    weight = gs.Constant("w", rng.standard_normal(shape).astype(np.float32))
+    x, y, z = (gs.Variable(name, np.float32, shape) for name in ("x", "y", "z"))
+    nodes = [
+        gs.Node("Constant", name="c", attrs={"value": weight}, outputs=[y]),
+        gs.Node("Add", inputs=[x, weight], outputs=[z]),
+    ]
+    graph = gs.Graph(nodes=nodes, inputs=[x], outputs=[y, z], opset=17)
+    apart = to_model(graph)
+    assert numpy_helper.to_array(apart.graph.node[0].attribute[0].t).tobytes() == weight.values.tobytes()
     monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)
     assert to_model(graph).SerializeToString() == apart.SerializeToString()

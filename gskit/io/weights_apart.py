@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,17 +35,27 @@ APART_MIN_BYTES = 64 * 1024
 _RAW_KINDS = frozenset("biufc")
 
 
+@dataclass
+class WeightsApart:
+    """The weights :func:`exporting_weights_apart` kept out of an export, by the mark of their stand-ins."""
+
+    sources: dict[str, Any] = field(default_factory=dict)
+    #: False when only the top-level graph's initializers can hold a stand-in (no subgraph, no weight used as
+    #: an attribute): the rest of the exported model is not searched (a few microseconds per node)
+    everywhere: bool = False
+
+
 @contextmanager
-def exporting_weights_apart(graph: gs.Graph) -> Iterator[dict[str, Any]]:
+def exporting_weights_apart(graph: gs.Graph) -> Iterator[WeightsApart]:
     """While exporting ``graph``: its large weights are header-only stand-ins, each marked in its
     ``doc_string`` (a field graphsurgeon writes for no weight).
 
-    Yields the weights kept apart, by mark (a numpy array, or the ``TensorProto`` held), for
-    :func:`restore_weights`. The weights are put back afterwards: the caller's graph is left as it was.
+    Yields the weights kept apart (a numpy array, or the ``TensorProto`` held), for :func:`restore_weights`.
+    The weights are put back afterwards: the caller's graph is left as it was.
     """
     prefix = f"gskit-weight-{uuid.uuid4().hex}:"
-    swapped: list[tuple[gs.Constant, Any]] = []
-    apart: dict[str, Any] = {}
+    swapped: list[tuple[gs.Constant, Any, onnx.TensorProto]] = []
+    apart = WeightsApart()
     for tensor in graph.tensors().values():
         if not isinstance(tensor, gs.Constant):
             continue
@@ -53,27 +64,33 @@ def exporting_weights_apart(graph: gs.Graph) -> Iterator[dict[str, Any]]:
         header = _held_header(values) if held else _array_header(tensor, values)
         if header is None:
             continue
-        mark = f"{prefix}{len(apart)}"
-        header.doc_string = mark
+        header.doc_string = mark = f"{prefix}{len(swapped)}"
         if held:
             values.tensor.name = tensor.name  # what the export does to a held tensor
-        apart[mark] = values.tensor if held else values
-        swapped.append((tensor, values))
+        apart.sources[mark] = values.tensor if held else values
+        swapped.append((tensor, values, header))
+    if swapped:  # graphsurgeon also writes a weight a subgraph reads there, and one used as an attribute
+        ids = {id(tensor) for tensor, _, _ in swapped}
+        apart.everywhere = any(
+            _elsewhere(value, ids) for node in graph.nodes for value in node.attrs.values()
+        )
+    for tensor, _, header in swapped:
         tensor._values = gs.ir.tensor.LazyValues(header)
     try:
         yield apart
     finally:
-        for tensor, values in swapped:
+        for tensor, values, _ in swapped:
             tensor._values = values
 
 
-def restore_weights(model: onnx.ModelProto, apart: dict[str, Any]) -> None:
+def restore_weights(model: onnx.ModelProto, apart: WeightsApart) -> None:
     """Write the payload of each weight :func:`exporting_weights_apart` kept apart into every tensor of
     ``model`` that carries its mark (initializers of the graph and of its subgraphs, tensor attributes)."""
-    if not apart:
+    if not apart.sources:
         return
-    for tensor in _get_all_tensors(model):
-        source = apart.get(tensor.doc_string) if tensor.doc_string else None
+    tensors = _get_all_tensors(model) if apart.everywhere else model.graph.initializer
+    for tensor in tensors:
+        source = apart.sources.get(tensor.doc_string) if tensor.doc_string else None
         if source is None:
             continue
         if isinstance(source, np.ndarray):
@@ -81,6 +98,13 @@ def restore_weights(model: onnx.ModelProto, apart: dict[str, Any]) -> None:
             tensor.raw_data = source.tobytes()
         else:
             tensor.CopyFrom(source)
+
+
+def _elsewhere(value: Any, ids: set[int]) -> bool:
+    """Whether an attribute value is a subgraph, or one of the weights ``ids``, or a list holding either."""
+    if isinstance(value, list):
+        return any(_elsewhere(item, ids) for item in value)
+    return isinstance(value, gs.Graph) or id(value) in ids
 
 
 def _array_header(tensor: gs.Constant, values: np.ndarray) -> onnx.TensorProto | None:
