@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +41,18 @@ def _gpu() -> bool:
 
         return torch.cuda.is_available()
     return os.path.exists("/dev/nvidia0")
+
+
+def pytest_configure(config):
+    """The suite's own user cache (derived patterns, function sources), removed after the run: tests and the
+    commands they start never write into the user's ``~/.cache/gskit``. A cache given with
+    ``$GSKIT_CACHE_DIR`` is used as given."""
+    from gskit.io.user_cache import CACHE_ENV
+
+    if CACHE_ENV not in os.environ:
+        folder = tempfile.mkdtemp(prefix="gskit-test-cache-")
+        os.environ[CACHE_ENV] = folder  # the processes the tests start inherit it
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config, items):

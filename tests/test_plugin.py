@@ -452,3 +452,11 @@ def test_plugin_files_are_compiled_once_and_an_edit_of_the_same_size_and_time_is
         .default
         == 2.0
     )
+
+
+def test_the_suite_keeps_its_caches_out_of_the_users_cache() -> None:
+    """tests/conftest.py gives the run its own cache folder, which the commands the tests start inherit."""
+    from gskit.io.user_cache import user_cache_dir
+
+    folder = user_cache_dir()
+    assert not folder.is_relative_to(Path.home() / ".cache") and folder.name.startswith("gskit-test-cache-")

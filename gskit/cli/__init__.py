@@ -260,6 +260,16 @@ def _imported_uncollected() -> Iterator[None]:
             gc.enable()
 
 
+def _dataclass_code_kept(own_process: bool) -> contextlib.AbstractContextManager[None]:
+    """``gskit.io.dataclass_code.code_kept`` for the process's own command line (its dataclasses' methods
+    compiled once across runs); a library caller's process is left as it is."""
+    if not own_process:
+        return contextlib.nullcontext()
+    from gskit.io.dataclass_code import code_kept
+
+    return code_kept()
+
+
 def _run(words: list[str], *, own_process: bool = False) -> int:
     debug = "--debug" in words
     name = "gskit"
@@ -271,7 +281,7 @@ def _run(words: list[str], *, own_process: bool = False) -> int:
         if _named_command(words) is None and "--version" in words:
             print(f"gskit {_version()}")  # before the parser: it would import every command to say this
             return 0
-        with _parser_started_early(words):
+        with _parser_started_early(words), _dataclass_code_kept(own_process):
             with _imported_uncollected() if own_process else contextlib.nullcontext():
                 args = build_parser(words).parse_args(words)
                 name = f"gskit {args.command}"

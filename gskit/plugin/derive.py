@@ -45,6 +45,7 @@ import numpy as np
 from gskit.errors import GskitError, PluginError
 from gskit.io.dist_metadata import metadata_field
 from gskit.io.outputs import write_atomic
+from gskit.io.user_cache import user_cache_dir
 
 if TYPE_CHECKING:  # the pattern package imports gskit.plugin.spec: imported inside the functions that need it
     from gskit.passes.patterns.derived import DerivedRuleSet
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 
 #: The plugin's own cache file, beside the file that defines the function.
 CACHE_FILE = "derived_patterns.json"
-#: Environment variable of the user cache folder.
-CACHE_ENV = "GSKIT_CACHE_DIR"
 #: TorchScript exporter opsets: the default of torch < 2.6 (14, still common in the wild), 17 (its default
 #: later, the first with LayerNormalization) and 18 (axes as inputs).
 TORCHSCRIPT_OPSETS = (14, 17, 18)
@@ -351,15 +350,6 @@ def gskit_version() -> str:
     from gskit import __version__
 
     return __version__
-
-
-def user_cache_dir() -> Path:
-    """``$GSKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/gskit``, else ``~/.cache/gskit``."""
-    given = os.environ.get(CACHE_ENV)
-    if given:
-        return Path(given)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "gskit"
 
 
 def _user_file(source: DerivedSource, torch: str) -> Path:

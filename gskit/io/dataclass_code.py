@@ -1,0 +1,96 @@
+"""The compiled code of the methods ``dataclasses`` writes, kept between runs of the command line.
+
+``dataclasses`` makes each class's ``__init__``, ``__repr__``, ``__eq__`` ... by compiling source text it
+writes (``exec`` of a string). gskit's command line creates about 100 dataclasses as it starts, 400
+functions: 30-40 ms of compiling the same text on every run (Python 3.11). In :func:`code_kept` the module's
+``exec`` takes the compiled code of a text it has seen before from a file in the user cache, compiled as
+``exec`` compiles a string (no ``__future__`` flags inherited): the functions are the ones compiling makes.
+Only the command line's own process does this (``gskit.cli``); a library caller's process is left as it is.
+
+The file holds code objects (``marshal``), as ``__pycache__`` does, in the user's own cache folder; one that
+cannot be read is ignored, and one is written (atomically) only when the run compiled new text.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import marshal
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+from gskit.io.user_cache import user_cache_dir
+
+#: Above this many kept texts the file keeps only the run's own (texts of older gskit versions go).
+KEPT_TEXTS = 4000
+
+
+def cache_file() -> Path:
+    """The file of this Python's compiled code (code objects differ between Python versions)."""
+    return user_cache_dir() / f"dataclass-code-{sys.implementation.cache_tag}.marshal"
+
+
+@contextlib.contextmanager
+def code_kept(path: Path | None = None) -> Iterator[None]:
+    """Within the block, ``dataclasses`` compiles each text once across runs (see the module docstring);
+    the file is written on the way out when the block compiled text the file did not have."""
+    path = path or cache_file()
+    kept = _read(path)
+    used: dict[str, CodeType] = {}
+    compiled: list[str] = []
+
+    def exec_kept(source: Any, globals: Any = None, locals: Any = None) -> None:  # noqa: A002
+        if not isinstance(source, str):
+            return builtins.exec(source, globals, locals)
+        code = kept.get(source)
+        if code is None:
+            code = compile(source, "<string>", "exec", dont_inherit=True)  # as exec(source) compiles it
+            compiled.append(source)
+        used[source] = code
+        return builtins.exec(code, globals, locals)
+
+    # A module global named exec is what the module's own calls find first (before the builtin).
+    shadowed = "exec" in vars(dataclasses)
+    if shadowed:  # not the dataclasses this was written for: leave it alone
+        yield
+        return
+    dataclasses.exec = exec_kept  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del dataclasses.exec  # type: ignore[attr-defined]
+        if compiled:
+            _write(path, {**kept, **used} if len(kept) + len(compiled) <= KEPT_TEXTS else used)
+
+
+def _read(path: Path) -> dict[str, CodeType]:
+    try:
+        loaded = marshal.loads(path.read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):  # missing, unreadable, or not this Python's marshal
+        return {}
+    if not isinstance(loaded, dict):
+        return {}
+    return {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, CodeType)}
+
+
+def _write(path: Path, codes: dict[str, CodeType]) -> None:
+    """Replace the file at once (a reader never sees half of it); a cache that cannot be written is none."""
+    import tempfile  # only when writing: the command line's start imports this module
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(marshal.dumps(codes))
+            os.replace(temp, path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,113 @@
+"""gskit.io.dataclass_code: the methods dataclasses makes from kept code are the ones it compiles itself,
+the file is read, written and ignored as it should be, and only the command line's process uses it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gskit.io import dataclass_code
+from gskit.io.dataclass_code import code_kept
+
+
+def _make() -> type:
+    @dataclasses.dataclass(frozen=True, order=True)
+    class Point:
+        x: int
+        y: float = 0.5
+        tags: tuple[str, ...] = dataclasses.field(default_factory=tuple)
+        note: str = dataclasses.field(default="", compare=False)
+
+    return Point
+
+
+def _shape(cls: type) -> dict[str, Any]:
+    """What the generated methods are: their code, constants, names and annotations."""
+    methods = ("__init__", "__repr__", "__eq__", "__lt__", "__hash__", "__setattr__", "__delattr__")
+    return {
+        name: (
+            fn.__code__.co_code,
+            fn.__code__.co_consts,
+            fn.__code__.co_names,
+            fn.__code__.co_varnames,
+            fn.__code__.co_flags,
+            fn.__annotations__,
+            fn.__defaults__,
+            fn.__qualname__,
+        )
+        for name in methods
+        if (fn := getattr(cls.__dict__.get(name), "__wrapped__", cls.__dict__.get(name))) is not None
+    }
+
+
+def _counting_compile(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+
+    def counting(source: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(source)
+        return compile(source, *args, **kwargs)
+
+    monkeypatch.setattr(dataclass_code, "compile", counting, raising=False)
+    return seen
+
+
+def test_kept_code_makes_the_methods_compiling_makes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = _counting_compile(monkeypatch)
+    plain = _make()
+    path = tmp_path / "code.marshal"
+    with code_kept(path):
+        first = _make()
+    assert compiled and path.is_file()  # compiled once and written
+    written = path.stat().st_mtime_ns
+    compiled.clear()
+    with code_kept(path):
+        second = _make()
+    assert not compiled and path.stat().st_mtime_ns == written  # every text from the file, nothing new
+    assert _shape(first) == _shape(second) == _shape(plain)
+    p = second(1, 2.0, ("a",), note="n")
+    assert p == second(1, 2.0, ("a",)) and p != second(1, 2.0, ("b",))  # note does not count
+    assert repr(p) == "_make.<locals>.Point(x=1, y=2.0, tags=('a',), note='n')" and second(0) < p
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.x = 3  # type: ignore[misc]
+    assert "exec" not in vars(dataclasses)  # the module is as it was outside the block
+
+
+def test_a_file_that_cannot_be_read_is_ignored_and_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "code.marshal"
+    path.write_bytes(b"not marshal data")
+    with code_kept(path):
+        made = _make()
+    assert _shape(made) == _shape(_make())
+    assert dataclass_code._read(path)  # rewritten with the run's code
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with code_kept(blocked / "code.marshal"):  # a folder that cannot be made: no cache, no error
+        assert _shape(_make()) == _shape(made)
+
+
+def test_only_the_command_lines_own_process_keeps_code(tmp_path: Path) -> None:
+    from gskit.cli import main
+
+    assert main(["--version"]) == 0 and "exec" not in vars(dataclasses)
+    env = {**os.environ, "GSKIT_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gskit.cli import main; sys.argv = ['gskit', 'inspect', sys.argv[1]];"
+            " sys.exit(main())",
+            str(Path(__file__).parents[1] / "gskit" / "data" / "example.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert dataclass_code._read(tmp_path / dataclass_code.cache_file().name)
