@@ -443,7 +443,11 @@ def test_check_trt_reads_versions_and_plugins_once(tmp_path, monkeypatch) -> Non
     report = check_trt(model, backend="static", registry=registry)
     assert [i.op_type for i in report.issues] == ["Swish"]  # my.ns::Swish: no spec of it among the plugins
     assert installed_version("onnx") == importlib.metadata.version("onnx")
+    assert installed_version("yaml") == importlib.metadata.version("PyYAML")  # not the module's name
     assert installed_version("no_such_module_anywhere") is None
+    if importlib.util.find_spec("tensorrt_rtx") is not None:  # found among the names that start like it
+        rtx = next(d for d in importlib.metadata.distributions() if d.metadata["Name"].startswith("tensorrt"))
+        assert installed_version("tensorrt_rtx") == rtx.version
 
 
 @rtx

@@ -19,6 +19,7 @@ from gskit.errors import GskitError, ModelCheckError
 from gskit.io.model import (
     EXTERNAL_TENSOR_MIN_BYTES,
     MAX_ORT_IR_VERSION,
+    check_file,
     load,
     resolve_output,
     save,
@@ -631,3 +632,163 @@ def test_a_hard_link_gskit_did_not_make_is_still_refused(tmp_path, rng) -> None:
     os.link(other.with_name("o.onnx.data"), tmp_path / "other" / "second-name")
     with pytest.raises(GskitError, match="hard links"):
         load(other, load_weights=False)
+
+
+def test_large_weights_exported_apart_make_the_model_graphsurgeons_export_makes(
+    rng: np.random.Generator, monkeypatch
+) -> None:
+    """``to_model`` writes large weights into the model after graphsurgeon's export (``weights_apart``): the
+    model is byte for byte the one graphsurgeon's export makes of them, for arrays of several dtypes, a
+    weight held as a TensorProto, one that is also a graph output, one with a data location and small ones,
+    and the graph keeps its own values."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import weights_apart
+
+    big = (128, 512)
+    held = numpy_helper.from_array(rng.standard_normal(big).astype(np.float32), "held")
+    x = gs.Variable("x", np.float32, big)
+    weights = {
+        "f32": rng.standard_normal(big).astype(np.float32),
+        "f16": rng.standard_normal(big).astype(np.float16),
+        "i64": rng.integers(-9, 9, big).astype(np.int64),
+        "flag": rng.integers(0, 2, big).astype(bool),
+        "small": rng.standard_normal((4,)).astype(np.float32),
+        "strided": rng.standard_normal((512, 128)).astype(np.float32).T,
+    }
+    constants = {name: gs.Constant(name, values) for name, values in weights.items()}
+    constants["held"] = gs.Constant("held", gs.ir.tensor.LazyValues(held))
+    located = rng.standard_normal(big).astype(np.float32)  # the export writes its data_location field
+    constants["located"] = gs.Constant("located", located, data_location=onnx.TensorProto.DEFAULT)
+    constants["as_output"] = gs.Constant("as_output", rng.standard_normal(big).astype(np.float32))
+    nodes = [
+        gs.Node("Add", name=f"add_{name}", inputs=[x, constant], outputs=[gs.Variable(f"y_{name}")])
+        for name, constant in constants.items()
+        if name not in ("small", "flag", "i64", "f16")
+    ]
+    nodes.append(gs.Node("Identity", name="id", inputs=[constants["small"]], outputs=[gs.Variable("s")]))
+    for name in ("flag", "i64", "f16"):
+        nodes.append(
+            gs.Node(
+                "Identity", name=f"id_{name}", inputs=[constants[name]], outputs=[gs.Variable(f"{name}_copy")]
+            )
+        )
+    outputs = [out for node in nodes for out in node.outputs] + [constants["as_output"]]
+    graph = gs.Graph(nodes=nodes, inputs=[x], outputs=outputs, opset=17)
+    before = {name: c._values for name, c in constants.items()}
+
+    with weights_apart.exporting_weights_apart(graph) as apart:
+        taken = sorted(name for name, constant in constants.items() if constant._values is not before[name])
+        assert len(apart.sources) == len(taken) and not apart.everywhere
+    assert taken == ["as_output", "f16", "f32", "flag", "held", "i64", "strided"]  # not small, not located
+    apart_bytes = to_model(graph).SerializeToString()
+    monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)  # graphsurgeon exports every weight
+    with weights_apart.exporting_weights_apart(graph) as apart:
+        assert not apart.sources
+    assert to_model(graph).SerializeToString() == apart_bytes
+    assert {name: c._values for name, c in constants.items()} == before  # the same objects
+
+
+def test_the_external_data_threshold_counts_data_not_serialized_bytes(tmp_path: Path, monkeypatch) -> None:
+    """``save`` chooses external data when the tensors hold more than the threshold, counted as their data
+    (the raw bytes, or dims x item size for typed fields), not their serialized size, which it reads first
+    as a bound: small int64 values serialize in 2 bytes each, raw data in a few bytes more than it holds."""
+    import gskit.io.model as gsm
+
+    raw = numpy_helper.from_array(np.zeros(1000, np.float32), "raw")  # 4000 bytes of data
+    typed = helper.make_tensor("typed", TensorProto.INT64, [1000], [1] * 1000)  # 8000 bytes, ~2000 serialized
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "raw"], ["y"])], "g", [x], [y], [raw, typed])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for limit, external in ((11_999, True), (12_000, False), (3_999, True), (4_000, False)):
+        monkeypatch.setattr(gsm, "EXTERNAL_DATA_THRESHOLD", limit)
+        tensors = [raw] if limit < 5000 else [raw, typed]
+        model.graph.ClearField("initializer")
+        model.graph.initializer.extend(tensors)
+        written = gsm.save(model, tmp_path / str(limit) / "m.onnx")
+        assert (written.parent / "m.onnx.data").is_file() == external, limit
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_the_check_of_a_save_judges_the_bytes_written(
+    tmp_path: Path, monkeypatch, external_data: bool
+) -> None:
+    """A model saved as one file is checked from the bytes just written, not read back from the file (a copy
+    of every weight); with external data the file is checked by path (its folder holds the data). Either
+    way the verdict and its message are those of onnx's checker on the file."""
+    checked: list[object] = []
+    real_check = onnx.checker.check_model
+
+    def recording(model, *args, **kwargs):
+        checked.append(model)
+        return real_check(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", recording)
+    with pytest.raises(ModelCheckError) as failed:
+        save(_bad_model(), tmp_path / "m.onnx", external_data=external_data)
+    unchecked = save(_bad_model(), tmp_path / "plain" / "m.onnx", check=False, external_data=external_data)
+    with pytest.raises(ModelCheckError) as from_file:
+        check_file(unchecked)
+    assert str(failed.value) == str(from_file.value)
+    assert "nowhere" in str(failed.value)
+    assert isinstance(checked[0], bytes) != external_data
+    if not external_data:
+        assert checked[0] == unchecked.read_bytes()
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_large_weight_a_subgraph_reads_is_exported_in_full_there_too(
+    rng: np.random.Generator, monkeypatch, held: bool
+) -> None:
+    """graphsurgeon writes an outer weight that an If branch reads as an initializer of that branch as well:
+    each copy gets the payload, and the model is the one graphsurgeon's export makes."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import weights_apart
+
+    shape = (128, 512)
+    values = rng.standard_normal(shape).astype(np.float32)
+    weight = gs.Constant(
+        "w", gs.ir.tensor.LazyValues(numpy_helper.from_array(values, "w")) if held else values
+    )
+    x, cond = gs.Variable("x", np.float32, shape), gs.Variable("c", np.bool_, ())
+    branches = {}
+    for name, op in (("then_branch", "Add"), ("else_branch", "Sub")):
+        out = gs.Variable(f"{name}_out", np.float32, shape)
+        branches[name] = gs.Graph(nodes=[gs.Node(op, inputs=[x, weight], outputs=[out])], outputs=[out])
+    y, z = gs.Variable("y", np.float32, shape), gs.Variable("z", np.float32, shape)
+    nodes = [
+        gs.Node("If", inputs=[cond], outputs=[y], attrs=branches),
+        gs.Node("Mul", inputs=[y, weight], outputs=[z]),
+    ]
+    graph = gs.Graph(nodes=nodes, inputs=[x, cond], outputs=[z], opset=17)
+
+    apart = to_model(graph)
+    then_branch = apart.graph.node[0].attribute[0].g
+    assert [numpy_helper.to_array(t).tobytes() for t in then_branch.initializer] == [values.tobytes()]
+    monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)
+    assert to_model(graph).SerializeToString() == apart.SerializeToString()
+
+
+def test_a_large_weight_also_used_as_an_attribute_is_exported_in_full_there_too(
+    rng: np.random.Generator, monkeypatch
+) -> None:
+    """A weight that a node also holds as an attribute (a Constant node's value) is written there by
+    graphsurgeon's export as well: that copy gets the payload too."""
+    import onnx_graphsurgeon as gs
+
+    from gskit.io import weights_apart
+
+    shape = (128, 512)
+    weight = gs.Constant("w", rng.standard_normal(shape).astype(np.float32))
+    x, y, z = (gs.Variable(name, np.float32, shape) for name in ("x", "y", "z"))
+    nodes = [
+        gs.Node("Constant", name="c", attrs={"value": weight}, outputs=[y]),
+        gs.Node("Add", inputs=[x, weight], outputs=[z]),
+    ]
+    graph = gs.Graph(nodes=nodes, inputs=[x], outputs=[y, z], opset=17)
+    apart = to_model(graph)
+    assert numpy_helper.to_array(apart.graph.node[0].attribute[0].t).tobytes() == weight.values.tobytes()
+    monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)
+    assert to_model(graph).SerializeToString() == apart.SerializeToString()

@@ -1157,3 +1157,27 @@ def test_the_summary_and_step_lines_to_a_pipe_are_the_text_rich_prints(
     assert printed[True] == printed[False]
     assert "\n(docker/)  (total 0.0s)\n" in printed[True].err and "validation passed\n" in printed[True].out
     assert printed[True].out.count("│ word word") > 1  # the long row was wrapped
+
+
+def test_a_snapshot_saves_the_graph_itself_and_leaves_it_as_it_was(tmp_path: Path) -> None:
+    """The step snapshot exports the run's graph without copying it first (it used to save a graphsurgeon
+    copy): the file is byte for byte what a save of the same model imported afresh writes, the graph exports
+    as before, and a graph without a list of imported domains is left without one (graphsurgeon's export
+    fills it in)."""
+    from gskit.pipeline.steps import Snapshots
+
+    graph = gsmodel.to_graph(gsmodel.load(EXAMPLE))
+    exported = gsmodel.to_model(graph).SerializeToString()
+    afresh = gsmodel.to_graph(gsmodel.load(EXAMPLE))
+    expected = gsmodel.save(afresh, tmp_path / "afresh" / "model.onnx").read_bytes()
+    snapshot = Snapshots(tmp_path / "work")(graph)
+    assert snapshot.read_bytes() == expected
+    assert gsmodel.to_model(graph).SerializeToString() == exported
+
+    graph.import_domains = None
+    (tmp_path / "work2").mkdir()
+    snapshot = Snapshots(tmp_path / "work2")(graph)
+    assert graph.import_domains is None
+    assert [(d.domain, d.version) for d in onnx.load(snapshot).opset_import] == [
+        (d.domain, d.version) for d in onnx.load(EXAMPLE).opset_import
+    ]

@@ -201,26 +201,6 @@ def _rebuilt_type(kind: str | None, dtype: object) -> onnx.TypeProto | None:
     return type_proto
 
 
-def copy_graph(graph: gs.Graph) -> gs.Graph:
-    """``graph.copy()`` that keeps each variable's value type: graphsurgeon's ``Variable.copy`` drops it, so a
-    sequence output of the copy would be exported as a tensor without a shape (which onnx's checker refuses).
-    ``Graph.copy`` drops the producer's name and version too: the copy exports as the graph does.
-
-    The copy has the same graphs, nodes and tensors in the same order; types are put back by tensor name,
-    graph by graph (a subgraph may reuse an outer name).
-    """
-    copy = graph.copy()
-    copy.producer_name, copy.producer_version = graph.producer_name, graph.producer_version
-    for original, copied in zip(
-        (graph, *graph.subgraphs(recursive=True)), (copy, *copy.subgraphs(recursive=True)), strict=True
-    ):
-        kinds = {name: t.type for name, t in original.tensors().items() if isinstance(t, gs.Variable)}
-        for name, tensor in copied.tensors().items():
-            if isinstance(tensor, gs.Variable) and name in kinds:
-                tensor.type = kinds[name]
-    return copy
-
-
 #: A Constant node's scalar and list forms, with the dtype ONNX gives them.
 _CONSTANT_FORMS = {
     "value_float": "float32",

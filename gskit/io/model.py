@@ -50,6 +50,7 @@ from gskit.io.outputs import (
     place_file,
     remember_input,
 )
+from gskit.io.weights_apart import exporting_weights_apart, restore_weights
 from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
@@ -177,8 +178,8 @@ def save(
     data_name = path.name + ".data"
     tensors = list(_get_all_tensors(proto))
     if external_data is None:
-        external_data = (
-            any(uses_external_data(t) for t in tensors) or _tensor_bytes(tensors) > EXTERNAL_DATA_THRESHOLD
+        external_data = any(uses_external_data(t) for t in tensors) or _tensor_bytes_over(
+            tensors, EXTERNAL_DATA_THRESHOLD
         )
     data_path = path.parent / data_name
     # Both names before anything is written: the data file's name is taken (or a stale one removed) even
@@ -211,6 +212,7 @@ def _write_atomically(
     tmp_dir = make_scratch_folder(path.parent, f".{path.name}.")
     try:
         tmp_model = tmp_dir / path.name
+        payload: bytes | None = None  # the file's bytes, when they are one serialized message here
         with _ir_version_for_onnxruntime(proto):
             if external_data:
                 with blaming(data_path):
@@ -229,7 +231,7 @@ def _write_atomically(
                 with blaming(path):
                     tmp_model.write_bytes(payload)
         if check:
-            check_file(tmp_model)
+            check_file(tmp_model, payload)
         tmp_data = tmp_dir / data_name
         wrote_data = tmp_data.is_file() and tmp_data.stat().st_size > 0
         if wrote_data:
@@ -242,10 +244,15 @@ def _write_atomically(
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def check_file(path: str | os.PathLike) -> None:
-    """Run onnx's checker on a model file (works past 2 GB); raise ModelCheckError naming the problem."""
+def check_file(path: str | os.PathLike, payload: bytes | None = None) -> None:
+    """Run onnx's checker on a model file (works past 2 GB); raise ModelCheckError naming the problem.
+
+    ``payload``: the file's bytes, when the caller has them and the model has no external data (the checker
+    reads a file only to know its folder, where external data would lie): it checks them without reading
+    the file again (a copy of every weight).
+    """
     try:
-        onnx.checker.check_model(str(path))
+        onnx.checker.check_model(str(path) if payload is None else payload)
     except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.checker.ValidationError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         raise ModelCheckError(f"{Path(path).name}: model fails onnx's checker: {first}") from err
@@ -319,10 +326,16 @@ def to_model(graph: gs.Graph) -> onnx.ModelProto:
     """Export a gs.Graph as a ModelProto with an IR version onnxruntime can load.
 
     Empty list attributes (``axes=[]``), which graphsurgeon cannot export, are written with their kind;
-    optional and opaque value types with theirs; map types and sequences of sequences without a type.
+    optional and opaque value types with theirs; map types and sequences of sequences without a type. Large
+    weights go into the model once, after the export (:mod:`gskit.io.weights_apart`).
     """
-    with gs_export.exporting_empty_lists(graph) as marker, gs_export.exporting_value_types(graph) as types:
+    with (
+        gs_export.exporting_empty_lists(graph) as marker,
+        gs_export.exporting_value_types(graph) as types,
+        exporting_weights_apart(graph) as weights,
+    ):
         model = gs.export_onnx(graph, do_type_check=False)
+    restore_weights(model, weights)
     gs_export.restore_empty_lists(model, marker)
     gs_export.restore_value_types(model, types)
     # IR 4 is the first to allow initializers that are not graph inputs, which graphsurgeon always writes.
@@ -768,8 +781,16 @@ def _read_external(tensor: TensorProto, base_dir: str) -> bytes:
         return f.read(int(length)) if length is not None else f.read()
 
 
-def _tensor_bytes(tensors: list[TensorProto]) -> int:
-    return sum(tensor_nbytes(t) for t in tensors)
+def _tensor_bytes_over(tensors: list[TensorProto], limit: int) -> bool:
+    """Whether the tensors (none of them on disk) hold more than ``limit`` bytes of data.
+
+    A tensor's serialized size bounds its ``raw_data`` from above and is known without reading the data out
+    (each read of ``raw_data`` is a copy of it): the data are counted only when that bound is over the limit.
+    """
+    bound = sum(t.ByteSize() if t.HasField("raw_data") else tensor_nbytes(t) for t in tensors)
+    if bound <= limit:
+        return False
+    return sum(tensor_nbytes(t) for t in tensors) > limit
 
 
 def _refuse_overwriting_sources(tensors: list[TensorProto], data_path: Path) -> None:

@@ -16,6 +16,7 @@ Only :func:`gskit.passes.tensor_types.infer_types` (and the path-based inference
 from __future__ import annotations
 
 import contextvars
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -27,7 +28,7 @@ from onnx.defs import OpSchema
 
 from gskit.errors import PLUGIN_CODE_FAILURES, GskitError
 from gskit.passes.tensor_types import elem_type
-from gskit.plugin.ops import note_onnx_schemas, onnx_op_types
+from gskit.plugin.ops import onnx_op_types
 from gskit.plugin.registry import PluginRegistry
 from gskit.plugin.spec import REQUIRED, ROUTING_ATTRIBUTES, AttrType, PluginSpec, TensorInfo, attribute_value
 
@@ -86,17 +87,14 @@ def register_schemas(registry: PluginRegistry) -> None:
     Raises:
         GskitError: onnx already has a schema of that name and domain that gskit did not register.
     """
-    # onnx.reference indexes all registered schemas by op name on its first import and refuses a plugin
-    # named like an ONNX op (e.g. acme::Swish); have it index the standard set before any plugin is added.
-    first_import = "onnx.reference.op_run" not in sys.modules
-    import onnx.reference.op_run
-
-    # likewise the standard op types (made on first use), which plugin schemas are not: from the index
-    # onnx.reference has just made of every schema, when it has (listing them again took 8-10 ms)
-    index = getattr(onnx.reference.op_run, "_schemas", None) if first_import else None
-    if isinstance(index, dict):
-        note_onnx_schemas(index.values())
-    onnx_op_types()
+    # onnx.reference indexes all registered schemas by op name on its first import and refuses two of one
+    # name in different domains: a plugin named like an ONNX op (acme::Swish), or two plugins of one name.
+    # Where such a pair would be, it indexes the schemas before any plugin is added; its import (7-9 ms) is
+    # spared where every plugin has a name of its own.
+    names = [op for _, op in {*_REGISTERED, *((spec.domain, spec.name) for spec in registry)}]
+    clash = len(names) != len(set(names)) or not onnx_op_types().isdisjoint(names)
+    if clash and "onnx.reference.op_run" not in sys.modules:
+        importlib.import_module("onnx.reference.op_run")  # (an import statement would make onnx local)
 
     by_op: dict[tuple[str, str], list[PluginSpec]] = {}
     for spec in registry:

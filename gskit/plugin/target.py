@@ -12,12 +12,14 @@ target records which of these it came from, and reports say so.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import Distribution, distributions
 
 from gskit.errors import GskitError
+from gskit.io.dist_metadata import metadata_field
 
 #: The oldest TensorRT whose ONNX parser gskit has facts about (JetPack 5 ships 8.5).
 OLDEST_KNOWN = (8, 5)
@@ -122,11 +124,18 @@ def installed_version(module: str) -> str | None:
 
     Reads each distribution's ``top_level.txt``, or its ``RECORD`` where it has none, as text:
     ``importlib.metadata.packages_distributions`` answers the same but parses the metadata and every file
-    entry of every installed distribution (0.3-0.6 s per call with torch installed).
+    entry of every installed distribution (0.3-0.6 s per call with torch installed). A module the import
+    system cannot find is not installed (0.5 ms, where reading every distribution took 5-8 ms); the
+    distributions whose name starts with the module's are read first (``tensorrt_rtx_cu13``).
     """
-    for dist in distributions():
+    if importlib.util.find_spec(module) is None:
+        return None
+    found = list(distributions())
+    prefix = module.lower().replace("-", "_")
+    likely = [d for d in found if str(getattr(d, "_normalized_name", "")).startswith(prefix)]
+    for dist in [*likely, *(d for d in found if d not in likely)]:
         if _provides(dist, module):
-            return dist.version
+            return metadata_field(dist, "Version") or dist.version
     return None
 
 
