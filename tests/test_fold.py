@@ -604,7 +604,9 @@ _GRAPHSURGEON_CASES = """
 def test_evaluation_makes_the_constants_graphsurgeon_makes(source, size_threshold):
     """The whole-graph evaluation decides, runs and replaces as graphsurgeon's ``fold_constants`` (no shape
     folding, no recursion or flattening, no partitioning) does on the same graph: the same tensors become
-    constants, with the same bytes, and the same nodes are asked whether to be excluded, in the same order."""
+    constants, with the same bytes, the same nodes are asked whether to be excluded, in the same order, and
+    the same nodes are left once the pass's cleanup has run (the Constant nodes it lowered leave the graph at
+    once: they make nothing)."""
     from gskit.passes.fold.whole_graph import evaluate_like_graphsurgeon
 
     if source == "cases":
@@ -643,9 +645,14 @@ def test_evaluation_makes_the_constants_graphsurgeon_makes(source, size_threshol
         }
 
     assert constants(ours) == constants(theirs)
+    lowered = [n for n in theirs.nodes if n.op == "Constant" and not n.outputs]
+    assert not any(n.op == "Constant" and not n.outputs for n in ours.nodes)
     assert [(n.name, n.op, [t.name for t in n.outputs]) for n in ours.nodes] == [
-        (n.name, n.op, [t.name for t in n.outputs]) for n in theirs.nodes
+        (n.name, n.op, [t.name for t in n.outputs]) for n in theirs.nodes if n not in lowered
     ]
+    ours.cleanup(recurse_subgraphs=False)
+    theirs.cleanup(recurse_subgraphs=False)
+    assert [(n.name, n.op) for n in ours.nodes] == [(n.name, n.op) for n in theirs.nodes]
 
 
 def test_a_result_read_by_folding_and_other_nodes_is_evaluated(rng):
@@ -724,3 +731,169 @@ def test_lowered_constant_nodes_are_sized_without_asking_inference(monkeypatch, 
     assert [n.op_type for n in folded.graph.node] == ["Add"]
     assert not report.excluded
     _assert_same_outputs(model, folded, {"x": rng.standard_normal(2).astype(np.float32)})
+
+
+def test_each_weight_is_sized_once_per_fold(monkeypatch, rng):
+    """Counting a TensorProto's raw bytes copies them: within a fold each weight is counted once, not once per
+    pass (a third of the fold of a 54 MB model); outside a fold nothing is remembered."""
+    from gskit.passes import tensor_types
+
+    weight = rng.standard_normal((200, 100)).astype(np.float32)  # 80 kB: inference gets it as a stub
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 200] x) => (float[N, 100] y) {
+      two = Constant <value = float[1] {2}> ()
+      four = Mul(two, two)
+      scaled = Mul(w, four)
+      y = MatMul(x, scaled)
+    }""")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
+    onnx.checker.check_model(model)
+    counted: list[str] = []
+    real = gsmodel.tensor_nbytes
+    monkeypatch.setattr(gsmodel, "tensor_nbytes", lambda t: counted.append(t.name) or real(t))
+    folded, report = fold(model)
+    assert report.passes == 2 and [n.op_type for n in folded.graph.node] == ["MatMul"]
+    assert counted.count("w") == 1
+    x = rng.standard_normal((3, 200)).astype(np.float32)
+    _assert_same_outputs(model, folded, {"x": x}, atol=1e-4)
+    constant = gsmodel.to_graph(model).tensors()["w"]
+    counted.clear()
+    assert tensor_types.constant_nbytes(constant) == tensor_types.constant_nbytes(constant) == weight.nbytes
+    assert counted == ["w", "w"]
+
+
+def test_symbolic_inference_prints_each_expression_once(monkeypatch):
+    """onnxruntime's symbolic inference prints the same sympy expressions at every node; each is printed once,
+    and its answers are the ones it gives printing each time."""
+    from contextlib import nullcontext
+
+    from sympy.printing import str as sympy_str
+
+    from gskit.passes import tensor_types
+
+    inferred = tensor_types.infer_types(parse_model(UNFIXABLE_SHAPE))
+    printed: list[str] = []
+    real = sympy_str.sstr
+    monkeypatch.setattr(sympy_str, "sstr", lambda expr, **kw: printed.append(real(expr, **kw)) or printed[-1])
+    remembered = tensor_types._symbolic_shapes(inferred)
+    assert printed and len(printed) == len(set(printed))
+    assert sympy_str.sstr is not real  # the counting one is back
+    printed.clear()
+    monkeypatch.setattr(tensor_types, "_sympy_results_remembered", nullcontext)
+    each_time = tensor_types._symbolic_shapes(inferred)
+    assert len(printed) > len(set(printed))  # without remembering, the same strings again
+    assert remembered.keys() == each_time.keys() and remembered["y"] == each_time["y"]
+    assert [d.dim_param for d in remembered["y"].type.tensor_type.shape.dim][0] == "N"
+
+
+def test_one_inference_walks_the_graphs_and_their_tensors_once(monkeypatch):
+    """Shape inference of a graph with subgraphs lists the subgraphs and each graph's tensors once, for the
+    stubbed export, the inferred types, the Shape inputs and symbolic inference's answers alike."""
+    import sys
+
+    from gskit.passes import tensor_types
+
+    walked: list[str] = []
+
+    def counted(method_name: str):
+        real = getattr(gs.Graph, method_name)
+
+        def method(self, *args, **kwargs):
+            if sys._getframe(1).f_globals["__name__"] == tensor_types.__name__:
+                walked.append(f"{method_name}:{self.name}")
+            return real(self, *args, **kwargs)
+
+        return method
+
+    graph = gsmodel.to_graph(
+        parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4, H, W] x, bool c) => (float[N, 4, K, W] y, int64[4] s) {
+          p = MaxPool <kernel_shape = [2, 1], strides = [2, 1]> (x)
+          y = If(c) <
+            then_branch = t () => (float[N, 4, K, W] a) { a = Relu(p) },
+            else_branch = e () => (float[N, 4, K, W] b) { b = Neg(p) }
+          >
+          s = Shape(p)
+        }""")
+    )
+    asked = []
+    real_symbolic = tensor_types._symbolic_shapes
+    monkeypatch.setattr(tensor_types, "_symbolic_shapes", lambda *a: asked.append(1) or real_symbolic(*a))
+    for method_name in ("subgraphs", "tensors"):
+        monkeypatch.setattr(gs.Graph, method_name, counted(method_name))
+    tensor_types.infer_tensor_types(graph)
+    assert asked == [1]  # p's height is unknown to onnx: symbolic inference is asked and its answers applied
+    assert sorted(walked) == ["subgraphs:g", "tensors:e", "tensors:g", "tensors:t"]
+    assert graph.tensors()["p"].shape[:2] == ["N", 4]  # inferred
+
+
+def test_removed_nodes_are_printed_only_where_graphsurgeon_shows_the_lines(monkeypatch, capsys):
+    """graphsurgeon's cleanup prints each node it removes for an ultra_verbose log line: fold does not pay
+    for printing nodes its logger drops, and prints them where the lines are shown."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+      one = Constant <value = float[2] {1, 2}> ()
+      two = Add(one, one)
+      four = Mul(two, two)
+      y = Add(four, x)
+    }""")
+    printed: list[str] = []
+    real = gs.Node.__str__
+    monkeypatch.setattr(gs.Node, "__str__", lambda node: printed.append(node.op) or real(node))
+    folded, _ = fold(model)
+    assert [n.op_type for n in folded.graph.node] == ["Add"] and printed == []
+    logger = gs.logger.G_LOGGER
+    monkeypatch.setattr(logger, "severity", logger.ULTRA_VERBOSE)
+    fold(model)
+    shown = capsys.readouterr().out
+    assert "Removing unused node:  (Add)" in shown and "Removing unused node:  (Mul)" in shown
+    assert {"Add", "Mul"} <= set(printed)
+
+
+SLICES_OF_SYMBOLIC_DIMS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, W] x) => (int64[2] s) {
+  starts = Constant <value = int64[1] {1}> ()
+  ends = Constant <value = int64[1] {-1}> ()
+  axes = Constant <value = int64[1] {1}> ()
+  a = Slice(x, starts, ends, axes)
+  b = Slice(a, starts, ends, axes)
+  c = Slice(x, starts, ends, axes)
+  d = Slice(c, starts, ends, axes)
+  e = Add(b, d)
+  s = Shape(e)
+}
+"""
+
+
+def test_symbolic_inference_simplifies_each_expression_once(monkeypatch):
+    """onnxruntime's symbolic inference simplifies a Slice's output dims; the same expression again (another
+    Slice of the same dims, or the next pass's inference) is not simplified again, and the answers are the
+    same."""
+    from contextlib import nullcontext
+
+    import sympy
+
+    from gskit.passes import tensor_types
+
+    inferred = tensor_types.infer_types(parse_model(SLICES_OF_SYMBOLIC_DIMS))
+    simplified: list[str] = []
+    real = sympy.simplify
+    monkeypatch.setattr(sympy, "simplify", lambda e, **kw: simplified.append(str(e)) or real(e, **kw))
+    remembered = tensor_types._symbolic_shapes(inferred)
+    assert simplified and len(simplified) == len(set(simplified))
+    simplified.clear()
+    monkeypatch.setattr(tensor_types, "_sympy_results_remembered", nullcontext)
+    each_time = tensor_types._symbolic_shapes(inferred)
+    assert len(simplified) > len(set(simplified))
+    assert remembered.keys() == each_time.keys()
+    assert all(remembered[name] == each_time[name] for name in remembered)
+    monkeypatch.undo()
+    monkeypatch.setattr(sympy, "simplify", lambda e, **kw: simplified.append(str(e)) or real(e, **kw))
+    results: dict = {}  # a fold's SymbolicMemo.sympy_results: its next pass asks about the same dims
+    tensor_types._symbolic_shapes(inferred, results)
+    simplified.clear()
+    assert tensor_types._symbolic_shapes(inferred, results) == remembered and simplified == []

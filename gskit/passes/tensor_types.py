@@ -18,9 +18,11 @@ map value types; ``TYPE_PROTO`` attributes such as ``Optional``'s ``type``).
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,11 +89,45 @@ def constant_elem_type(tensor: gs.Constant) -> int | None:
 # -- weightless views ----------------------------------------------------------------------------------------
 
 
+#: Within :func:`remembered_sizes`: the bytes of each lazily loaded constant's TensorProto already counted, by
+#: ``id`` of its LazyValues (which is kept with it, so the id stays its own).
+_LAZY_SIZES: ContextVar[dict[int, tuple[Any, Any, int]] | None] = ContextVar("_LAZY_SIZES", default=None)
+
+
+@contextmanager
+def remembered_sizes() -> Iterator[None]:
+    """Within the block, each lazily loaded constant's size is counted once.
+
+    Counting the bytes of a TensorProto's ``raw_data`` copies them (protobuf hands out a new bytes object),
+    and fold asks for every constant's size in every pass (which constants reach inference as stubs): on a
+    model of 50 MB of weights that was a third of fold's time. The block is one fold, whose constants'
+    protos nothing rewrites.
+    """
+    token = _LAZY_SIZES.set({})
+    try:
+        yield
+    finally:
+        _LAZY_SIZES.reset(token)
+
+
+def _lazy_nbytes(values: gs.ir.tensor.LazyValues) -> int:
+    """``gsmodel.tensor_nbytes`` of a LazyValues' TensorProto, counted once in :func:`remembered_sizes`."""
+    sizes = _LAZY_SIZES.get()
+    if sizes is None:
+        return gsmodel.tensor_nbytes(values.tensor)
+    known = sizes.get(id(values))
+    if known is not None and known[1] is values.tensor:
+        return known[2]
+    nbytes = gsmodel.tensor_nbytes(values.tensor)
+    sizes[id(values)] = (values, values.tensor, nbytes)
+    return nbytes
+
+
 def constant_nbytes(tensor: gs.Constant) -> int:
     """Bytes of a constant's values; for values still on disk, read from the TensorProto's header only."""
     values = tensor._values
     if isinstance(values, gs.ir.tensor.LazyValues):
-        return gsmodel.tensor_nbytes(values.tensor)
+        return _lazy_nbytes(values)
     return int(getattr(values, "nbytes", 0))
 
 
@@ -140,13 +176,25 @@ def _stub(tensor: TensorProto) -> TensorProto:
     return stub
 
 
+def _tensor_maps(graphs: tuple[gs.Graph, ...]) -> list[dict[str, gs.Tensor]]:
+    """Each graph's tensors by name (a walk of all its nodes: asked once per inference, not once per step)."""
+    return [sub.tensors() for sub in graphs]
+
+
+def _with_subgraphs(graph: gs.Graph) -> tuple[gs.Graph, ...]:
+    return (graph, *graph.subgraphs(recursive=True))
+
+
 @contextmanager
-def _stubbed_constants(graph: gs.Graph, on_disk: bool) -> Iterator[None]:
-    """Large constants of ``graph`` and its subgraphs export as stubs until the block exits."""
+def _stubbed_constants(
+    graph: gs.Graph, on_disk: bool, tensor_maps: list[dict[str, gs.Tensor]] | None = None
+) -> Iterator[None]:
+    """Large constants of ``graph`` and its subgraphs export as stubs until the block exits
+    (``tensor_maps``: :func:`_tensor_maps` of them, when the caller has it)."""
     swapped: list[tuple[gs.Constant, Any]] = []
     try:
-        for sub in (graph, *graph.subgraphs(recursive=True)):
-            for tensor in sub.tensors().values():
+        for tensors in tensor_maps if tensor_maps is not None else _tensor_maps(_with_subgraphs(graph)):
+            for tensor in tensors.values():
                 if not isinstance(tensor, gs.Constant):
                     continue
                 proto = _stub_for(tensor, on_disk)
@@ -166,7 +214,7 @@ def _stub_for(tensor: gs.Constant, on_disk: bool) -> TensorProto | None:
         lazy = values.tensor
         if not isinstance(lazy, TensorProto):
             return None  # sparse
-        if not (on_disk and uses_external_data(lazy)) and gsmodel.tensor_nbytes(lazy) <= WEIGHTLESS_MAX_BYTES:
+        if not (on_disk and uses_external_data(lazy)) and _lazy_nbytes(values) <= WEIGHTLESS_MAX_BYTES:
             return None
         return TensorProto(name=tensor.name, data_type=lazy.data_type, dims=lazy.dims)
     if np.asarray(values).nbytes <= WEIGHTLESS_MAX_BYTES:
@@ -336,8 +384,11 @@ def infer_tensor_types(
     only when another tensor read by a ``Shape`` is unknown; otherwise its earlier answers are applied again.
     """
     odd_types = odd_types or GsLosses()
+    # the graphs and their tensors, walked once: exporting and inferring change no node and no name
+    graphs = _with_subgraphs(graph)
+    tensor_maps = _tensor_maps(graphs)
     try:
-        with _stubbed_constants(graph, on_disk=False):
+        with _stubbed_constants(graph, on_disk=False, tensor_maps=tensor_maps):
             proto = export_graph(graph, odd_types)
         inferred = infer_types(proto)
     except Exception as err:  # onnx raises several types; the passes still work without the extra shapes
@@ -347,8 +398,8 @@ def infer_tensor_types(
     for proto_graph in gsmodel.graph_protos(inferred.graph):
         for info in proto_graph.value_info:
             infos.setdefault(info.name, info)
-    for sub in (graph, *graph.subgraphs(recursive=True)):
-        for name, tensor in sub.tensors().items():
+    for tensors in tensor_maps:
+        for name, tensor in tensors.items():
             info = infos.get(name)
             if info is None or not isinstance(tensor, gs.Variable):
                 continue
@@ -356,12 +407,12 @@ def infer_tensor_types(
     if not symbolic or dtypes_only:
         return
     memo = SymbolicMemo() if symbolic_memo is None else symbolic_memo
-    unknown = _unknown_shape_inputs(graph)
+    unknown = _unknown_shape_inputs(graphs)
     if unknown - memo.asked:
-        memo.infos = _symbolic_shapes(inferred)
+        memo.infos = _symbolic_shapes(inferred, memo.sympy_results)
         memo.asked |= unknown
     if unknown:
-        _apply_symbolic_shapes(graph, memo.infos)
+        _apply_symbolic_shapes(tensor_maps, memo.infos)
 
 
 @dataclass
@@ -372,14 +423,16 @@ class SymbolicMemo:
 
     asked: set[str] = field(default_factory=set)
     infos: dict[str, onnx.ValueInfoProto] = field(default_factory=dict)
+    #: what sympy printed and simplified for it, kept for its next call (:func:`_sympy_results_remembered`)
+    sympy_results: dict[str, dict[tuple[Any, ...], Any]] = field(default_factory=dict)
 
 
-def _unknown_shape_inputs(graph: gs.Graph) -> set[str]:
-    """The tensors that a ``Shape``, in the graph or a subgraph, reads while their rank is unknown or a dim is
-    one onnx could not name (``unk__N``)."""
+def _unknown_shape_inputs(graphs: tuple[gs.Graph, ...]) -> set[str]:
+    """The tensors that a ``Shape``, in a graph or a subgraph (``graphs``: both), reads while their rank is
+    unknown or a dim is one onnx could not name (``unk__N``)."""
     return {
         n.inputs[0].name
-        for sub in (graph, *graph.subgraphs(recursive=True))
+        for sub in graphs
         for n in sub.nodes
         if n.op == "Shape" and n.inputs and (n.inputs[0].shape is None or _invented_dims(n.inputs[0].shape))
     }
@@ -389,9 +442,12 @@ def _invented_dims(shape: Any) -> bool:
     return any(isinstance(d, str) and d.startswith("unk__") for d in shape)
 
 
-def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+def _symbolic_shapes(
+    proto: onnx.ModelProto, sympy_results: dict[str, dict[tuple[Any, ...], Any]] | None = None
+) -> dict[str, onnx.ValueInfoProto]:
     """Second opinion: onnxruntime's symbolic shape inference, as Polygraphy uses, on the graph and its
-    subgraphs; its value infos by tensor name ({} where it fails).
+    subgraphs; its value infos by tensor name ({} where it fails). ``sympy_results``: what sympy computed
+    in earlier calls (:func:`_sympy_results_remembered`), added to.
 
     onnx gives up on e.g. ``Reshape(x, [W, -1, 512])`` with a symbolic ``W``, or on every dim of a ``Slice``
     whose starts are computed (in a ``Loop`` body: the iteration number); onnxruntime's inference computes
@@ -402,7 +458,8 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     from gskit.backends import ort as ort_backend  # runs onnxruntime's inference code: only when needed
 
     try:
-        inferred = ort_backend.symbolic_shape_inference(proto)
+        with _sympy_results_remembered(sympy_results):
+            inferred = ort_backend.symbolic_shape_inference(proto)
     except Exception as err:  # its own asserts and exceptions on ops it does not know; best effort
         log.info("onnxruntime's symbolic shape inference failed (%s)", first_line(err))
         return {}
@@ -416,6 +473,58 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     for name in _after_guessed_splits(graphs, infos):
         infos.pop(name, None)
     return infos
+
+
+@contextmanager
+def _sympy_results_remembered(
+    results: dict[str, dict[tuple[Any, ...], Any]] | None = None,
+) -> Iterator[None]:
+    """Within the block, sympy prints each expression once and simplifies each once (``results``: what it
+    printed and simplified in earlier blocks, by function, added to: a fold's passes ask about the same
+    dims).
+
+    onnxruntime's symbolic inference keeps dims as the strings of sympy expressions and prints the same few
+    expressions again at every node: PP-OCRv4 rec printed 10 expressions 407 times, nmp one 456 times (60%
+    of the inference's time); silero-vad's ``Slice`` nodes simplified 8 expressions 40 times, SLANet's
+    ``Resize`` nodes 8 expressions 50 times (simplify simplifies the parts of an expression again). An
+    expression is immutable, and what it prints as and simplifies to depends only on it (its type and
+    structure) and the settings: the key. sympy's ``__str__`` imports ``sstr`` from its module at each
+    call, and the inference calls ``sympy.simplify``: those names are where the remembering functions go
+    (replacing ``__str__`` itself cleared every sympy class's attribute cache, about 1 ms a time).
+    """
+    import sympy  # loaded: onnxruntime's inference imports it
+    from sympy.printing import str as sympy_str
+
+    # simplify calls itself through its own module's name
+    simplify_module = importlib.import_module("sympy.simplify.simplify")
+    results = {} if results is None else results
+    originals = (sympy_str.sstr, sympy.simplify, simplify_module.simplify)
+    sympy_str.sstr = _remembering(sympy_str.sstr, results.setdefault("sstr", {}))
+    simplify = _remembering(sympy.simplify, results.setdefault("simplify", {}))
+    sympy.simplify = simplify_module.simplify = simplify
+    try:
+        yield
+    finally:
+        sympy_str.sstr, sympy.simplify, simplify_module.simplify = originals
+
+
+def _remembering(function: Any, results: dict[tuple[Any, ...], Any]) -> Any:
+    """``function(expr, **settings)``, its result for an equal expression of the same type and the same
+    settings given again (kept in ``results``) instead of computed again."""
+
+    def remembered(expr: Any, *args: Any, **settings: Any) -> Any:
+        if args:  # positional settings: not worth a key
+            return function(expr, *args, **settings)
+        try:
+            key = (type(expr), expr, *sorted(settings.items()))
+            if key in results:
+                return results[key]
+        except TypeError:  # an unhashable object (a mutable matrix) or setting: computed each time
+            return function(expr, **settings)
+        result = results[key] = function(expr, **settings)
+        return result
+
+    return remembered
 
 
 def _after_guessed_splits(
@@ -470,12 +579,15 @@ def _split_evenly(node: onnx.NodeProto, infos: Mapping[str, onnx.ValueInfoProto]
     return len(sizes) <= 1
 
 
-def _apply_symbolic_shapes(graph: gs.Graph, infos: Mapping[str, onnx.ValueInfoProto]) -> None:
-    """Only the fixed sizes symbolic inference derived are taken over: a shape onnx left unknown, or a dim
-    onnx could only name ``unk__N``."""
+def _apply_symbolic_shapes(
+    tensor_maps: list[dict[str, gs.Tensor]], infos: Mapping[str, onnx.ValueInfoProto]
+) -> None:
+    """Only the fixed sizes symbolic inference derived are taken over (on the tensors of ``tensor_maps``,
+    :func:`_tensor_maps` of a graph and its subgraphs): a shape onnx left unknown, or a dim onnx could only
+    name ``unk__N``."""
     if not infos:
         return
-    tensors = (t for sub in (graph, *graph.subgraphs(recursive=True)) for t in sub.tensors().values())
+    tensors = (t for tensors in tensor_maps for t in tensors.values())
     for tensor in tensors:
         info = infos.get(tensor.name)
         if info is None or not isinstance(tensor, gs.Variable):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import onnx
@@ -26,6 +28,7 @@ from gskit.passes.tensor_types import (
     constant_nbytes,
     export_graph,
     infer_tensor_types,
+    remembered_sizes,
 )
 from gskit.passes.transform import Before, GraphPass, PassContext, PassResult, ensure, run_pass
 from gskit.plugin.ops import op_counts, plugin_keys
@@ -95,7 +98,8 @@ class _Fold(GraphPass[FoldOptions]):
             )
 
     def call(self, model: Any, options: FoldOptions, context: PassContext) -> PassResult:
-        folded, report = _fold(model, options, context.plugins, context.spill_dir)
+        with remembered_sizes():  # one fold: each constant's size counted once, not once per pass
+            folded, report = _fold(model, options, context.plugins, context.spill_dir)
         return PassResult(
             folded,
             # shapes folded into constants change the graph even when the node count stays
@@ -219,7 +223,30 @@ def _clean(graph: gs.Graph) -> None:
     """Remove unused nodes and sort, this graph only: its subgraphs were cleaned by their own passes, and
     cleaning them again (graphsurgeon's default recursion) repeated the work once per level of nesting,
     which on silero-vad's nested ``If`` bodies cost more than the folding."""
-    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False).toposort(recurse_subgraphs=False)
+    with _removed_nodes_unprinted():
+        graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
+    graph.toposort(recurse_subgraphs=False)
+
+
+@contextmanager
+def _removed_nodes_unprinted() -> Iterator[None]:
+    """graphsurgeon's cleanup prints each node it removes (``"Removing unused node: {}".format(node)``) for
+    an ``ultra_verbose`` line that its logger then drops, below its severity: while its logger drops those
+    lines, a node prints as nothing (every folded node was printed, attributes and all, once per pass)."""
+    logger = gs.logger.G_LOGGER
+    if logger.severity <= logger.ULTRA_VERBOSE:  # the lines are shown: print the nodes
+        yield
+        return
+    printed = gs.Node.__dict__["__str__"]
+    gs.Node.__str__ = _unprinted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        gs.Node.__str__ = printed  # type: ignore[method-assign]
+
+
+def _unprinted(node: gs.Node) -> str:
+    return ""
 
 
 def _still_present(graph: gs.Graph, entries: dict[str, str]) -> dict[str, str]:
