@@ -304,3 +304,20 @@ def test_sessions_do_not_spin_and_give_the_outputs_of_a_spinning_session(rng):
     spinning = ort.InferenceSession(str(example), options, providers=["CPUExecutionProvider"])
     feeds = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
     np.testing.assert_array_equal(ort_backend.run(session, feeds)["y"], spinning.run(["y"], feeds)[0])
+
+
+def test_folds_session_does_not_spin_nor_prepack_and_gives_the_default_sessions_outputs(rng):
+    """fold's evaluation session (``default_session``, graphsurgeon's defaults otherwise) has the same two
+    options as gskit's other sessions; its outputs are a default session's, bit for bit."""
+    import onnxruntime as ort
+
+    example = Path(__file__).resolve().parents[1] / "gskit" / "data" / "example.onnx"
+    payload = example.read_bytes()
+    session = ort_backend.default_session(payload)
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # as graphsurgeon's
+    default = ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
+    feeds = {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(session.run(["y"], feeds)[0], default.run(["y"], feeds)[0])
