@@ -128,3 +128,41 @@ def test_the_command_line_imports_without_the_cycle_collector_and_freezes_what_i
     before = gc.get_freeze_count()
     assert main(["inspect", str(example)]) == 0  # a caller's process: its collector is left as it was
     assert gc.get_freeze_count() == before and gc.isenabled()
+
+
+#: ``gskit prepare`` as the process's own command line; the OpenBLAS setting it ran with, numpy's CPU.
+BLAS_PROCESS = """
+import json, os, sys, time
+sys.argv = ["gskit", "inspect", sys.argv[1]]
+from gskit.cli import main
+code = main()
+time.sleep(0.2)  # a spinning thread's last turn counted too
+others = time.process_time() - time.thread_time()  # every thread but this one (inspect runs no session)
+print(json.dumps({"code": code, "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"), "others": others}))
+"""
+
+
+@pytest.mark.parametrize("given", [None, "20"])
+def test_the_command_lines_blas_threads_sleep_unless_the_user_set_their_timeout(given, tmp_path):
+    """numpy's OpenBLAS threads spun for 0.1 s after loading (100 ms of a core at each start): the process's
+    own command line has them sleep at once, unless OPENBLAS_THREAD_TIMEOUT is set; a caller's process keeps
+    its environment."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gskit
+
+    example = Path(gskit.__file__).parent / "data" / "example.onnx"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    command = [sys.executable, "-c", BLAS_PROCESS, str(example)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["code"] == 0 and report["timeout"] == (given or "4")
+    if given is None:
+        assert report["others"] < 0.03  # numpy's threads slept (spinning, they took 0.1 s)
+    before = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    assert main(["inspect", str(example)]) == 0 and os.environ.get("OPENBLAS_THREAD_TIMEOUT") == before
