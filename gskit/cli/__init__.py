@@ -230,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     # From the start: building the parser imports every subcommand (onnx, numpy, ... for seconds), and a
     # SIGINT or SIGTERM then ends the command as cleanly as later (even one a library's import swallows).
     with interrupt.signals_unwind():
-        return _run(words, own_process=argv is None)
+        code = _run(words, own_process=argv is None)
+    if argv is None:
+        # The work is done and reported. A SIGINT while the interpreter shuts down (milliseconds: exit
+        # handlers, module teardown) met Python's own handler, which printed a KeyboardInterrupt traceback
+        # and killed the process by the signal; now the command's own exit code stands.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 #: OpenBLAS's environment variable: its idle threads spin for 2^N cycles before they sleep (default 28).

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,22 @@ def signals_unwind() -> Iterator[None]:
         _ARRIVED.append(signum)
         raise _exception(signum)
 
+    previous_hook = sys.unraisablehook
+
+    def unraisable(report: Any) -> None:
+        # The exception unwind raised inside a finalizer or weakref callback, where Python can only print it
+        # ("Exception ignored in ...", a traceback): the interrupt is recorded and raised again by the next
+        # call, so it is not shown; any other goes to the hook of before.
+        if not (_ARRIVED and isinstance(report.exc_value, (KeyboardInterrupt, Terminated))):
+            previous_hook(report)
+
+    sys.unraisablehook = unraisable
     try:
         with _handling(unwind):
             yield
     finally:
         _ARRIVED.clear()
+        sys.unraisablehook = previous_hook
 
 
 @contextmanager
