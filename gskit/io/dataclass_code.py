@@ -17,7 +17,6 @@ import builtins
 import contextlib
 import dataclasses
 import marshal
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,18 +78,13 @@ def _read(path: Path) -> dict[str, CodeType]:
 
 
 def _write(path: Path, codes: dict[str, CodeType]) -> None:
-    """Replace the file at once (a reader never sees half of it); a cache that cannot be written is none."""
-    import tempfile  # only when writing: the command line's start imports this module
+    """Replace the file at once (``gskit.io.outputs.write_atomic``: a reader never sees half of it); a cache
+    that cannot be written is none."""
+    from gskit.errors import GskitError
+    from gskit.io.outputs import write_atomic  # only when writing: the command line's start imports this
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(marshal.dumps(codes))
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-    except (OSError, ValueError):
+        write_atomic(path, marshal.dumps(codes), mode=0o600)
+    except (OSError, ValueError, GskitError):
         pass
