@@ -111,3 +111,38 @@ def test_only_the_command_lines_own_process_keeps_code(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert dataclass_code._read(tmp_path / dataclass_code.cache_file().name)
+
+
+NO_HOME = """
+import pathlib, sys
+
+def no_home(cls):
+    raise RuntimeError("Could not determine home directory.")  # no $HOME, a uid without a passwd entry
+
+pathlib.Path.home = classmethod(no_home)
+from gskit.io.user_cache import user_cache_dir
+assert user_cache_dir() is None
+sys.argv = ["gskit", "prepare", *sys.argv[1:]]
+from gskit.cli import main
+sys.exit(main())
+"""
+
+
+def test_without_any_cache_folder_the_command_runs_and_keeps_nothing(tmp_path: Path) -> None:
+    """No $GSKIT_CACHE_DIR, $XDG_CACHE_HOME or home folder (``env -i`` under an arbitrary uid): the command
+    line keeps neither compiled code nor plugin sources, and prepares as always (Path.home() raised)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GSKIT_CACHE_DIR", "XDG_CACHE_HOME", "HOME")}
+    example = Path(__file__).parents[1] / "gskit" / "data" / "example.onnx"
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", NO_HOME, str(example), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "Traceback" not in done.stderr and (out / "model.onnx").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing written into the working folder

@@ -29,9 +29,11 @@ from gskit.io.user_cache import user_cache_dir
 KEPT_TEXTS = 4000
 
 
-def cache_file() -> Path:
-    """The file of this Python's compiled code (code objects differ between Python versions)."""
-    return user_cache_dir() / f"dataclass-code-{sys.implementation.cache_tag}.marshal"
+def cache_file() -> Path | None:
+    """The file of this Python's compiled code (code objects differ between Python versions); None without
+    a user cache folder."""
+    folder = user_cache_dir()
+    return None if folder is None else folder / f"dataclass-code-{sys.implementation.cache_tag}.marshal"
 
 
 @contextlib.contextmanager
@@ -39,6 +41,9 @@ def code_kept(path: Path | None = None) -> Iterator[None]:
     """Within the block, ``dataclasses`` compiles each text once across runs (see the module docstring);
     the file is written on the way out when the block compiled text the file did not have."""
     path = path or cache_file()
+    if path is None:  # no cache folder: dataclasses compiles as always
+        yield
+        return
     kept = _read(path)
     used: dict[str, CodeType] = {}
     compiled: list[str] = []

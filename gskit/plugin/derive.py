@@ -45,7 +45,7 @@ import numpy as np
 from gskit.errors import GskitError, PluginError
 from gskit.io.dist_metadata import metadata_field
 from gskit.io.outputs import write_atomic
-from gskit.io.user_cache import user_cache_dir
+from gskit.io.user_cache import CACHE_ENV, user_cache_dir
 
 if TYPE_CHECKING:  # the pattern package imports gskit.plugin.spec: imported inside the functions that need it
     from gskit.passes.patterns.derived import DerivedRuleSet
@@ -243,8 +243,11 @@ def function_source(fn: Any) -> str:
     lines = _source_lines(fn, file)
     if not lines:
         return inspect.getsource(fn)
+    folder = user_cache_dir()
+    if folder is None:
+        return inspect.getsource(fn)
     digest = hashlib.sha256("".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
-    path = user_cache_dir() / "function-sources" / f"{digest[:40]}-{_PYTHON}.json"
+    path = folder / "function-sources" / f"{digest[:40]}-{_PYTHON}.json"
     entry = f"{fn.__qualname__}:{fn.__code__.co_firstlineno}"
     known = _read_sources(path)
     text = known.get(entry)
@@ -352,13 +355,13 @@ def gskit_version() -> str:
     return __version__
 
 
-def _user_file(source: DerivedSource, torch: str) -> Path:
+def _user_file(source: DerivedSource, torch: str) -> Path | None:
+    """The user cache's file of ``source``'s rules derived with ``torch``; None without a cache folder."""
+    folder = user_cache_dir()
+    if folder is None:
+        return None
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in source.function)
-    return (
-        user_cache_dir()
-        / "derived-patterns"
-        / f"{safe}-{source.key}-torch{torch}-gskit{gskit_version()}.json"
-    )
+    return folder / "derived-patterns" / f"{safe}-{source.key}-torch{torch}-gskit{gskit_version()}.json"
 
 
 def read_cache_file(path: Path) -> list[CacheEntry]:
@@ -418,9 +421,11 @@ def _entries(source: DerivedSource) -> tuple[list[CacheEntry], str]:
     if cached:
         return [*cached, *others], f"{_count(cached)} from the cache {user} (torch {torch})"
     entry, seconds, exports = _derive_now(source, torch, gskit)
-    _write_user_cache(user, entry)
+    if user is not None:
+        _write_user_cache(user, entry)
+    kept = f"cached in {user}" if user is not None else f"not cached (no cache folder: set ${CACHE_ENV})"
     return [entry, *others], (
-        f"{_count([entry])} derived with torch {torch} ({exports} exports, {seconds:.1f} s), cached in {user}"
+        f"{_count([entry])} derived with torch {torch} ({exports} exports, {seconds:.1f} s), {kept}"
     )
 
 
@@ -429,7 +434,9 @@ def _count(entries: Sequence[CacheEntry]) -> str:
     return f"{n} rule{'s' if n != 1 else ''}"
 
 
-def _quiet_read(path: Path) -> list[CacheEntry]:
+def _quiet_read(path: Path | None) -> list[CacheEntry]:
+    if path is None:  # no user cache folder
+        return []
     try:
         return read_cache_file(path)
     except PluginError as err:  # the user cache is ours: a damaged file is derived again
