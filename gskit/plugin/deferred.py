@@ -61,9 +61,9 @@ class DeferredPatterns(Sequence[Any]):
         if self._error is not None:
             raise self._error
         if self._rules is None:
-            self._rules = self._import()
-            checks, self._checks = self._checks, {}
             try:
+                self._rules = self._import()
+                checks, self._checks = self._checks, {}
                 for check in checks.values():
                     check()
             except PluginError as err:
@@ -74,18 +74,13 @@ class DeferredPatterns(Sequence[Any]):
     def _import(self) -> tuple[Any, ...]:
         from gskit.plugin.discovery import import_plugin_module  # discovery builds specs of this module
 
-        try:
-            module = import_plugin_module(self.module, self._package)
-        except PluginError as err:
-            self._error = err
-            raise
+        module = import_plugin_module(self.module, self._package)
         found = getattr(module, self.attribute, None)
         if not isinstance(found, (list, tuple)):
-            self._error = PluginError(
+            raise PluginError(
                 f"{getattr(module, '__file__', self.module)}: {self.attribute} must be a list or tuple of "
                 f"pattern rules, not {type(found).__name__}"
             )
-            raise self._error
         return tuple(found)
 
     @overload
@@ -115,7 +110,7 @@ class DeferredPatterns(Sequence[Any]):
         return hash(self.rules())  # as the tuple it stands for: equal sequences hash alike
 
     def __repr__(self) -> str:
-        state = f"{len(self._rules)} rules" if self.loaded and self._rules is not None else "not imported yet"
+        state = f"{len(self._rules or ())} rules" if self.loaded else "not imported yet"
         return f"patterns_in({self.module!r}, {self.attribute!r}: {state})"
 
 
@@ -134,8 +129,10 @@ def patterns_in(module: str, package: str | None = None, attribute: str = "PATTE
     return DeferredPatterns(module, package, attribute)
 
 
-def deferred(patterns: Sequence[Any]) -> DeferredPatterns | None:
-    """``patterns`` when they are :class:`DeferredPatterns` not imported yet; else None (read them)."""
-    if isinstance(patterns, DeferredPatterns) and not patterns.loaded:
-        return patterns
-    return None
+def check_when_read(patterns: Sequence[Any], key: str, check: Callable[[], None]) -> None:
+    """Run ``check`` of a spec's ``patterns`` now where they are built (a tuple, or imported already), else
+    when a reader first imports them (:meth:`DeferredPatterns.check_when_loaded`)."""
+    if isinstance(patterns, DeferredPatterns):
+        patterns.check_when_loaded(key, check)
+    else:
+        check()

@@ -290,15 +290,12 @@ def _package_in_place(parent: str, package: types.ModuleType | None) -> Iterator
     if package is None or sys.modules.get(parent) is package:
         yield
         return
-    prefix = parent + "."
-    current = {n: m for n, m in sys.modules.items() if n == parent or n.startswith(prefix)}
-    for n in current:
-        del sys.modules[n]
+    current = {n: sys.modules.pop(n) for n in _package_modules(parent)}
     sys.modules[parent] = package
     try:
         yield
     finally:
-        for n in [n for n in sys.modules if n == parent or n.startswith(prefix)]:
+        for n in _package_modules(parent):
             del sys.modules[n]
         sys.modules.update(current)
 

@@ -11,7 +11,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
-from gskit.plugin.deferred import deferred
+from gskit.plugin.deferred import DeferredPatterns, check_when_read
 from gskit.plugin.ops import node_key
 from gskit.plugin.spec import PluginSpec, validate_spec
 
@@ -95,9 +95,8 @@ class PluginRegistry:
             PluginError: a plugin's patterns cannot be imported or a rule is bad (naming the file).
         """
         for spec in self._specs.values():
-            waiting = deferred(spec.patterns)
-            if waiting is not None:
-                waiting.rules()
+            if isinstance(spec.patterns, DeferredPatterns):
+                spec.patterns.rules()
 
     def check_plugin_ops(self) -> None:
         """A pattern that names an op of its own plugin's namespace names a loaded plugin of it.
@@ -108,14 +107,10 @@ class PluginRegistry:
         Raises:
             PluginError: naming the pattern, the op and the plugins of that namespace.
         """
-        for spec in self._specs.values():
-            waiting = deferred(spec.patterns)
-            if waiting is None:
-                self._check_plugin_ops(spec)
-            else:  # checked when a reader imports them, against the plugins loaded then
-                waiting.check_when_loaded(
-                    f"ops of {spec.qualified_name}", lambda spec=spec: self._check_plugin_ops(spec)
-                )
+        for spec in self._specs.values():  # deferred patterns: against the plugins loaded when read
+            check_when_read(
+                spec.patterns, f"ops of {spec.qualified_name}", lambda spec=spec: self._check_plugin_ops(spec)
+            )
 
     def _check_plugin_ops(self, spec: PluginSpec) -> None:
         names = {s.name for s in self._specs.values() if s.domain == spec.domain}

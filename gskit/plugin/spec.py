@@ -30,7 +30,7 @@ import onnx_graphsurgeon as gs
 
 from gskit.errors import PluginError
 from gskit.plugin import libnvinfer
-from gskit.plugin.deferred import deferred
+from gskit.plugin.deferred import check_when_read
 from gskit.plugin.native import NativeForm, validate_native_forms
 from gskit.plugin.ops import (
     DEFAULT_DOMAINS,
@@ -435,13 +435,9 @@ def validate_spec(spec: Any, *, source: Path | None = None) -> PluginSpec:
                 coerce_attribute(spec, attr, attr.default)
             except PluginError as err:
                 raise PluginError(f"{where}: default of {err}") from err
-    waiting = deferred(spec.patterns)
-    if waiting is None:
-        _check_node_making(spec, where)
-    else:
-        # When a reader imports the rules (replacing), with the same messages: the checks start onnx's
-        # schema registry (20 ms), which a command that only runs plugin nodes (compare) never needs.
-        waiting.check_when_loaded(f"rules of {spec.qualified_name}", lambda: _check_node_making(spec, where))
+    # Deferred patterns are checked when a reader imports them (replacing), with the same messages: the
+    # checks start onnx's schema registry (20 ms), which a command that only runs plugin nodes never needs.
+    check_when_read(spec.patterns, f"rules of {spec.qualified_name}", lambda: _check_node_making(spec, where))
     return spec
 
 
