@@ -160,13 +160,26 @@ _SEGMENTED_RUNS: list[tuple[str, int]] = []
 def default_session(model: bytes) -> ort.InferenceSession:
     """A CPU session with onnxruntime's default graph optimizations, as graphsurgeon's ``fold_constants``
     creates one: fold evaluates constant nodes with it, so its constants are the ones graphsurgeon's
-    evaluation gives. Its threads do not spin idle and it prepacks no weight (see :func:`_session`): the
-    outputs are the same bit for bit, and spinning threads took CPU from the rest of the fold on shared
+    evaluation gives. Its threads do not spin idle and it prepacks no weight (:func:`_few_runs_options`):
+    the outputs are the same bit for bit, and spinning threads took CPU from the rest of the fold on shared
     cores."""
+    return ort.InferenceSession(model, _few_runs_options(), providers=["CPUExecutionProvider"])
+
+
+def _few_runs_options() -> ort.SessionOptions:
+    """Options of a session run a few times at most (every session gskit makes); outputs bit for bit those
+    of onnxruntime's defaults."""
     options = ort.SessionOptions()
+    # Prepacking (a second, repacked copy of every MatMul/Conv weight, made at load) costs more than it
+    # saves, and it keeps weights that onnxruntime would map from their data file in anonymous memory (2.5 GB
+    # of MatMul weights: 7.5 s and 2.5 GB, against 0.04 s and pages of the file).
     options.add_session_config_entry("session.disable_prepacking", "1")
+    # Nor do idle worker threads spin waiting for the next parallel op (onnxruntime's default): on a machine
+    # whose cores are shared they take CPU from the thread that runs the model, and a session is freed only
+    # once they stop spinning (2-6 ms a session of a small model on 2 cores). The work is split among the
+    # threads as before.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return options
 
 
 def take_segmented_runs() -> list[tuple[str, int]]:
@@ -179,21 +192,11 @@ def take_segmented_runs() -> list[tuple[str, int]]:
 def _session(
     model: onnx.ModelProto | str | os.PathLike, *, optimize: bool, extensions: bool
 ) -> ort.InferenceSession:
-    options = ort.SessionOptions()
+    options = _few_runs_options()
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
     options.log_severity_level = log_severity()
-    # gskit runs a session a few times at most: prepacking (a second, repacked copy of every MatMul/Conv
-    # weight, made at load) costs more than it saves, and it keeps weights that onnxruntime would map from
-    # their data file in anonymous memory (2.5 GB of MatMul weights: 7.5 s and 2.5 GB, against 0.04 s and
-    # pages of the file). Outputs are the same bit for bit.
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    # Nor do its idle worker threads spin waiting for the next parallel op (onnxruntime's default): on a
-    # machine whose cores are shared they take CPU from the thread that runs the model, and a session is
-    # freed only once they stop spinning (2-6 ms a session of a small model on 2 cores). The work is split
-    # among the threads as before, so outputs are the same bit for bit.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     quiet_default_logger()
     if extensions:
         options.register_custom_ops_library(_extensions_library())

@@ -41,7 +41,9 @@ def code_kept(path: Path | None = None) -> Iterator[None]:
     """Within the block, ``dataclasses`` compiles each text once across runs (see the module docstring);
     the file is written on the way out when the block compiled text the file did not have."""
     path = path or cache_file()
-    if path is None:  # no cache folder: dataclasses compiles as always
+    # No cache folder, or a module global named exec already (not the dataclasses this was written for):
+    # dataclasses compiles as always.
+    if path is None or "exec" in vars(dataclasses):
         yield
         return
     kept = _read(path)
@@ -59,10 +61,6 @@ def code_kept(path: Path | None = None) -> Iterator[None]:
         return builtins.exec(code, globals, locals)
 
     # A module global named exec is what the module's own calls find first (before the builtin).
-    shadowed = "exec" in vars(dataclasses)
-    if shadowed:  # not the dataclasses this was written for: leave it alone
-        yield
-        return
     dataclasses.exec = exec_kept  # type: ignore[attr-defined]
     try:
         yield

@@ -130,10 +130,10 @@ def installed_version(module: str) -> str | None:
     """
     if importlib.util.find_spec(module) is None:
         return None
-    found = list(distributions())
     prefix = module.lower().replace("-", "_")
-    likely = [d for d in found if str(getattr(d, "_normalized_name", "")).startswith(prefix)]
-    for dist in [*likely, *(d for d in found if d not in likely)]:
+    for dist in sorted(
+        distributions(), key=lambda d: not str(getattr(d, "_normalized_name", "")).startswith(prefix)
+    ):
         if _provides(dist, module):
             return metadata_field(dist, "Version") or dist.version
     return None
