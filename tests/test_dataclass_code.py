@@ -146,3 +146,43 @@ def test_without_any_cache_folder_the_command_runs_and_keeps_nothing(tmp_path: P
     assert done.returncode == 0, done.stderr[-1500:]
     assert "Traceback" not in done.stderr and (out / "model.onnx").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing written into the working folder
+
+
+@pytest.mark.parametrize("kind", ["pipe", "link to /dev/zero", "too large"])
+def test_a_cache_file_that_is_no_regular_file_is_not_waited_on(tmp_path: Path, kind: str) -> None:
+    """Every command read the cache file at its start: a pipe at its name made every command wait for a
+    writer, and a link to /dev/zero read without end. Neither is read; a regular file is written in place of
+    the link (the command's own cache folder), the pipe is left."""
+    from gskit.io.user_cache import read_kept
+
+    path = tmp_path / dataclass_code.cache_file().name
+    if kind == "pipe":
+        os.mkfifo(path)
+    elif kind == "too large":
+        path.write_bytes(b"x" * 64)
+    else:
+        path.symlink_to("/dev/zero")
+    assert read_kept(path, limit=32) is None
+    env = {**os.environ, "GSKIT_CACHE_DIR": str(tmp_path)}
+    example = Path(__file__).parents[1] / "gskit" / "data" / "example.onnx"
+    done = subprocess.run(
+        [sys.executable, "-m", "gskit.cli", "inspect", str(example)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    if kind != "pipe":
+        assert path.is_file() and not path.is_symlink() and dataclass_code._read(path)
+
+
+def test_a_kept_file_is_read_whole_up_to_its_limit(tmp_path: Path) -> None:
+    from gskit.io.user_cache import read_kept
+
+    path = tmp_path / "kept"
+    assert read_kept(path) is None  # missing
+    path.write_bytes(b"0123456789")
+    assert read_kept(path) == b"0123456789" and read_kept(path, limit=10) == b"0123456789"
+    assert read_kept(path, limit=9) is None

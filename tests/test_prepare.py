@@ -370,10 +370,27 @@ def test_model_without_outputs_is_refused(tmp_path: Path, capsys) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize("kind", ["absent", "pipe", "folder"])
+def test_an_inputs_file_that_cannot_be_read_fails_before_any_step(tmp_path: Path, capsys, kind: str) -> None:
+    """A missing inputs file, or a pipe or folder in its place, is said before the steps run (it failed the
+    validate step at the end of the run; a pipe was opened, and waited on by a reader that checks later)."""
+    import os
+
+    given = tmp_path / "feeds.npz"
+    if kind == "pipe":
+        os.mkfifo(given)
+    elif kind == "folder":
+        given.mkdir()
+    out = tmp_path / "out"
+    assert main(["prepare", str(EXAMPLE), "-o", str(out), "--inputs", str(given)]) == 2
+    expected = {"absent": "no such .npz inputs file", "pipe": "not a regular file", "folder": "is a folder"}
+    _one_line_error(capsys, "feeds.npz", expected[kind])
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("step", "fragment"),
     [
-        ("validate: {inputs: absent.npz}", "absent.npz: no such inputs (.npz) file"),
         ("validate: {inputs: one.npy}", "one.npy: holds one unnamed array (.npy)"),
         ("validate: {inputs: broken.npz}", "broken.npz: cannot read inputs"),
         ("isolate: {inputs: [nope], outputs: [y]}", "'nope'"),

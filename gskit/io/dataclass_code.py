@@ -23,7 +23,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from gskit.io.user_cache import user_cache_dir
+from gskit.io.user_cache import read_kept, user_cache_dir
 
 #: Above this many kept texts the file keeps only the run's own (texts of older gskit versions go).
 KEPT_TEXTS = 4000
@@ -71,9 +71,12 @@ def code_kept(path: Path | None = None) -> Iterator[None]:
 
 
 def _read(path: Path) -> dict[str, CodeType]:
+    data = read_kept(path)
+    if data is None:  # missing, unreadable, or no regular file
+        return {}
     try:
-        loaded = marshal.loads(path.read_bytes())
-    except (OSError, ValueError, EOFError, TypeError):  # missing, unreadable, or not this Python's marshal
+        loaded = marshal.loads(data)
+    except (ValueError, EOFError, TypeError):  # not this Python's marshal
         return {}
     if not isinstance(loaded, dict):
         return {}

@@ -21,6 +21,8 @@ from gskit.io.model import graph_protos, not_a_file
 MAX_FEED_BYTES = 2**30
 #: Size used for a symbolic or unknown dim that the caller did not fix with ``shapes``.
 DEFAULT_DYNAMIC_DIM = 2
+#: What an inputs file is called in messages ("give a .npz inputs file").
+INPUTS_FILE = ".npz inputs"
 
 
 def random_feeds(
@@ -273,8 +275,7 @@ def load_feeds(path: str | os.PathLike, max_bytes: int | None = None) -> dict[st
     """
     path = Path(path)
     limit = MAX_FEED_BYTES if max_bytes is None else max_bytes
-    if not path.is_file():
-        raise GskitError(not_a_file(path, "inputs (.npz)"))
+    check_inputs_file(path)
     try:
         with path.open("rb") as file:
             magic = file.read(6)
@@ -300,6 +301,12 @@ def load_feeds(path: str | os.PathLike, max_bytes: int | None = None) -> dict[st
         raise GskitError(
             f"{path}: cannot read inputs (expected an .npz written by numpy.savez): {err}"
         ) from err
+
+
+def check_inputs_file(path: str | os.PathLike) -> None:
+    """Raise a GskitError naming ``path`` when it is no regular file (missing, a folder, a device, a pipe)."""
+    if not Path(path).is_file():
+        raise GskitError(not_a_file(Path(path), INPUTS_FILE))
 
 
 #: What a damaged archive raises while it is read (zipfile, zlib and numpy's header parser).

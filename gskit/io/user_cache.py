@@ -4,6 +4,7 @@ dataclass methods). Standard library only: the command line reads it before its 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 #: Names the folder, overriding the default below.
@@ -25,3 +26,27 @@ def user_cache_dir() -> Path | None:
     except (RuntimeError, KeyError, OSError):  # the home folder cannot be determined
         return None
     return home / ".cache" / "gskit" if home.is_absolute() else None
+
+
+#: The largest cache file read (gskit writes far smaller ones): a larger one is not read, but written again.
+READ_LIMIT = 64 * 2**20
+
+
+def read_kept(path: Path, limit: int = READ_LIMIT) -> bytes | None:
+    """The bytes of the cache file ``path``; None when it is missing or unreadable, or is no regular file
+    or larger than ``limit``, so a FIFO, a device or a link to one placed at its name is not waited on or
+    read without end (the file is opened without waiting, then checked)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

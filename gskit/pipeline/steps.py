@@ -276,6 +276,10 @@ class Validate(GraphPass[ValidateOptions]):
         unknown = sorted(set(options.shapes) - set(known))
         if unknown:
             raise GskitError(f"--shape names unknown input(s) {unknown}; model inputs are {known}")
+        if options.inputs:
+            from gskit.io.feeds import check_inputs_file
+
+            check_inputs_file(options.inputs)
 
     @staticmethod
     def describe_inputs(comparison: Any, original: onnx.ModelProto, options: ValidateOptions | None) -> str:

@@ -45,7 +45,7 @@ import numpy as np
 from gskit.errors import GskitError, PluginError
 from gskit.io.dist_metadata import metadata_field
 from gskit.io.outputs import write_atomic
-from gskit.io.user_cache import CACHE_ENV, user_cache_dir
+from gskit.io.user_cache import CACHE_ENV, read_kept, user_cache_dir
 
 if TYPE_CHECKING:  # the pattern package imports gskit.plugin.spec: imported inside the functions that need it
     from gskit.passes.patterns.derived import DerivedRuleSet
@@ -281,8 +281,8 @@ _SOURCES: dict[Path, dict[str, Any]] = {}
 def _read_sources(path: Path) -> dict[str, Any]:
     if path not in _SOURCES:
         try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError):  # none yet, or damaged: asked of inspect and written again
+            data = json.loads(read_kept(path) or b"{}")
+        except ValueError:  # damaged: asked of inspect and written again
             data = {}
         _SOURCES[path] = data if isinstance(data, dict) else {}
     return _SOURCES[path]
