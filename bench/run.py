@@ -337,6 +337,17 @@ try:
 except SystemExit as differ:
     print(json.dumps({{"match": False, "note": str(differ)}}))
 """
+FLOOR_PLUGINS = f"""
+import json
+sys.path.insert(0, {str(REPO)!r})
+import numpy, onnx, onnxruntime
+from bench.floors import parse_references, plugin_compare_floor
+try:
+    seconds = plugin_compare_floor(sys.argv[1], sys.argv[2], parse_references(sys.argv[3:]))
+    print(json.dumps({{"seconds": seconds, "match": True}}))
+except SystemExit as differ:
+    print(json.dumps({{"match": False, "note": str(differ)}}))
+"""
 #: Start-up commands, the floor each is divided by, and the watched packages each may import (it uses them).
 STARTUP = (
     ("gskit --version", ["--version"], "python -c pass", ()),
@@ -473,6 +484,16 @@ def _cli_model_rows(cli: _CliRuns, label: str, model: Path, work: Path) -> list[
         )
         if not plain:
             two.detail["floor_note"] = "the prepared model has plugin nodes: the original twice"
+            # what a script must add to run the plugin nodes at all: onnx, and their references as
+            # onnxruntime-extensions Python ops (bench/floors.py plugins)
+            references = _plugin_references(prepared)
+            plugin_floor = Command(
+                "code", [FLOOR_PLUGINS, *pair, *references], label="bench/floors.py plugins A B --reference"
+            )
+            compare_again, python_ops = cli.pair(
+                label, PLUGIN_FLOOR_COMPARE, compare_command, "floor: plugin nodes as PyOps", plugin_floor
+            )
+            rows += [python_ops, compare_again]
         compare_lib = cli.row(
             label, "library compare()", Command("code", [LIBRARY_COMPARE, *pair], label="compare(A, B)")
         )
@@ -480,6 +501,23 @@ def _cli_model_rows(cli: _CliRuns, label: str, model: Path, work: Path) -> list[
         rows += [two, compare_cli, compare_lib]
     shutil.rmtree(work, ignore_errors=True)
     return rows
+
+
+def _plugin_references(path: Path) -> list[str]:
+    """``DOMAIN:OP=MODULE:FUNCTION`` of the reference of each plugin op in the model (the shipped plugins)."""
+    import onnx
+
+    from gskit.plugin.discovery import load_plugins
+    from gskit.plugin.ops import ORT_DOMAINS
+
+    registry = load_plugins(None)
+    references = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        spec = registry.for_node(node) if node.domain not in ORT_DOMAINS else None
+        if spec is not None and spec.reference is not None:
+            function = spec.reference
+            references[f"{node.domain}:{node.op_type}"] = f"{function.__module__}:{function.__qualname__}"
+    return [f"{op}={target}" for op, target in references.items()]
 
 
 def _has_custom_nodes(path: Path) -> bool:
@@ -665,6 +703,9 @@ CLI_RATIO_GOALS = (
     ),
     ("gskit compare", "library compare()", 1.3, "compare <= 1.3x a plain two-session script"),
 )
+#: ``gskit compare`` of a model with plugin nodes again, against the two-session script that runs them as
+#: Python ops (``bench/floors.py plugins``): the issue's plain script cannot run them at all.
+PLUGIN_FLOOR_COMPARE = "gskit compare (plugin floor)"
 #: Commands that use no torch-using step in the ``cli`` suite.
 TORCH_FREE = ("gskit prepare", "gskit compare", "gskit inspect", "gskit --help", "gskit --version")
 
@@ -687,6 +728,20 @@ def _cli_goals(cli: list[Row]) -> list[dict[str, Any]]:
             value = ", ".join(f"{r.model} {r.detail['ratio']:.2f}x" for r in measured)
             met = worst.detail["ratio"] <= limit and all(_ok(r) for r in measured)
             result.append(_goal(f"{name} [{label}]", f"worst {worst.detail['ratio']:.2f}x ({value})", met))
+    against_plugins = [r for r in cli if r.tool == PLUGIN_FLOOR_COMPARE]
+    if against_plugins:
+        ratios = [r.detail.get("ratio") for r in against_plugins]
+        pairs = zip(against_plugins, ratios, strict=True)
+        value = ", ".join(f"{r.model} {ratio:.2f}x" for r, ratio in pairs if ratio is not None)
+        met = None not in ratios and max(ratios) <= 1.3 and all(_ok(r) for r in against_plugins)
+        result.append(
+            _goal(
+                "compare with plugin nodes <= 1.3x a two-session script that runs them as Python ops "
+                "(beside the goal above, whose plain script cannot run them) [command, whole process]",
+                value or against_plugins[0].status,
+                met,
+            )
+        )
     torch_users = sorted(
         {f"{r.tool} ({r.model})" for r in cli if r.tool in TORCH_FREE and "torch" in r.detail["imports"]}
     )

@@ -117,3 +117,31 @@ def test_cli_suite_rows_floors_ratios_and_goals(tmp_path: Path) -> None:
     )
     assert goal_rows["--help, --version, inspect import only what they use"]["met"] in (True, False)
     json.dumps([row.as_dict() for row in rows] + list(goal_rows.values()), allow_nan=False)  # strict JSON
+
+
+def test_the_plugin_floor_runs_the_plugin_nodes_as_their_references(tmp_path: Path) -> None:
+    """A plain script cannot run the prepared example's ClampSwish nodes: the plugin floor runs them as
+    onnxruntime-extensions Python ops of the plugin's reference (named as bench/run.py names them), matches
+    the original, and tells a wrong reference by its outputs."""
+    import subprocess
+    import sys
+
+    from bench.run import _plugin_references
+    from gskit.pipeline.prepare import prepare
+
+    example = Path(__file__).parents[1] / "gskit" / "data" / "example.onnx"
+    prepare(example, tmp_path / "out")
+    prepared = tmp_path / "out" / "model.onnx"
+    references = _plugin_references(prepared)
+    assert references == ["gskit:ClampSwish=gskit_plugins.clamp_swish.reference:clamp_swish"]
+    floors = Path(__file__).parents[1] / "bench" / "floors.py"
+
+    def floor(*given: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, str(floors), "plugins", str(example), str(prepared)]
+        argv += [f"--reference={r}" for r in given]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+
+    done = floor(*references)
+    assert done.returncode == 0 and float(done.stdout) > 0, done.stderr
+    wrong = floor("gskit:ClampSwish=numpy:negative")
+    assert wrong.returncode == 1 and "differs" in wrong.stderr
