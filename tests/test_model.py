@@ -384,6 +384,18 @@ def test_missing_external_data(tmp_path: Path, rng: np.random.Generator, load_we
         load(path, load_weights=load_weights)
 
 
+def test_external_data_that_is_a_pipe_is_named_as_one(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A pipe (or folder) where the data file should be is said to be one, not "missing", and is never
+    opened (a reader would wait for a writer)."""
+    import os
+
+    path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)
+    (tmp_path / "m.onnx.data").unlink()
+    os.mkfifo(tmp_path / "m.onnx.data")
+    with pytest.raises(GskitError, match=r"m\.onnx\.data.*is no regular file \(a folder, device or pipe\)"):
+        load(path, load_weights=True)
+
+
 @pytest.mark.parametrize("load_weights", [True, False])
 def test_short_external_data(tmp_path: Path, rng: np.random.Generator, load_weights: bool) -> None:
     path = save(_mlp(rng), tmp_path / "m.onnx", external_data=True)

@@ -730,8 +730,9 @@ def _check_external_data(tensor: TensorProto, base_dir: str, model_path: Path) -
         )
     data = _data_file(tensor, base_dir)
     if not data.is_file():
+        what = "is no regular file (a folder, device or pipe)" if data.exists() else "is missing"
         raise GskitError(
-            f"{model_path}: external data file '{location}' for tensor '{tensor.name}' is missing; "
+            f"{model_path}: external data file '{location}' for tensor '{tensor.name}' {what}; "
             f"copy it next to the model"
         )
     _refuse_linked_data(tensor, data, base_dir, model_path)
