@@ -155,6 +155,18 @@ def test_compare_and_validate_do_not_import_torch(tmp_path: Path) -> None:
         )
 
 
+def test_reading_a_model_does_not_import_asyncio() -> None:
+    """onnx's helper module decorates a function with ``typing_extensions.deprecated``, which imported asyncio
+    (and with it ssl and sockets: 16 ms) before typing_extensions 4.16; gskit requires that version."""
+    example = str(Path(gskit.__file__).parent / "data" / "example.onnx")
+    for argv in (["inspect", example], ["compare", example, example]):
+        code = "import sys\nfrom gskit.cli import main\nmain(sys.argv[1:])\nprint('asyncio' in sys.modules)"
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "False", (argv, done.stderr)
+
+
 LOADED_BY = """
 import sys
 from gskit.cli import main
