@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,33 @@ def test_a_file_that_cannot_be_read_is_ignored_and_replaced(tmp_path: Path) -> N
     blocked.write_text("")
     with code_kept(blocked / "code.marshal"):  # a folder that cannot be made: no cache, no error
         assert _shape(_make()) == _shape(made)
+
+
+def test_a_damaged_file_is_not_loaded(tmp_path: Path) -> None:
+    """marshal checks little of what it loads: a name in a code object's names damaged into a number raised
+    SystemError from every command's start (and a damaged length asked for gigabytes). Such a file is
+    ignored and written again."""
+
+    def make() -> type:
+        @dataclasses.dataclass
+        class Named:
+            qzx: int
+
+        return Named
+
+    path = tmp_path / "code.marshal"
+    with code_kept(path):
+        make()
+    data = path.read_bytes()
+    # The first string 'qzx' (in a code object's names) becomes the number 1, marked as referenced or not
+    name = re.compile(rb"([\x5a\xda])\x03qzx")  # a short interned string, marked as referenced or not
+    damaged = name.sub(lambda m: bytes([m[1][0] & 0x80 | ord("i"), 1, 0, 0, 0]), data, count=1)
+    assert damaged != data and len(damaged) == len(data)
+    path.write_bytes(damaged)
+    assert dataclass_code._read(path) == {}
+    with code_kept(path):
+        assert make()(3).qzx == 3
+    assert dataclass_code._read(path)  # written again
 
 
 def test_only_the_command_lines_own_process_keeps_code(tmp_path: Path) -> None:

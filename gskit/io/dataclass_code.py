@@ -7,8 +7,11 @@ functions: 30-40 ms of compiling the same text on every run (Python 3.11). In :f
 ``exec`` compiles a string (no ``__future__`` flags inherited): the functions are the ones compiling makes.
 Only the command line's own process does this (``gskit.cli``); a library caller's process is left as it is.
 
-The file holds code objects (``marshal``), as ``__pycache__`` does, in the user's own cache folder; one that
-cannot be read is ignored, and one is written (atomically) only when the run compiled new text.
+The file holds code objects (``marshal``), as ``__pycache__`` does, in the user's own cache folder, after a
+header (this Python's bytecode magic number and the SHA-256 of the rest): ``marshal`` checks little of what it
+loads (a damaged file raised SystemError, or asked for gigabytes, at every command's start), so only the bytes
+gskit wrote are loaded. One that cannot be read is ignored, and one is written (atomically) only when the run
+compiled new text.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import hashlib
+import importlib.util
 import marshal
 import sys
 from collections.abc import Iterator
@@ -27,6 +32,11 @@ from gskit.io.user_cache import read_kept, user_cache_dir
 
 #: Above this many kept texts the file keeps only the run's own (texts of older gskit versions go).
 KEPT_TEXTS = 4000
+
+
+#: What the file starts with: its format, then the bytecode magic number of the Python that wrote it (code
+#: objects of another build are not loaded), then the SHA-256 of what follows.
+_HEADER = b"gskit dataclass code 1\n" + importlib.util.MAGIC_NUMBER
 
 
 def cache_file() -> Path | None:
@@ -74,8 +84,11 @@ def _read(path: Path) -> dict[str, CodeType]:
     data = read_kept(path)
     if data is None:  # missing, unreadable, or no regular file
         return {}
+    start = len(_HEADER) + hashlib.sha256().digest_size
+    if data[: len(_HEADER)] != _HEADER or data[len(_HEADER) : start] != hashlib.sha256(data[start:]).digest():
+        return {}  # another format or Python, or damaged
     try:
-        loaded = marshal.loads(data)
+        loaded = marshal.loads(data[start:])
     except (ValueError, EOFError, TypeError):  # not this Python's marshal
         return {}
     if not isinstance(loaded, dict):
@@ -91,6 +104,7 @@ def _write(path: Path, codes: dict[str, CodeType]) -> None:
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, marshal.dumps(codes), mode=0o600)
+        data = marshal.dumps(codes)
+        write_atomic(path, _HEADER + hashlib.sha256(data).digest() + data, mode=0o600)
     except (OSError, ValueError, GskitError):
         pass
