@@ -206,6 +206,22 @@ def test_a_cache_file_that_is_no_regular_file_is_not_waited_on(tmp_path: Path, k
         assert path.is_file() and not path.is_symlink() and dataclass_code._read(path)
 
 
+@pytest.mark.parametrize("xdg", ["", "relative/cache"])
+def test_a_relative_xdg_cache_home_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xdg: str
+) -> None:
+    """The XDG specification holds a relative $XDG_CACHE_HOME invalid: it named a folder in whatever folder
+    the command ran in."""
+    from gskit.io.user_cache import user_cache_dir
+
+    monkeypatch.delenv("GSKIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert user_cache_dir() == tmp_path / ".cache" / "gskit"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache_dir() == tmp_path / "xdg" / "gskit"
+
+
 def test_a_kept_file_is_read_whole_up_to_its_limit(tmp_path: Path) -> None:
     from gskit.io.user_cache import read_kept
 

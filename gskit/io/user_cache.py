@@ -12,14 +12,15 @@ CACHE_ENV = "GSKIT_CACHE_DIR"
 
 
 def user_cache_dir() -> Path | None:
-    """``$GSKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/gskit``, else ``~/.cache/gskit``; None where none of
-    them can be named (no ``$HOME`` and a user id without a passwd entry, as in ``env -i`` under an
-    arbitrary uid): gskit then keeps nothing between runs, and runs as well."""
+    """``$GSKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/gskit`` (when absolute), else ``~/.cache/gskit``; None
+    where none of them can be named (no ``$HOME`` and a user id without a passwd entry, as in ``env -i``
+    under an arbitrary uid): gskit then keeps nothing between runs, and runs as well."""
     given = os.environ.get(CACHE_ENV)
     if given:
         return Path(given)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # The XDG specification: a relative path is invalid and ignored (it named a folder in the work folder)
+    if os.path.isabs(xdg):
         return Path(xdg) / "gskit"
     try:
         home = Path.home()
