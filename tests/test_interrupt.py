@@ -86,3 +86,34 @@ def test_an_interrupt_raised_in_a_finalizer_is_recorded_not_printed() -> None:
     assert done.returncode == 0 and "arrived True" in done.stdout
     assert "KeyboardInterrupt" not in done.stderr
     assert "Exception ignored in" in done.stderr and "a finalizer's own error" in done.stderr
+
+
+AT_SHUTDOWN = """
+import atexit, os, signal, sys
+
+atexit.register(os.kill, os.getpid(), signal.{sig})  # run as the interpreter shuts down, after main()
+sys.argv = ["gskit", "inspect", sys.argv[1]]
+from gskit.cli import main
+
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_once_the_command_is_done_leaves_its_exit_code(sig: str) -> None:
+    """Once the work is done and reported, a signal while the interpreter shuts down neither prints a
+    traceback (SIGINT met Python's handler) nor kills the finished command (SIGTERM killed it silently)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "gskit" / "data" / "example.onnx"
+    done = subprocess.run(
+        [sys.executable, "-c", AT_SHUTDOWN.replace("{sig}", sig), str(example)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (done.returncode, done.stderr[-500:])
+    assert "example.onnx" in done.stdout  # the summary was printed

@@ -234,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         # The work is done and reported. A SIGINT while the interpreter shuts down (milliseconds: exit
         # handlers, module teardown) met Python's own handler, which printed a KeyboardInterrupt traceback
-        # and killed the process by the signal; now the command's own exit code stands.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # and killed the process by the signal, and a SIGTERM killed it silently, its exit handlers (fold's
+        # spill folder) not run; now the command's own exit code stands.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     return code
 
 
