@@ -117,3 +117,73 @@ def test_a_signal_once_the_command_is_done_leaves_its_exit_code(sig: str) -> Non
     )
     assert done.returncode == 0 and "Traceback" not in done.stderr, (done.returncode, done.stderr[-500:])
     assert "example.onnx" in done.stdout  # the summary was printed
+
+
+def test_a_second_signal_does_not_cut_the_first_ones_cleanup_short() -> None:
+    """A second Ctrl-C (or a SIGTERM after it) raised again inside the first one's cleanup skipped the rest of
+    it, and inside the command line's handler that prints the one line, escaped as a traceback. While an
+    interrupt unwinds, another is recorded only."""
+    import signal
+
+    cleaned = []
+    with pytest.raises((KeyboardInterrupt, interrupt.Terminated)) as raised:
+        with interrupt.signals_unwind():
+            try:
+                signal.raise_signal(signal.SIGINT)
+            finally:
+                signal.raise_signal(signal.SIGTERM)  # arrives while the first unwinds
+                cleaned.append("after")
+    assert raised.type is KeyboardInterrupt and cleaned == ["after"]
+
+
+def test_a_second_signal_cuts_the_grace_of_a_call_that_does_not_stop_short() -> None:
+    """The second signal is recorded, not raised, while the first unwinds: it still ends the wait for an
+    interrupted call that does not stop (here a sleep no cancel reaches) before CANCEL_GRACE_S."""
+    import os
+    import signal
+    import time
+
+    def send_twice() -> None:
+        for _ in range(2):
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), interrupt.signals_unwind():
+        threading.Thread(target=send_twice, daemon=True).start()
+        interrupt.call(lambda: time.sleep(5))
+    assert time.monotonic() - start < 0.6 + interrupt.CANCEL_GRACE_S / 2
+
+
+AS_RUN_RETURNS = """
+import os, signal, sys
+import gskit.cli as cli
+
+
+def at_return(frame, event, arg):
+    if event == "return" and frame.f_code is cli._run.__code__:
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)  # as the command returns, before main's handlers are put back
+
+
+sys.argv = ["gskit", "inspect", sys.argv[1]]
+sys.setprofile(at_return)
+sys.exit(cli.main())
+"""
+
+
+def test_a_signal_as_the_command_returns_is_no_traceback() -> None:
+    """A signal between the command's own handlers and the end of signals_unwind escaped main() as a
+    traceback (a second Ctrl-C just after the first one's line, exit -2 or 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "gskit" / "data" / "example.onnx"
+    done = subprocess.run(
+        [sys.executable, "-c", AS_RUN_RETURNS, str(example)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode in (0, 143) and "Traceback" not in done.stderr, (
+        done.returncode,
+        done.stderr[-800:],
+    )

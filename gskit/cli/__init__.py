@@ -224,20 +224,28 @@ def main(argv: list[str] | None = None) -> int:
 
     Every failure ends in one line on stderr; ``--debug`` prints the traceback before it (the code stays 2).
     """
-    if argv is None:
+    own_process = argv is None
+    if own_process:
         _blas_threads_sleep()
+        # The work done and reported, a SIGINT while the interpreter shuts down (milliseconds: exit handlers,
+        # module teardown) met Python's own handler, which printed a KeyboardInterrupt traceback and killed
+        # the process by the signal, and a SIGTERM killed it silently, its exit handlers (fold's spill
+        # folder) not run. Ignored from here, they are handled inside signals_unwind, which puts this back
+        # as it ends: the command's own exit code stands.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     words = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
     # From the start: building the parser imports every subcommand (onnx, numpy, ... for seconds), and a
     # SIGINT or SIGTERM then ends the command as cleanly as later (even one a library's import swallows).
-    with interrupt.signals_unwind():
-        code = _run(words, own_process=argv is None)
-    if argv is None:
-        # The work is done and reported. A SIGINT while the interpreter shuts down (milliseconds: exit
-        # handlers, module teardown) met Python's own handler, which printed a KeyboardInterrupt traceback
-        # and killed the process by the signal, and a SIGTERM killed it silently, its exit handlers (fold's
-        # spill folder) not run; now the command's own exit code stands.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+    code: int | None = None
+    try:
+        with interrupt.signals_unwind():
+            code = _run(words, own_process=own_process)
+    except (KeyboardInterrupt, Terminated) as err:  # one that arrived as _run reported an error or returned
+        if code is None:
+            code = _interrupted(
+                "gskit", signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM
+            )
     return code
 
 

@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -31,6 +32,8 @@ T = TypeVar("T")
 
 #: Seconds a call asked to stop may take before the interrupt goes on without it.
 CANCEL_GRACE_S = 2.0
+#: Seconds between two looks at whether a second signal arrived during that grace.
+_POLL_S = 0.05
 _RUNNING: set[threading.Thread] = set()
 _LOCK = threading.Lock()
 #: Inside :func:`signals_unwind`: the signals that arrived (a library may have swallowed their exception).
@@ -47,12 +50,17 @@ def signals_unwind() -> Iterator[None]:
 
     Cleanup (work folders, temporary files, the TensorRT worker) then runs as the exception unwinds. A
     library that swallows the exception (Polygraphy's lazy import of torch has a bare ``except:``, and the
-    import takes seconds) does not keep the command going: the next :func:`call` raises it again. Only in
-    the main thread (elsewhere no handler can be set).
+    import takes seconds) does not keep the command going: the next :func:`call` raises it again. A signal
+    that arrives while an interrupt's exception unwinds is recorded, not raised: the cleanup and the
+    command's report run to their end. Only in the main thread (elsewhere no handler can be set).
     """
 
     def unwind(signum: int, frame: object) -> None:
         _ARRIVED.append(signum)
+        if isinstance(sys.exc_info()[1], (KeyboardInterrupt, Terminated)):
+            # An interrupt unwinds already (a second Ctrl-C): raised again inside its cleanup or report, it
+            # cut them short (a traceback from the handler printing the one line); it is recorded only.
+            return
         raise _exception(signum)
 
     previous_hook = sys.unraisablehook
@@ -173,8 +181,13 @@ def _stop(done: threading.Event, cancel: Callable[[], None] | None) -> None:
             cancel()
         except Exception as err:  # noqa: BLE001  # the interrupt goes on whatever the cancel did
             log.debug("cancelling the interrupted call failed: %s", err)
+    # A second signal cuts the wait short: signals_unwind's handler records it without raising (the first
+    # one unwinds); Python's own handler raises it.
+    arrived = len(_ARRIVED)
+    deadline = time.monotonic() + CANCEL_GRACE_S
     try:
-        done.wait(CANCEL_GRACE_S)
+        while len(_ARRIVED) == arrived and time.monotonic() < deadline and not done.wait(_POLL_S):
+            pass
     except BaseException:  # noqa: BLE001  # a second Ctrl-C: the first interrupt goes on
         pass
 
