@@ -315,7 +315,11 @@ def _run(words: list[str], *, own_process: bool = False) -> int:
             return 0
         with _parser_started_early(words), _dataclass_code_kept(own_process):
             with _imported_uncollected() if own_process else contextlib.nullcontext():
-                args = build_parser(words).parse_args(words)
+                # The command's imports finish before a signal takes effect: its exception raised in Python
+                # code that a C extension runs as it initializes (onnx's) aborted or crashed the process.
+                with interrupt.signals_held():
+                    parser = build_parser(words)
+                args = parser.parse_args(words)
                 name = f"gskit {args.command}"
                 level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
                 handler = logging.StreamHandler(_CurrentStderr())
