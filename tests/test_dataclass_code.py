@@ -222,6 +222,21 @@ def test_a_relative_xdg_cache_home_is_ignored(
     assert user_cache_dir() == tmp_path / "xdg" / "gskit"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
+def test_a_cache_file_of_another_user_is_not_run(tmp_path: Path) -> None:
+    """The file holds code the command line runs: one that another user owns (a shared cache folder, a user's
+    cache read under sudo) was loaded and run. It is ignored, and replaced by the run's own."""
+    path = tmp_path / "code.marshal"
+    with code_kept(path):
+        _make()
+    assert dataclass_code._read(path)
+    os.chown(path, 65534, 65534)  # nobody
+    assert dataclass_code._read(path) == {}
+    with code_kept(path):
+        _make()
+    assert path.stat().st_uid == os.geteuid() and dataclass_code._read(path)
+
+
 def test_a_kept_file_is_read_whole_up_to_its_limit(tmp_path: Path) -> None:
     from gskit.io.user_cache import read_kept
 

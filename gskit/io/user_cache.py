@@ -36,14 +36,16 @@ READ_LIMIT = 64 * 2**20
 def read_kept(path: Path, limit: int = READ_LIMIT) -> bytes | None:
     """The bytes of the cache file ``path``; None when it is missing or unreadable, or is no regular file
     or larger than ``limit``, so a FIFO, a device or a link to one placed at its name is not waited on or
-    read without end (the file is opened without waiting, then checked)."""
+    read without end (the file is opened without waiting, then checked), or when another user owns it: the
+    cache holds code gskit runs, and a cache folder that others can write (``$GSKIT_CACHE_DIR`` or
+    ``$XDG_CACHE_HOME`` naming a shared folder, another user's cache under ``sudo``) must not run theirs."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit or info.st_uid != os.geteuid():
             return None
         with os.fdopen(fd, "rb", closefd=False) as file:
             return file.read(limit + 1)[:limit]
