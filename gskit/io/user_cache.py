@@ -40,12 +40,13 @@ def read_kept(path: Path, limit: int = READ_LIMIT) -> bytes | None:
     cache holds code gskit runs, and a cache folder that others can write (``$GSKIT_CACHE_DIR`` or
     ``$XDG_CACHE_HOME`` naming a shared folder, another user's cache under ``sudo``) must not run theirs."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit or info.st_uid != os.geteuid():
+        mine = not hasattr(os, "geteuid") or info.st_uid == os.geteuid()  # POSIX: owners; elsewhere none
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit or not mine:
             return None
         with os.fdopen(fd, "rb", closefd=False) as file:
             return file.read(limit + 1)[:limit]
