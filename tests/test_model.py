@@ -804,3 +804,44 @@ def test_a_large_weight_also_used_as_an_attribute_is_exported_in_full_there_too(
     assert numpy_helper.to_array(apart.graph.node[0].attribute[0].t).tobytes() == weight.values.tobytes()
     monkeypatch.setattr(weights_apart, "APART_MIN_BYTES", 1 << 62)
     assert to_model(graph).SerializeToString() == apart.SerializeToString()
+
+
+@pytest.mark.parametrize("side", [16, 256])  # a weight graphsurgeon exports itself, one kept apart
+def test_a_renamed_weight_leaves_the_callers_model_as_it_was(side: int) -> None:
+    """Exporting a graph named each held initializer after its constant in place: renaming a weight in the
+    graph renamed it in the model the graph came from too, whose nodes still read the old name (found by
+    renaming and exporting). The export has the new name, the caller's model the old one, in subgraphs too."""
+    weight = onnx.numpy_helper.from_array(np.arange(side * side, dtype=np.float32).reshape(side, side), "W")
+    inner_weight = onnx.numpy_helper.from_array(np.ones((side, side), np.float32), "V")
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, side])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, side])
+    b = onnx.helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [1, side])
+    branch = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["h", "V"], ["b"])], "branch", [], [b], [inner_weight]
+    )
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "W"], ["h"]),
+            onnx.helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(np.array(True))),
+            onnx.helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+        ],
+        "g",
+        [x],
+        [y],
+        [weight],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    imported = to_graph(model)
+    imported.tensors()["W"].name = "W_renamed"
+    body = imported.nodes[-1].attrs["then_branch"]
+    body.tensors()["V"].name = "V_renamed"
+    exported = to_model(imported)
+    assert model.SerializeToString() == before
+    assert [t.name for t in exported.graph.initializer] == ["W_renamed"]
+    assert list(exported.graph.node[0].input) == ["x", "W_renamed"]
+    written = onnx.numpy_helper.to_array(exported.graph.initializer[0])
+    assert np.array_equal(written, onnx.numpy_helper.to_array(weight))
+    branches = {a.name: a.g for a in exported.graph.node[-1].attribute}
+    assert [t.name for t in branches["then_branch"].initializer] == ["V_renamed"]
+    assert [t.name for t in branches["else_branch"].initializer] == ["V"]

@@ -50,7 +50,7 @@ from gskit.io.outputs import (
     place_file,
     remember_input,
 )
-from gskit.io.weights_apart import exporting_weights_apart, restore_weights
+from gskit.io.weights_apart import exporting_weights_apart, held_names_kept, restore_weights
 from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
@@ -330,6 +330,7 @@ def to_model(graph: gs.Graph) -> onnx.ModelProto:
     weights go into the model once, after the export (:mod:`gskit.io.weights_apart`).
     """
     with (
+        held_names_kept(graph),
         gs_export.exporting_empty_lists(graph) as marker,
         gs_export.exporting_value_types(graph) as types,
         exporting_weights_apart(graph) as weights,

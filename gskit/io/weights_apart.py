@@ -63,8 +63,6 @@ def exporting_weights_apart(graph: gs.Graph) -> Iterator[WeightsApart]:
         if header is None:
             continue
         header.doc_string = mark = f"{prefix}{len(swapped)}"
-        if held:
-            values.tensor.name = tensor.name  # what the export does to a held tensor
         apart.sources[mark] = values.tensor if held else values
         swapped.append((tensor, values, header))
     if swapped:  # graphsurgeon also writes a weight a subgraph reads there, and one used as an attribute
@@ -95,7 +93,47 @@ def restore_weights(model: onnx.ModelProto, apart: WeightsApart) -> None:
             tensor.ClearField("doc_string")
             tensor.raw_data = source.tobytes()
         else:
+            name = tensor.name  # the constant's, which the held tensor (the caller's) keeps out of
             tensor.CopyFrom(source)
+            tensor.name = name
+
+
+@contextmanager
+def held_names_kept(graph: gs.Graph) -> Iterator[None]:
+    """While exporting ``graph``: the names of the tensors its constants hold (``LazyValues``: the
+    initializers of the model it was imported from, the caller's) are the ones they had.
+
+    graphsurgeon's export names a held tensor after its constant in place, so renaming a weight in the graph
+    and exporting it renamed the initializer of the caller's model, which its nodes still read by the old
+    name. Graphs and subgraphs are walked once; a name is put back only where the export changed it.
+    """
+    held: list[tuple[onnx.TensorProto, str]] = []
+    pending, seen = [graph], set()
+    while pending:
+        current = pending.pop()
+        for node in current.nodes:
+            for tensor in node.inputs:
+                values = getattr(tensor, "_values", None) if type(tensor) is gs.Constant else None
+                if type(values) is gs.ir.tensor.LazyValues and id(values) not in seen:
+                    seen.add(id(values))
+                    if isinstance(values.tensor, onnx.TensorProto) and values.tensor.name != tensor.name:
+                        held.append((values.tensor, values.tensor.name))
+            for value in node.attrs.values():
+                pending.extend(_graphs_in(value))
+    try:
+        yield
+    finally:
+        for proto, name in held:
+            proto.name = name
+
+
+def _graphs_in(value: Any) -> list[gs.Graph]:
+    """The subgraphs an attribute value holds (a graph, or a list with graphs)."""
+    if isinstance(value, gs.Graph):
+        return [value]
+    if isinstance(value, list):
+        return [item for item in value if isinstance(item, gs.Graph)]
+    return []
 
 
 def _constants(graph: gs.Graph) -> list[gs.Constant]:
