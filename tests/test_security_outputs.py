@@ -358,3 +358,30 @@ def test_a_full_disk_leaves_no_mixed_run_and_names_the_file(tmp_path, how) -> No
             assert report["passed"] is False and "cannot write" in report["error"]
             assert f"gskit prepare: {second.name}" in (out / "report.html").read_text()
         shutil.rmtree(out)
+
+
+def test_a_scratch_folder_stays_marked_until_it_is_gone(tmp_path, monkeypatch) -> None:
+    """A run killed while it removed its work folder left it without its mark, which nothing removes (a
+    kill fuzz case found one): the mark now goes last, so a folder cut short while being removed is still
+    marked, and the next run removes it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    folder = outputs.make_scratch_folder(out, ".gskit-work-")
+    (folder / "outputs").mkdir()
+    (folder / "outputs" / "model.onnx").write_bytes(b"staged")
+    for name in ("a.tmp", "b.tmp", "z.tmp"):
+        (folder / name).write_text(name)
+    unlink = os.unlink
+
+    def killed_on_the_last_file(path, *args, **kwargs):
+        if Path(path).name == "z.tmp":
+            raise KeyboardInterrupt  # stands for the SIGKILL: nothing after it runs
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", killed_on_the_last_file)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.remove_scratch_folder(folder)
+    monkeypatch.undo()
+    assert (folder / outputs.SCRATCH_MARK).is_file() and outputs.scratch_owner(folder) is not None
+    outputs.remove_scratch_folder(folder)
+    assert not folder.exists()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +48,7 @@ from gskit.io.outputs import (
     output_entry,
     place_file,
     remember_input,
+    remove_scratch_folder,
 )
 from gskit.io.weights_apart import exporting_weights_apart, held_names_kept, restore_weights
 from gskit.io.wellformed import check_wellformed
@@ -241,7 +241,7 @@ def _write_atomically(
             # A data file left from an earlier save to this path belongs to no model any more.
             data_path.unlink()
     finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        remove_scratch_folder(tmp_dir)
 
 
 def check_file(path: str | os.PathLike, payload: bytes | None = None) -> None:

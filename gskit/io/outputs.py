@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -206,6 +207,26 @@ def make_scratch_folder(parent: str | os.PathLike, prefix: str) -> Path:
     return folder
 
 
+def remove_scratch_folder(folder: Path) -> None:
+    """Remove a scratch folder of this process, its mark last: a process killed while it removes the folder
+    leaves it marked (a later run removes it, :func:`remove_abandoned_scratch`), not a folder without a mark,
+    which nothing removes. Errors are ignored, as ``shutil.rmtree(..., ignore_errors=True)`` does."""
+    try:
+        entries = [entry for entry in os.scandir(folder) if entry.name != SCRATCH_MARK]
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    with contextlib.suppress(OSError):
+        os.unlink(folder / SCRATCH_MARK)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
 def scratch_owner(folder: Path) -> tuple[int, str] | None:
     """``(pid, host)`` of the gskit process that made the scratch folder ``folder``; None when unmarked."""
     mark = folder / SCRATCH_MARK
@@ -234,7 +255,7 @@ def remove_abandoned_scratch(parent: str | os.PathLike) -> list[Path]:
         owner = scratch_owner(path)
         if owner is None or owner[1] != host or process_alive(owner[0]) or holds_input(path):
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        remove_scratch_folder(path)
         removed.append(path)
     return removed
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from gskit.errors import GskitError, write_error
-from gskit.io.outputs import make_scratch_folder, remove_abandoned_scratch
+from gskit.io.outputs import (
+    make_scratch_folder,
+    remove_abandoned_scratch,
+    remove_scratch_folder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ def claim_outdir(out_dir: Path) -> Iterator[Path]:
             yield work
         finally:
             if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
+                remove_scratch_folder(work)
             lock.unlink(missing_ok=True)  # still locked: a run that opened it meanwhile sees it is gone
     finally:
         os.close(fd)
