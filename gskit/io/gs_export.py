@@ -225,3 +225,12 @@ def type_constant_nodes(graph: gs.Graph) -> None:
         if key in _CONSTANT_FORMS and not isinstance(value, gs.Node.AttributeRef):
             array = np.array(value, dtype=_CONSTANT_FORMS[key])
             node.attrs = {"value": gs.Constant(f"{node.outputs[0].name}_value", array)}
+
+
+def node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:
+    """The graphs held in one node's attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, gs.Graph))

@@ -55,6 +55,9 @@ from gskit.io.wellformed import check_wellformed
 
 log = logging.getLogger(__name__)
 
+#: Kept here for its callers: it lives in gs_export, which weights_apart (below this module) walks with too.
+node_subgraphs = gs_export.node_subgraphs
+
 #: Highest IR version that onnxruntime 1.31 loads; onnx 1.23 writes 14 by default.
 MAX_ORT_IR_VERSION = 13
 #: Past this many bytes of tensor data a model is saved with external data (protobuf's hard limit is 2 GiB).
@@ -401,15 +404,6 @@ def _outer_reads(graph: onnx.GraphProto) -> list[str]:
         found.extend(name for name in node_reads(node) if name not in defined)
         defined.update(node.output)
     return found
-
-
-def node_subgraphs(node: gs.Node) -> Iterator[gs.Graph]:
-    """The graphs held in one node's attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
-    for value in node.attrs.values():
-        if isinstance(value, gs.Graph):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, gs.Graph))
 
 
 def count_nodes(graph: gs.Graph) -> int:

@@ -29,6 +29,8 @@ import onnx_graphsurgeon as gs
 from onnx.external_data_helper import _get_all_tensors
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 
+from gskit.io.gs_export import node_subgraphs
+
 #: Weights smaller than this are exported as graphsurgeon does: their copies cost less than the stand-in.
 APART_MIN_BYTES = 64 * 1024
 #: numpy kinds whose ``tobytes`` is what graphsurgeon writes as ``raw_data`` (bool, ints, floats, complex).
@@ -108,32 +110,20 @@ def held_names_kept(graph: gs.Graph) -> Iterator[None]:
     name. Graphs and subgraphs are walked once; a name is put back only where the export changed it.
     """
     held: list[tuple[onnx.TensorProto, str]] = []
-    pending, seen = [graph], set()
+    pending = [graph]
     while pending:
         current = pending.pop()
-        for node in current.nodes:
-            for tensor in node.inputs:
-                values = getattr(tensor, "_values", None) if type(tensor) is gs.Constant else None
-                if type(values) is gs.ir.tensor.LazyValues and id(values) not in seen:
-                    seen.add(id(values))
-                    if isinstance(values.tensor, onnx.TensorProto) and values.tensor.name != tensor.name:
-                        held.append((values.tensor, values.tensor.name))
-            for value in node.attrs.values():
-                pending.extend(_graphs_in(value))
+        for tensor in _constants(current):
+            values = tensor._values
+            if type(values) is gs.ir.tensor.LazyValues and isinstance(values.tensor, onnx.TensorProto):
+                if values.tensor.name != tensor.name:
+                    held.append((values.tensor, values.tensor.name))
+        pending.extend(sub for node in current.nodes for sub in node_subgraphs(node))
     try:
         yield
     finally:
         for proto, name in held:
             proto.name = name
-
-
-def _graphs_in(value: Any) -> list[gs.Graph]:
-    """The subgraphs an attribute value holds (a graph, or a list with graphs)."""
-    if isinstance(value, gs.Graph):
-        return [value]
-    if isinstance(value, list):
-        return [item for item in value if isinstance(item, gs.Graph)]
-    return []
 
 
 def _constants(graph: gs.Graph) -> list[gs.Constant]:
